@@ -1,0 +1,58 @@
+"""The blob store interface: immutable payload objects under UUID-style keys.
+
+Payloads are written before the metadata commit that references them and deleted after the
+metadata record is gone, so an object may exist without a reference (an orphan, collected later
+by the janitor once older than a grace period) but a reference never points at a missing object.
+Keys are ``/``-separated, relative to the store's prefix, with no empty, ``.`` or ``..`` segment.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """One stored object, as listed."""
+
+    key: str
+    size: int
+    last_modified_ms: int
+
+
+class BlobStore(abc.ABC):
+    """Objects by key: put, get, delete, list."""
+
+    #: The URI the store was opened with, without credentials; safe to log.
+    uri: str
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``, replacing any object there; visible to ``get`` on return."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """The object under ``key``; ``BlobNotFound`` when there is none."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``; removing a missing object is not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "", *, modified_before_ms: int | None = None) -> Iterator[BlobInfo]:
+        """Objects whose key starts with ``prefix``, in key order; with ``modified_before_ms``, only
+        those last modified before that time (ms since the epoch), as the orphan sweep needs."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections; idempotent."""
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` or raise ``ValueError`` for a malformed one (a programming error)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"malformed blob key: {key!r}")
+    return key

@@ -1,0 +1,168 @@
+"""The metadata store interface: a small ZooKeeper-shaped tree with versioned nodes.
+
+Semantics every implementation keeps (the contract suite in tests/ checks them on each backend):
+
+- Paths are absolute, ``/``-separated, relative to the store's root (a ZooKeeper chroot, or the
+  embedded database); the root ``/`` always exists and cannot be written or deleted.
+- A node has ``data`` (bytes, at most ``MAX_NODE_BYTES``) and a ``version`` that starts at 0 on
+  create and grows by 1 on each set. Creating needs the parent to exist (unless
+  ``make_parents``); deleting needs the node to have no children.
+- Every conditional write is a compare-and-set on the version; ``transaction`` applies a list of
+  operations all-or-nothing.
+- When the backend cannot be reached, operations raise ``StoreUnavailable`` (never a silent
+  success); when a write's outcome cannot be told after a connection loss they raise
+  ``CommitOutcomeUnknown`` and the caller re-reads.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+#: ZooKeeper's default jute.maxbuffer is 1 MiB per node; stay clearly below it.
+MAX_NODE_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node's data and the version to pass to a compare-and-set."""
+
+    data: bytes
+    version: int
+    created_ms: int
+    modified_ms: int
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create ``path`` with ``data``; fails with ``NodeExistsError`` if it exists."""
+
+    path: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SetData:
+    """Replace the data of ``path`` if its version is still ``version``."""
+
+    path: str
+    data: bytes
+    version: int
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete ``path`` if its version is still ``version`` (``None``: any version)."""
+
+    path: str
+    version: int | None
+
+
+@dataclass(frozen=True)
+class Check:
+    """Fail the transaction unless ``path`` exists at ``version``."""
+
+    path: str
+    version: int
+
+
+Op = Create | SetData | Delete | Check
+
+#: Called with the path whose data changed, was created or deleted, or with the watched path when
+#: events may have been missed (after a reconnect): treat every call as "re-read this".
+WatchCallback = Callable[[str], None]
+
+#: Called with True when the store becomes usable and False when it stops being usable.
+StateListener = Callable[[bool], None]
+
+
+class MetadataStore(abc.ABC):
+    """A versioned tree of small nodes: the coordinator's commit point."""
+
+    #: The URI the store was opened with, without credentials; safe to log.
+    uri: str
+
+    @abc.abstractmethod
+    def get(self, path: str) -> Node | None:
+        """The node at ``path``, or None when there is none."""
+
+    @abc.abstractmethod
+    def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
+        """Create ``path``; ``NodeExistsError`` if it exists, ``NoNodeError`` if the parent does not
+        (unless ``make_parents``, which creates missing ancestors with empty data)."""
+
+    @abc.abstractmethod
+    def set(self, path: str, data: bytes, *, version: int) -> Node:
+        """Compare-and-set: ``BadVersionError`` unless ``path`` is at ``version``; ``NoNodeError``
+        if it is gone. Returns the node as written."""
+
+    @abc.abstractmethod
+    def delete(self, path: str, *, version: int | None = None) -> None:
+        """Delete ``path`` (at ``version``, if given); ``NoNodeError`` if it is gone,
+        ``BadVersionError`` on a version mismatch, ``NotEmptyError`` if it has children."""
+
+    @abc.abstractmethod
+    def children(self, path: str) -> list[str]:
+        """Names (not paths) of the children of ``path``, sorted; empty when ``path`` is absent."""
+
+    @abc.abstractmethod
+    def transaction(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` in order, all or nothing; ``TransactionFailed`` names the first failing op.
+
+        Unlike ``create``, a ``Create`` here never makes parents: put them earlier in ``ops``.
+        """
+
+    @abc.abstractmethod
+    def sync(self, path: str = "/") -> None:
+        """Make the next reads on this store see every write committed before this call."""
+
+    @abc.abstractmethod
+    def watch(self, path: str, callback: WatchCallback) -> Callable[[], None]:
+        """Call ``callback`` from a background thread whenever ``path`` changes; returns a function
+        that cancels the watch. Callbacks must be quick and must not raise."""
+
+    @abc.abstractmethod
+    def is_usable(self) -> bool:
+        """True while operations can be expected to succeed (connected, session valid)."""
+
+    @abc.abstractmethod
+    def add_state_listener(self, listener: StateListener) -> None:
+        """Call ``listener(usable)`` on every change of ``is_usable()``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection or files; the store is unusable afterwards. Idempotent."""
+
+    def ensure_path(self, path: str) -> None:
+        """Create ``path`` and its ancestors with empty data where they are missing."""
+        if self.get(path) is not None:
+            return
+        try:
+            self.create(path, b"", make_parents=True)
+        except Exception as e:
+            from snapcoord.coordinator.errors import NodeExistsError
+
+            if not isinstance(e, NodeExistsError):
+                raise
+
+
+def parent_of(path: str) -> str:
+    """The parent path of ``path`` (``/`` for a top-level node)."""
+    head = path.rstrip("/").rsplit("/", 1)[0]
+    return head or "/"
+
+
+def validate_path(path: str) -> str:
+    """Return ``path`` normalised, or raise ``ValueError`` for a malformed one.
+
+    This guards programming errors, not user input: identifiers are validated in the domain.
+    """
+    if not path.startswith("/"):
+        raise ValueError(f"metadata path must be absolute: {path!r}")
+    if path != "/" and path.endswith("/"):
+        path = path.rstrip("/")
+    parts = path.split("/")[1:]
+    if path != "/" and any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"malformed metadata path: {path!r}")
+    return path
