@@ -1,0 +1,44 @@
+"""Guards that keep coordinator access on the Spark driver.
+
+gRPC channels do not survive fork or pickling, and a coordinator hammered by every executor
+would be a scaling bug, so connector objects refuse to travel into tasks and refuse to run there.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+
+class ExecutorContextError(RuntimeError):
+    """A driver-only snapcoord object was used (or shipped) inside a Spark task."""
+
+
+def _in_spark_task() -> bool:
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # no pyspark at all: certainly not inside a task
+        return False
+    return TaskContext.get() is not None
+
+
+def require_driver(what: str) -> None:
+    """Raise ``ExecutorContextError`` when called from inside a Spark task (an executor)."""
+    if _in_spark_task():
+        raise ExecutorContextError(
+            f"{what} must run on the Spark driver; snapcoord is never called from executors "
+            "(call it in foreachBatch or a StreamingQueryListener, not inside a UDF or mapPartitions)"
+        )
+
+
+class DriverOnly:
+    """Mixin for objects that hold a coordinator connection: pickling them fails loudly.
+
+    Spark pickles closures to ship them to executors; a connector object captured by accident
+    would otherwise arrive there half-initialised. Failing at pickle time names the culprit.
+    """
+
+    def __reduce__(self) -> NoReturn:
+        raise ExecutorContextError(
+            f"{type(self).__name__} holds a coordinator connection and cannot be pickled into a "
+            "Spark task: use it on the driver only (do not capture it in a UDF or RDD function)"
+        )
