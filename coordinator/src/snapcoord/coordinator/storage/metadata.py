@@ -7,6 +7,8 @@ Semantics every implementation keeps (the contract suite in tests/ checks them o
 - A node has ``data`` (bytes, at most ``MAX_NODE_BYTES``) and a ``version`` that starts at 0 on
   create and grows by 1 on each set. Creating needs the parent to exist (unless
   ``make_parents``); deleting needs the node to have no children.
+- Larger data raises ``InvalidArgument``; so does a transaction whose data add up to more than
+  ``MAX_NODE_BYTES``, since ZooKeeper bounds a whole request, not each node in it.
 - Every conditional write is a compare-and-set on the version; ``transaction`` applies a list of
   operations all-or-nothing.
 - When the backend cannot be reached, operations raise ``StoreUnavailable`` (never a silent
@@ -165,4 +167,20 @@ def validate_path(path: str) -> str:
     parts = path.split("/")[1:]
     if path != "/" and any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"malformed metadata path: {path!r}")
+    return path
+
+
+def check_size(data: bytes) -> None:
+    """Raise ``InvalidArgument`` for node data over ``MAX_NODE_BYTES`` (ZooKeeper would refuse it)."""
+    from snapcoord.coordinator.errors import InvalidArgument
+
+    if len(data) > MAX_NODE_BYTES:
+        raise InvalidArgument(f"node data of {len(data)} bytes exceeds the limit of {MAX_NODE_BYTES}")
+
+
+def check_writable(path: str) -> str:
+    """``validate_path`` for writes: the root node is never written or deleted."""
+    path = validate_path(path)
+    if path == "/":
+        raise ValueError("the root node cannot be written or deleted")
     return path

@@ -55,7 +55,9 @@ def open_metadata_store(uri: str, *, options: MetadataOptions | None = None) -> 
         from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
 
         return EmbeddedMetadataStore.from_uri(uri)
-    raise ValueError(f"unsupported metadata URI {uri!r}: use zk://host:port[,host:port]/chroot or file:///dir")
+    raise ValueError(
+        f"unsupported metadata URI {uri!r}: use zk://host:port[,host:port]/chroot or file:///dir"
+    )
 
 
 def open_blob_store(uri: str, *, options: BlobOptions | None = None) -> BlobStore:

@@ -1,0 +1,270 @@
+"""S3 blob store (boto3): payload objects under the URI's prefix in one bucket.
+
+Endpoint, region and credentials come from boto3's standard chain (``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+profiles, config files, container and instance roles), so S3-compatible stores need no flags.
+
+The boto3 client is built on first use, not in ``from_uri``: building it resolves credentials,
+which on a cloud instance is a network call to the metadata service, and opening a store must
+not touch the network. Every botocore error is translated here, at the edge: a missing key is
+``BlobNotFound``; anything that stops the store from serving (network, timeouts, 5xx,
+throttling, bad credentials, a missing bucket) is ``StoreUnavailable`` with a message naming the
+endpoint and bucket, and for configuration problems, what to fix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal, NoReturn
+from urllib.parse import urlsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+from snapcoord.coordinator.errors import BlobNotFound, StoreUnavailable
+from snapcoord.coordinator.storage.blobs import BlobInfo, BlobStore, validate_key
+from snapcoord.coordinator.storage.registry import BlobOptions
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+#: Error codes that mean "these credentials may not do this": fix the credentials or the policy.
+_AUTH_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+        "403",
+    }
+)
+#: Error codes that mean the request reached the wrong region.
+_REGION_CODES = frozenset(
+    {"PermanentRedirect", "AuthorizationHeaderMalformed", "301", "IllegalLocationConstraintException"}
+)
+#: Host suffixes of AWS's own S3 endpoints; any other endpoint is an S3-compatible store.
+_AWS_HOST_SUFFIXES = (".amazonaws.com", ".amazonaws.com.cn", ".api.aws")
+
+
+def resolve_addressing_style(
+    setting: Literal["auto", "path", "virtual"], endpoint_url: str
+) -> Literal["auto", "path", "virtual"]:
+    """The addressing style to configure for ``endpoint_url``.
+
+    "auto" becomes path style for a non-AWS endpoint: S3-compatible stores (SeaweedFS, MinIO,
+    Ceph) rarely have the wildcard DNS that virtual-hosted buckets need. For AWS it stays "auto"
+    (botocore's choice, virtual-hosted for DNS-compatible bucket names).
+    """
+    if setting != "auto":
+        return setting
+    return "auto" if is_aws_endpoint(endpoint_url) else "path"
+
+
+def is_aws_endpoint(endpoint_url: str) -> bool:
+    """Whether ``endpoint_url`` is AWS's own S3 rather than an S3-compatible store."""
+    host = (urlsplit(endpoint_url).hostname or "").lower()
+    return host.endswith(_AWS_HOST_SUFFIXES)
+
+
+class S3BlobStore(BlobStore):
+    """Objects under ``s3://bucket/prefix``; thread-safe (boto3 clients are)."""
+
+    @classmethod
+    def from_uri(cls, uri: str, options: BlobOptions | None = None) -> S3BlobStore:
+        """Parse ``s3://bucket[/prefix]``; no network call happens here."""
+        parts = urlsplit(uri)
+        if parts.scheme != "s3" or not parts.hostname or parts.username or parts.password:
+            raise ValueError(
+                f"expected s3://bucket/prefix (credentials come from boto3's chain), got {uri!r}"
+            )
+        prefix = parts.path.strip("/")
+        if prefix:
+            validate_key(prefix)
+        return cls(parts.netloc, prefix, options or BlobOptions(), uri=f"s3://{parts.netloc}/{prefix}")
+
+    def __init__(self, bucket: str, prefix: str, options: BlobOptions, *, uri: str) -> None:
+        self.uri = uri
+        self._bucket = bucket
+        #: Prepended to every key: "" or "some/prefix/".
+        self._prefix = f"{prefix}/" if prefix else ""
+        self._options = options
+        self._session = boto3.session.Session()
+        self._lock = threading.Lock()
+        self._client: S3Client | None = None
+        self._endpoint_url = "(not resolved yet)"
+        self._addressing_style: str | None = None
+        self._server_lists_in_key_order = False
+        self._closed = False
+
+    # --- the interface --------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        full_key = self._key(key)
+        s3 = self._s3()
+        try:
+            # A retried put (botocore retries timeouts) rewrites the same bytes: harmless.
+            s3.put_object(Bucket=self._bucket, Key=full_key, Body=data)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"put {key}")
+
+    def get(self, key: str) -> bytes:
+        full_key = self._key(key)
+        s3 = self._s3()
+        try:
+            response = s3.get_object(Bucket=self._bucket, Key=full_key)
+            # Reading the body can fail too (a connection cut mid-stream): same translation.
+            return response["Body"].read()
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"get {key}")
+
+    def delete(self, key: str) -> None:
+        full_key = self._key(key)
+        s3 = self._s3()
+        try:
+            # S3's DeleteObject succeeds for a missing key, which makes delete idempotent.
+            s3.delete_object(Bucket=self._bucket, Key=full_key)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"delete {key}")
+
+    def list(self, prefix: str = "", *, modified_before_ms: int | None = None) -> Iterator[BlobInfo]:
+        head = prefix.rpartition("/")[0]
+        if head:
+            validate_key(head)  # the same prefixes as the local store, which maps them to paths
+        s3 = self._s3()
+        return self._list(s3, prefix, modified_before_ms)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    # --- introspection (tests, startup logs) ----------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str:
+        """The endpoint boto3 resolved; builds the client if needed."""
+        self._s3()
+        return self._endpoint_url
+
+    @property
+    def addressing_style(self) -> str:
+        """The addressing style in use ("path", "virtual" or botocore's "auto"); builds the client."""
+        self._s3()
+        assert self._addressing_style is not None
+        return self._addressing_style
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _list(self, s3: S3Client, prefix: str, before_ms: int | None) -> Iterator[BlobInfo]:
+        infos = self._list_in_server_order(s3, prefix, before_ms)
+        if self._server_lists_in_key_order:
+            # AWS S3 documents that listings come in UTF-8 binary order of the key, which is our key
+            # order (all keys share one prefix): stream, whatever the size of the listing.
+            yield from infos
+        else:
+            # S3-compatible stores need not: SeaweedFS walks its directory tree, putting "a/b"
+            # before "a-b". Sorting costs memory in proportion to the listing, not requests.
+            yield from sorted(infos, key=lambda info: info.key)
+
+    def _list_in_server_order(self, s3: S3Client, prefix: str, before_ms: int | None) -> Iterator[BlobInfo]:
+        paginator = s3.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix)
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    key = obj["Key"][len(self._prefix) :]
+                    if not key or key.endswith("/"):
+                        continue  # a "directory marker" some tools create, not an object
+                    # Listings give whole seconds on AWS: an object may look up to 1 s older.
+                    modified_ms = int(obj["LastModified"].timestamp() * 1000)
+                    if before_ms is not None and modified_ms >= before_ms:
+                        continue
+                    yield BlobInfo(key=key, size=obj["Size"], last_modified_ms=modified_ms)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"list {prefix!r}")
+
+    def _key(self, key: str) -> str:
+        return self._prefix + validate_key(key)
+
+    def _s3(self) -> S3Client:
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"blob store {self.uri} is closed")
+            if self._client is None:
+                self._client = self._build_client()
+            return self._client
+
+    def _build_client(self) -> S3Client:
+        options = self._options
+        base = Config(
+            connect_timeout=options.s3_connect_timeout_ms / 1000,
+            read_timeout=options.s3_read_timeout_ms / 1000,
+            # "standard" retries connection errors, timeouts, 5xx and throttling with backoff.
+            retries={"mode": "standard", "total_max_attempts": options.s3_max_attempts},
+            # Above botocore's 10, so that a busy gRPC server's threads do not churn connections.
+            max_pool_connections=32,
+        )
+        try:
+            client = self._session.client("s3", config=base)
+            style = resolve_addressing_style(options.s3_addressing_style, client.meta.endpoint_url)
+            if style != "auto":
+                # The endpoint is only known once a client resolved it; build the final one.
+                client.close()
+                client = self._session.client("s3", config=base.merge(Config(s3={"addressing_style": style})))
+        except (NoCredentialsError, PartialCredentialsError) as e:
+            raise StoreUnavailable(
+                f"no usable S3 credentials for bucket {self._bucket}: {e}; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or give the host a role"
+            ) from e
+        except BotoCoreError as e:
+            raise StoreUnavailable(f"cannot configure the S3 client for bucket {self._bucket}: {e}") from e
+        self._endpoint_url = client.meta.endpoint_url
+        self._addressing_style = style
+        self._server_lists_in_key_order = is_aws_endpoint(self._endpoint_url)
+        return client
+
+    def _raise(self, e: ClientError | BotoCoreError, action: str) -> NoReturn:
+        where = f"S3 endpoint {self._endpoint_url}, bucket {self._bucket}"
+        if isinstance(e, ClientError):
+            error = e.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code == "NoSuchBucket":
+                raise StoreUnavailable(
+                    f"{action}: bucket {self._bucket} does not exist at {self._endpoint_url}: create it, "
+                    "or fix the bucket in the blobs URI or the endpoint (AWS_ENDPOINT_URL_S3)"
+                ) from e
+            if code in ("NoSuchKey", "NotFound", "404"):
+                raise BlobNotFound(f"{action}: no such blob in {self.uri}") from e
+            if code in _AUTH_CODES:
+                raise StoreUnavailable(
+                    f"{action}: {where} rejected the request ({code}): check the credentials "
+                    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the instance role) and that "
+                    "they may read, write, delete and list in the bucket"
+                ) from e
+            if code in _REGION_CODES:
+                raise StoreUnavailable(
+                    f"{action}: {where} says the bucket is in another region ({code}): set "
+                    "AWS_DEFAULT_REGION to the bucket's region"
+                ) from e
+            raise StoreUnavailable(
+                f"{action}: {where} failed with {code or status}: {error.get('Message', e)}"
+            ) from e
+        if isinstance(e, NoCredentialsError | PartialCredentialsError):
+            raise StoreUnavailable(
+                f"{action}: no usable S3 credentials for {where}: {e}; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or give the host a role"
+            ) from e
+        # Connection refused, DNS, TLS, connect/read timeouts, a connection cut mid-response: the
+        # standard retry mode already retried these up to s3_max_attempts times.
+        raise StoreUnavailable(f"{action}: {where} unreachable after retries: {e}") from e

@@ -1,0 +1,516 @@
+"""ZooKeeper metadata store (kazoo): the production commit point.
+
+Three things kazoo leaves to its user, and how this module does them:
+
+- **Retries.** kazoo does not retry by default. Every operation here runs through one
+  ``KazooRetry`` policy that retries only connection loss, operation timeouts and session expiry
+  (kazoo reconnects with a new session by itself), bounded by ``zk_retry_deadline_ms``; then
+  ``StoreUnavailable``. Each attempt waits at most until that deadline too, and is not even sent
+  while the client is disconnected: a request queued on a disconnected kazoo client waits for the
+  reconnection, however long, so calls made while suspended would otherwise hang.
+- **Lost replies.** A write whose reply was lost may have been applied, so a retry can fail
+  because the first attempt succeeded: a create with ``NodeExists``, a set with ``BadVersion``, a
+  delete with ``NoNode``. Such an attempt is "in doubt", and the retry's failure is checked
+  against the node (our data at version 0; our data at ``version + 1``; gone). A transaction
+  cannot be checked that way, so a retried one that fails raises ``CommitOutcomeUnknown``, as does
+  any write still in doubt at the deadline: the caller re-reads.
+- **Watches across reconnects.** kazoo drops its client-side watchers when the connection is
+  suspended (it does not re-register them), so this store keeps its own registry, re-arms every
+  watched path after a reconnect or a new session, and calls every callback once then, since
+  changes may have been missed. kazoo's ``DataWatch`` recipe is not used: its initial read and its
+  re-reads retry without a deadline (blocking ``watch()`` and kazoo's callback thread while
+  disconnected), and it does not call back on reconnect unless the node changed.
+
+Watch callbacks and state listeners run on one thread of this store, never on kazoo's threads:
+kazoo's listeners and watchers only put an event on a queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from snapcoord.coordinator.errors import (
+    BadVersionError,
+    CommitOutcomeUnknown,
+    InvalidArgument,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SnapcoordError,
+    StoreUnavailable,
+    TransactionFailed,
+)
+from snapcoord.coordinator.storage.metadata import (
+    MAX_NODE_BYTES,
+    Check,
+    Create,
+    Delete,
+    MetadataStore,
+    Node,
+    Op,
+    SetData,
+    StateListener,
+    WatchCallback,
+    check_size,
+    check_writable,
+    validate_path,
+)
+from snapcoord.coordinator.storage.registry import MetadataOptions
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Per-op results of a failed multi that are not the cause: ops before it were rolled back, ops
+#: after it were never run.
+_NOT_THE_CAUSE = (kz.RolledBackError, kz.RuntimeInconsistency)
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """One registered callback; compared by identity so that cancel removes exactly this one."""
+
+    callback: WatchCallback
+
+
+@dataclass(frozen=True)
+class _StateChanged:
+    state: str  # a KazooState value
+
+
+@dataclass(frozen=True)
+class _NodeChanged:
+    path: str
+
+
+_Event = _StateChanged | _NodeChanged | None
+
+
+class _Attempts:
+    """What the attempts of one operation share: the deadline and whether a write is in doubt."""
+
+    def __init__(self, client: Any, deadline_s: float) -> None:
+        self._client = client
+        self._stop_at = time.monotonic() + deadline_s
+        #: True once a write was sent and its reply lost: it may have been applied.
+        self.in_doubt = False
+
+    def wait(self, start: Callable[[], Any], *, write: bool = False) -> Any:
+        """Send one request (``start`` returns kazoo's async result) and wait for its reply."""
+        if self._client.client_state == KeeperState.CLOSED:
+            raise kz.ConnectionClosedError("the client was stopped")  # not retried
+        if not self._client.connected:
+            # Not sent, so not in doubt. kazoo would queue it until the reconnection.
+            raise kz.ConnectionLoss("not connected to ZooKeeper")
+        remaining = self._stop_at - time.monotonic()
+        if remaining <= 0:
+            raise kz.OperationTimeoutError("retry deadline reached")  # not sent either
+        result = start()
+        try:
+            return result.get(timeout=remaining)
+        except (kz.ConnectionLoss, kz.SessionExpiredError):
+            self.in_doubt = self.in_doubt or write
+            raise
+        except KazooTimeoutError as e:
+            # Still queued or in flight: it may yet be applied.
+            self.in_doubt = self.in_doubt or write
+            raise kz.OperationTimeoutError("no reply before the retry deadline") from e
+
+
+def _node(data: bytes | None, stat: Any) -> Node:
+    return Node(data=data or b"", version=stat.version, created_ms=stat.ctime, modified_ms=stat.mtime)
+
+
+def _translate(e: kz.KazooException, what: str) -> SnapcoordError:
+    """A kazoo error as one of ours (the caller raises it ``from e``)."""
+    if isinstance(e, kz.NoNodeError):
+        return NoNodeError(f"{what}: no such node")
+    if isinstance(e, kz.NodeExistsError):
+        return NodeExistsError(f"{what}: node exists")
+    if isinstance(e, kz.BadVersionError):
+        return BadVersionError(f"{what}: version mismatch")
+    if isinstance(e, kz.NotEmptyError):
+        return NotEmptyError(f"{what}: node has children")
+    if isinstance(e, kz.NoAuthError | kz.AuthFailedError):
+        return StoreUnavailable(f"{what}: ZooKeeper refused access ({type(e).__name__}); check the ACLs")
+    return StoreUnavailable(f"{what}: ZooKeeper error {type(e).__name__}: {e}")
+
+
+class ZooKeeperMetadataStore(MetadataStore):
+    """The metadata tree in ZooKeeper under a chroot."""
+
+    @classmethod
+    def from_uri(cls, uri: str, options: MetadataOptions | None = None) -> ZooKeeperMetadataStore:
+        """Connect to ``zk://host:port[,host:port...]/chroot``, creating the chroot if missing."""
+        parts = urlsplit(uri)
+        if parts.scheme != "zk" or not parts.netloc or "@" in parts.netloc:
+            raise ValueError(f"expected zk://host:port[,host:port]/chroot, got {uri!r}")
+        chroot = parts.path.rstrip("/")
+        if chroot:
+            validate_path(chroot)
+        return cls(
+            parts.netloc, chroot, options or MetadataOptions(), uri=f"zk://{parts.netloc}{chroot or '/'}"
+        )
+
+    def __init__(self, hosts: str, chroot: str, options: MetadataOptions, *, uri: str) -> None:
+        self.uri = uri
+        self._hosts = hosts
+        self._chroot = chroot
+        self._deadline_s = options.zk_retry_deadline_ms / 1000
+        self._session_timeout_s = options.zk_session_timeout_ms / 1000
+        # The one retry policy: only ConnectionLoss, OperationTimeout and (ignore_expire) session
+        # expiry are retried, with jittered backoff, until the deadline. Copied per call (kazoo's
+        # own pattern) because a KazooRetry counts attempts.
+        self._retry = KazooRetry(
+            max_tries=-1, delay=0.05, backoff=2, max_jitter=0.4, max_delay=0.5, deadline=self._deadline_s
+        )
+        self._client = KazooClient(
+            hosts=hosts + chroot,
+            timeout=self._session_timeout_s,
+            # Reconnect forever, but never wait more than a second between tries: kazoo's default
+            # backoff grows to an hour, which would keep a replica down long after ZK is back.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._watch_lock = threading.Lock()  # guards the two collections below; never held in calls
+        self._watches: dict[str, list[_Watch]] = {}
+        self._listeners: list[StateListener] = []
+        self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        self._client.add_listener(self._on_kazoo_state)
+        self._connect(options.zk_connect_timeout_ms / 1000)
+        self._dispatcher = threading.Thread(target=self._dispatch, name=f"snapcoord-zk:{uri}", daemon=True)
+        self._dispatcher.start()
+
+    @property
+    def kazoo(self) -> KazooClient:
+        """The underlying client, for fault injection in tests; do not write through it."""
+        return self._client
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def get(self, path: str) -> Node | None:
+        path = validate_path(path)
+
+        def attempt(a: _Attempts) -> Node | None:
+            return self._get_in(a, path)
+
+        return self._run(attempt, f"get {path}")
+
+    def children(self, path: str) -> list[str]:
+        path = validate_path(path)
+
+        def attempt(a: _Attempts) -> list[str]:
+            try:
+                names = a.wait(lambda: self._client.get_children_async(path))
+            except kz.NoNodeError:
+                return []
+            return sorted(names)
+
+        return self._run(attempt, f"children of {path}")
+
+    def sync(self, path: str = "/") -> None:
+        path = validate_path(path)
+        self._run(lambda a: a.wait(lambda: self._client.sync_async(path)), f"sync {path}")
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
+        path = check_writable(path)
+        check_size(data)
+
+        def attempt(a: _Attempts) -> Node:
+            try:
+                _, stat = a.wait(
+                    lambda: self._client.create_async(path, data, makepath=make_parents, include_data=True),
+                    write=True,
+                )
+                return _node(data, stat)
+            except kz.NodeExistsError:
+                if a.in_doubt:
+                    # Did our earlier attempt create it? Then it holds our data, unchanged since.
+                    # (If another writer created the same bytes, the outcome is the same to us.)
+                    node = self._get_in(a, path)
+                    if node is not None and node.version == 0 and node.data == data:
+                        return node
+                raise
+
+        return self._run(attempt, f"create {path}")
+
+    def set(self, path: str, data: bytes, *, version: int) -> Node:
+        path = check_writable(path)
+        check_size(data)
+
+        def attempt(a: _Attempts) -> Node:
+            try:
+                stat = a.wait(lambda: self._client.set_async(path, data, version), write=True)
+                return _node(data, stat)
+            except kz.BadVersionError:
+                if a.in_doubt:
+                    # Our earlier attempt moved it from `version` to `version + 1` with our data?
+                    node = self._get_in(a, path)
+                    if node is not None and node.version == version + 1 and node.data == data:
+                        return node
+                raise
+
+        return self._run(attempt, f"set {path}")
+
+    def delete(self, path: str, *, version: int | None = None) -> None:
+        path = check_writable(path)
+
+        def attempt(a: _Attempts) -> None:
+            try:
+                a.wait(
+                    lambda: self._client.delete_async(path, -1 if version is None else version), write=True
+                )
+            except kz.NoNodeError:
+                if a.in_doubt:
+                    return  # our earlier attempt deleted it
+                raise
+
+        self._run(attempt, f"delete {path}")
+
+    def transaction(self, ops: Sequence[Op]) -> None:
+        ops = list(ops)
+        total = 0
+        for op in ops:
+            if isinstance(op, Check):
+                validate_path(op.path)
+            else:
+                check_writable(op.path)
+            if isinstance(op, Create | SetData):
+                total += len(op.data)
+        # The server refuses (by dropping the connection) any request above jute.maxbuffer, which
+        # bounds the whole multi, not each node.
+        if total > MAX_NODE_BYTES:
+            raise InvalidArgument(f"transaction data of {total} bytes exceeds the limit of {MAX_NODE_BYTES}")
+        if not ops:
+            return
+
+        def attempt(a: _Attempts) -> None:
+            tx = self._client.transaction()  # a fresh request per attempt: one commits once
+            for op in ops:
+                if isinstance(op, Create):
+                    tx.create(op.path, op.data)
+                elif isinstance(op, SetData):
+                    tx.set_data(op.path, op.data, op.version)
+                elif isinstance(op, Delete):
+                    tx.delete(op.path, -1 if op.version is None else op.version)
+                else:
+                    tx.check(op.path, op.version)
+            results = a.wait(tx.commit_async, write=True)
+            for index, result in enumerate(results):
+                if isinstance(result, kz.KazooException) and not isinstance(result, _NOT_THE_CAUSE):
+                    if a.in_doubt:
+                        # The failure may be the trace of our own lost first commit (a Create now
+                        # meets NodeExists, a SetData BadVersion): nothing to tell them apart.
+                        raise CommitOutcomeUnknown(
+                            f"transaction on {self.uri}: retried after a lost reply and failed at op {index} "
+                            f"({type(result).__name__}); the first attempt may have been applied: re-read"
+                        )
+                    cause = _translate(result, f"op {index} {type(ops[index]).__name__} {ops[index].path}")
+                    raise TransactionFailed(
+                        f"transaction failed at op {index}: {cause}", index=index, cause=cause
+                    ) from result
+
+        self._run(attempt, "transaction")
+
+    # --- watches and state ----------------------------------------------------------------------
+
+    def watch(self, path: str, callback: WatchCallback) -> Callable[[], None]:
+        path = validate_path(path)
+        entry = _Watch(callback)
+        with self._watch_lock:
+            self._watches.setdefault(path, []).append(entry)
+
+        def cancel() -> None:
+            with self._watch_lock:
+                remaining = [w for w in self._watches.get(path, []) if w is not entry]
+                if remaining:
+                    self._watches[path] = remaining
+                else:
+                    self._watches.pop(path, None)
+            # The server-side watch stays armed until it fires once; the dispatcher then finds no
+            # callback and does not re-arm it.
+
+        try:
+            # Armed before returning, so that any change made after watch() returns is seen.
+            self._arm(path)
+        except BaseException:
+            cancel()
+            raise
+        return cancel
+
+    def is_usable(self) -> bool:
+        return not self._closed and self._client.state == KazooState.CONNECTED
+
+    def add_state_listener(self, listener: StateListener) -> None:
+        with self._watch_lock:
+            self._listeners.append(listener)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            # stop() returns after kazoo reported LOST to our listener, so listeners hear False
+            # before the dispatcher sees the end of its queue.
+            self._client.stop()
+        finally:
+            self._client.close()
+            self._events.put(None)
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join()
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _connect(self, timeout_s: float) -> None:
+        connected = self._client.start_async()
+        connected.wait(timeout_s)
+        if not self._client.connected:
+            self._client.stop()
+            self._client.close()
+            raise StoreUnavailable(f"cannot connect to ZooKeeper at {self._hosts} within {timeout_s:g} s")
+        try:
+            if (
+                self._chroot
+                and self._run(lambda a: a.wait(lambda: self._client.exists_async("/")), "chroot") is None
+            ):
+                self._create_chroot(timeout_s)
+        except BaseException:
+            self._client.stop()
+            self._client.close()
+            raise
+
+    def _create_chroot(self, timeout_s: float) -> None:
+        """Create the chroot and its ancestors, which the chrooted client cannot address."""
+        bootstrap = KazooClient(hosts=self._hosts, timeout=self._session_timeout_s)
+        try:
+            bootstrap.start(timeout=timeout_s)
+            bootstrap.ensure_path(self._chroot)
+        except (kz.KazooException, KazooTimeoutError) as e:
+            raise StoreUnavailable(
+                f"cannot create the chroot {self._chroot} on ZooKeeper {self._hosts}: {e}"
+            ) from e
+        finally:
+            bootstrap.stop()
+            bootstrap.close()
+
+    def _run(self, attempt: Callable[[_Attempts], T], what: str) -> T:
+        """Run ``attempt`` under the retry policy and translate kazoo's errors at this edge."""
+        if self._closed:
+            raise StoreUnavailable(f"{what}: metadata store {self.uri} is closed")
+        attempts = _Attempts(self._client, self._deadline_s)
+        try:
+            result: T = self._retry.copy()(attempt, attempts)
+            return result
+        except RetryFailedError as e:
+            budget = f"{self._deadline_s * 1000:.0f} ms"
+            if attempts.in_doubt:
+                raise CommitOutcomeUnknown(
+                    f"{what}: connection to ZooKeeper {self._hosts} lost with the write in flight and not "
+                    f"back within {budget}; it may or may not have been applied: re-read"
+                ) from e
+            raise StoreUnavailable(f"{what}: ZooKeeper {self._hosts} not reachable within {budget}") from e
+        except kz.ConnectionClosedError as e:
+            raise StoreUnavailable(f"{what}: metadata store {self.uri} is closed") from e
+        except kz.KazooException as e:
+            raise _translate(e, what) from e
+
+    def _get_in(self, a: _Attempts, path: str) -> Node | None:
+        try:
+            data, stat = a.wait(lambda: self._client.get_async(path))
+        except kz.NoNodeError:
+            return None
+        return _node(data, stat)
+
+    def _arm(self, path: str) -> None:
+        """Set (or keep) the server-side watch: an exists watch fires on create, set and delete."""
+        self._run(
+            lambda a: a.wait(lambda: self._client.exists_async(path, watch=self._on_zk_watch)),
+            f"watch {path}",
+        )
+
+    def _on_kazoo_state(self, state: str) -> None:
+        """kazoo's connection thread: must not block, so only queue the change."""
+        self._events.put(_StateChanged(state))
+
+    def _on_zk_watch(self, event: WatchedEvent) -> None:
+        """kazoo's callback thread: only queue the change."""
+        if event.type == EventType.NONE:
+            # kazoo clearing its watchers on a suspended or lost connection; the reconnection
+            # re-arms every path and calls every callback.
+            return
+        self._events.put(_NodeChanged(event.path))
+
+    def _callbacks(self, path: str) -> list[WatchCallback]:
+        with self._watch_lock:
+            return [w.callback for w in self._watches.get(path, [])]
+
+    def _dispatch(self) -> None:
+        """The store's event thread: state listeners, re-arming and watch callbacks, in order."""
+        usable = True  # we are connected when this thread starts
+        while True:
+            event = self._events.get()
+            if event is None:
+                return
+            if isinstance(event, _NodeChanged):
+                if not self._callbacks(event.path):
+                    continue  # cancelled: let the fired server watch lapse
+                # Re-arm before calling back, so a change made after the callback's re-read fires
+                # again. If re-arming fails the connection is going, and reconnecting re-arms.
+                self._try_arm(event.path)
+                self._call_all(event.path, self._callbacks(event.path))
+                continue
+            now_usable = event.state == KazooState.CONNECTED and not self._closed
+            if now_usable == usable:
+                continue
+            usable = now_usable
+            with self._watch_lock:
+                listeners = list(self._listeners)
+            for listener in listeners:
+                try:
+                    listener(usable)
+                except Exception:
+                    log.exception("metadata state listener raised")
+            if usable:
+                # Back after a suspension or with a new session: kazoo dropped every watcher and
+                # changes may have been missed. Re-arm, then have everyone re-read.
+                with self._watch_lock:
+                    paths = list(self._watches)
+                for path in paths:
+                    self._try_arm(path)
+                for path in paths:
+                    self._call_all(path, self._callbacks(path))
+
+    def _try_arm(self, path: str) -> None:
+        if not self._client.connected:
+            # Its reconnection is still ahead in the queue and re-arms every path; retrying here
+            # would only hold up the events behind this one.
+            return
+        try:
+            self._arm(path)
+        except StoreUnavailable:
+            log.info("could not re-arm the watch on %s; it will be on the next reconnection", path)
+
+    @staticmethod
+    def _call_all(path: str, callbacks: list[WatchCallback]) -> None:
+        for callback in callbacks:
+            try:
+                callback(path)
+            except Exception:
+                log.exception("metadata watch callback for %s raised", path)

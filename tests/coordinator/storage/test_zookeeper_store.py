@@ -1,0 +1,346 @@
+"""ZooKeeper-specific behaviour: connection loss, session expiry, outages and lost replies.
+
+The lost-reply tests wrap one kazoo call of the store's client so that the request reaches the
+server (or not) while the reply is replaced by ConnectionLoss: exactly what a connection that breaks
+after the server applied a write looks like to the client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+
+from harness.faults import drop_zk_connection, expire_zk_session
+from harness.zookeeper import ZooKeeperServer
+from snapcoord.coordinator.errors import (
+    BadVersionError,
+    CommitOutcomeUnknown,
+    NodeExistsError,
+    StoreUnavailable,
+)
+from snapcoord.coordinator.storage.metadata import Create, SetData
+from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+
+WAIT_S = 30.0
+#: A short retry deadline for the tests that exhaust it.
+SHORT = MetadataOptions(zk_retry_deadline_ms=1_000)
+
+
+class Recorder:
+    """Collects callback arguments from any thread; tests wait for a count, never for a time."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, arg: Any) -> None:
+        with self._cond:
+            self.calls.append(arg)
+            self._cond.notify_all()
+
+    def wait_for(self, count: int) -> list[Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.calls) >= count, timeout=WAIT_S):
+                raise AssertionError(f"expected {count} calls, got {self.calls}")
+            return list(self.calls)
+
+
+@pytest.fixture
+def store(zk_uri: str) -> Iterator[ZooKeeperMetadataStore]:
+    s = ZooKeeperMetadataStore.from_uri(zk_uri)
+    yield s
+    s.close()
+
+
+def test_uri_and_chroot(zk_uri: str, zk_hosts: str) -> None:
+    chroot = zk_uri.removeprefix(f"zk://{zk_hosts}")
+    assert chroot.count("/") >= 2  # nested: its parents do not exist either
+    store = ZooKeeperMetadataStore.from_uri(zk_uri + "/")
+    try:
+        assert store.uri == zk_uri
+        store.create("/inside", b"x")
+        raw = KazooClient(hosts=zk_hosts)
+        raw.start()
+        try:
+            assert raw.get(f"{chroot}/inside")[0] == b"x"
+        finally:
+            raw.stop()
+            raw.close()
+        with pytest.raises(AttributeError):
+            store.kazoo = None  # type: ignore[misc]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "uri", ["zk://", "zk:///chroot", "zk://u:p@h:2181/c", "zk://h:2181/a//b", "file:///x"]
+)
+def test_malformed_uris_are_rejected(uri: str) -> None:
+    with pytest.raises(ValueError):
+        ZooKeeperMetadataStore.from_uri(uri)
+
+
+def test_open_fails_when_no_server_answers(private_zk_server: ZooKeeperServer) -> None:
+    private_zk_server.stop()
+    with pytest.raises(StoreUnavailable, match="cannot connect"):
+        ZooKeeperMetadataStore.from_uri(
+            f"zk://{private_zk_server.hosts}/c", MetadataOptions(zk_connect_timeout_ms=500)
+        )
+
+
+# --- connection loss and session expiry ------------------------------------------------------------
+
+
+def test_dropped_connection(store: ZooKeeperMetadataStore) -> None:
+    states, watched = Recorder(), Recorder()
+    store.add_state_listener(states)
+    store.create("/w", b"0")
+    store.watch("/w", watched)
+
+    drop_zk_connection(store.kazoo)
+
+    assert states.wait_for(2) == [False, True]
+    # Events may have been missed while disconnected: every watch is called once to re-read.
+    assert watched.wait_for(1) == ["/w"]
+    assert store.is_usable()
+    assert store.set("/w", b"1", version=0).version == 1
+    # And the watch was re-armed: later changes are seen again.
+    assert watched.wait_for(2) == ["/w", "/w"]
+
+
+def test_session_expiry(store: ZooKeeperMetadataStore) -> None:
+    states, watched, absent = Recorder(), Recorder(), Recorder()
+    store.add_state_listener(states)
+    store.create("/w", b"0")
+    store.watch("/w", watched)
+    store.watch("/later", absent)
+    old_session = store.kazoo.client_id[0]
+
+    expire_zk_session(store.kazoo)
+
+    assert store.kazoo.client_id[0] != old_session
+    assert states.wait_for(2) == [False, True]
+    assert watched.wait_for(1) == ["/w"]
+    assert absent.wait_for(1) == ["/later"]
+    # The new session has the watches too, including on a node that did not exist.
+    store.set("/w", b"1", version=0)
+    assert watched.wait_for(2) == ["/w", "/w"]
+    store.create("/later", b"")
+    assert absent.wait_for(2) == ["/later", "/later"]
+    assert store.get("/w") is not None and store.is_usable()
+
+
+def test_calls_while_the_server_is_down(private_zk_server: ZooKeeperServer) -> None:
+    store = ZooKeeperMetadataStore.from_uri(f"zk://{private_zk_server.hosts}/outage", SHORT)
+    try:
+        states, watched = Recorder(), Recorder()
+        store.add_state_listener(states)
+        store.create("/n", b"before")
+        store.watch("/n", watched)
+
+        private_zk_server.stop()
+        assert states.wait_for(1) == [False]
+        assert not store.is_usable()
+        reads: list[Callable[[], object]] = [
+            lambda: store.get("/n"),
+            lambda: store.children("/"),
+            lambda: store.sync(),
+        ]
+        writes: list[Callable[[], object]] = [
+            lambda: store.set("/n", b"during", version=0),
+            lambda: store.create("/m", b"during"),
+            lambda: store.delete("/n"),
+            lambda: store.transaction([SetData("/n", b"during", 0)]),
+        ]
+        for call in reads + writes:
+            with pytest.raises(StoreUnavailable) as info:
+                call()
+            # Never sent while disconnected, so not in doubt: plainly unavailable.
+            assert type(info.value) is StoreUnavailable
+            assert private_zk_server.hosts in str(info.value)
+        with pytest.raises(StoreUnavailable):
+            store.watch("/other", Recorder())
+
+        private_zk_server.start()
+        assert states.wait_for(2) == [False, True]
+        assert watched.wait_for(1) == ["/n"]
+        # None of the refused writes happened later behind our back.
+        node = store.get("/n")
+        assert node is not None and node.data == b"before" and node.version == 0
+        assert store.get("/m") is None
+        assert store.set("/n", b"after", version=0).version == 1
+    finally:
+        store.close()
+
+
+# --- lost replies -------------------------------------------------------------------------------
+
+
+def lose_replies(
+    monkeypatch: pytest.MonkeyPatch,
+    store: ZooKeeperMetadataStore,
+    method: str,
+    *,
+    before_reply: Callable[..., None] | None = None,
+    times: int | None = 1,
+) -> list[tuple[Any, ...]]:
+    """Make the store's next ``times`` calls of ``kazoo.<method>`` lose their reply.
+
+    ``before_reply(real, *args)`` runs what reached the server (by default: the request itself; pass
+    a no-op for a request lost on the way). Returns the arguments of every call made.
+    """
+    client = store.kazoo
+    real = getattr(client, method)
+    calls: list[tuple[Any, ...]] = []
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if times is not None and len(calls) > times:
+            return real(*args, **kwargs)
+        if before_reply is None:
+            real(*args, **kwargs).get()
+        else:
+            before_reply(*args)
+        lost = client.handler.async_result()
+        lost.set_exception(ConnectionLoss())
+        return lost
+
+    monkeypatch.setattr(client, method, wrapper)
+    return calls
+
+
+def test_retried_create_that_had_succeeded(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = lose_replies(monkeypatch, store, "create_async")
+    node = store.create("/c", b"mine")
+    assert len(calls) == 2  # the retry met NodeExists, and the node turned out to be ours
+    assert node.data == b"mine" and node.version == 0
+    assert store.get("/c") == node
+
+
+def test_retried_create_that_another_writer_beat(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def someone_else_created(path: str, *_: Any) -> None:
+        store.kazoo.create(path, b"theirs")
+
+    lose_replies(monkeypatch, store, "create_async", before_reply=someone_else_created)
+    with pytest.raises(NodeExistsError):
+        store.create("/c", b"mine")
+    node = store.get("/c")
+    assert node is not None and node.data == b"theirs"
+
+
+def test_retried_create_whose_request_was_lost(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = lose_replies(monkeypatch, store, "create_async", before_reply=lambda *_: None)
+    assert store.create("/c", b"mine").version == 0
+    assert len(calls) == 2
+
+
+def test_retried_set_that_had_succeeded(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create("/s", b"v0")
+    calls = lose_replies(monkeypatch, store, "set_async")
+    node = store.set("/s", b"v1", version=0)
+    assert len(calls) == 2
+    assert node.data == b"v1" and node.version == 1
+    assert store.get("/s") == node
+
+
+def test_retried_set_that_another_writer_beat(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create("/s", b"v0")
+
+    def someone_else_set(path: str, *_: Any) -> None:
+        store.kazoo.set(path, b"theirs", version=0)
+
+    lose_replies(monkeypatch, store, "set_async", before_reply=someone_else_set)
+    with pytest.raises(BadVersionError):
+        store.set("/s", b"mine", version=0)
+
+
+def test_retried_delete_that_had_succeeded(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create("/d", b"")
+    calls = lose_replies(monkeypatch, store, "delete_async")
+    store.delete("/d", version=0)
+    assert len(calls) == 2 and store.get("/d") is None
+
+
+def test_retried_transaction_is_reported_as_unknown(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create("/t", b"v0")
+    real_transaction = store.kazoo.transaction
+    commits = itertools.count()
+
+    def transaction() -> Any:
+        tx = real_transaction()
+        real_commit = tx.commit_async
+        if next(commits) == 0:  # the first commit is applied, and its reply lost
+
+            def commit_async() -> Any:
+                real_commit().get()
+                lost = store.kazoo.handler.async_result()
+                lost.set_exception(ConnectionLoss())
+                return lost
+
+            tx.commit_async = commit_async
+        return tx
+
+    monkeypatch.setattr(store.kazoo, "transaction", transaction)
+    with pytest.raises(CommitOutcomeUnknown):
+        store.transaction([SetData("/t", b"v1", 0), Create("/t2", b"")])
+    # It had been applied, which the caller learns by re-reading.
+    node = store.get("/t")
+    assert node is not None and node.data == b"v1"
+    assert store.get("/t2") is not None
+
+
+def test_retried_transaction_whose_first_commit_was_lost_on_the_way(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create("/t", b"v0")
+    real_transaction = store.kazoo.transaction
+    commits = itertools.count()
+
+    def transaction() -> Any:
+        tx = real_transaction()
+        if next(commits) == 0:
+            lost = store.kazoo.handler.async_result()
+            lost.set_exception(ConnectionLoss())
+            tx.commit_async = lambda: lost
+        return tx
+
+    monkeypatch.setattr(store.kazoo, "transaction", transaction)
+    store.transaction([SetData("/t", b"v1", 0)])  # the retry applies it; nothing to doubt
+    node = store.get("/t")
+    assert node is not None and node.version == 1
+
+
+def test_write_in_doubt_at_the_deadline(zk_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ZooKeeperMetadataStore.from_uri(zk_uri, SHORT)
+    try:
+        store.create("/n", b"")
+        lose_replies(monkeypatch, store, "set_async", before_reply=lambda *_: None, times=None)
+        with pytest.raises(CommitOutcomeUnknown):
+            store.set("/n", b"x", version=0)
+        lose_replies(monkeypatch, store, "get_async", before_reply=lambda *_: None, times=None)
+        with pytest.raises(StoreUnavailable) as info:
+            store.get("/n")
+        assert type(info.value) is StoreUnavailable  # a read is never "in doubt"
+    finally:
+        store.close()
