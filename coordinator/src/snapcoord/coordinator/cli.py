@@ -1,0 +1,92 @@
+"""The ``snapcoord`` command: ``snapcoord serve [flags]``, ``snapcoord health`` and ``--version``.
+
+Exit codes: 0 after a clean shutdown, 2 for a bad flag or ``SNAPCOORD_*`` value (named in the
+message), 1 when the coordinator cannot start (a store unreachable, the port taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from snapcoord.coordinator import __version__, config
+
+_log = logging.getLogger("snapcoord")
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``snapcoord`` parser and its ``serve`` subparser (which reports config errors)."""
+    parser = argparse.ArgumentParser(
+        prog="snapcoord",
+        description="snapcoord: a snapshot coordinator for streaming pipelines (gRPC on ZooKeeper and S3).",
+    )
+    parser.add_argument("--version", action="version", version=f"snapcoord {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the coordinator",
+        description=(
+            "Run the coordinator. Every flag can also be set by its SNAPCOORD_* environment variable; "
+            "a flag wins over the environment, the environment over the default. Durations need a unit: "
+            "500ms, 10s, 5m, 24h, 7d."
+        ),
+    )
+    config.add_arguments(serve)
+    health = commands.add_parser(
+        "health",
+        help="check a coordinator's gRPC health (exit 0 when SERVING)",
+        description="Call grpc.health.v1.Health/Check; exit 0 when SERVING, 1 otherwise (for healthchecks).",
+    )
+    health.add_argument(
+        "--target",
+        default=None,
+        help="HOST:PORT of the coordinator (default 127.0.0.1:$SNAPCOORD_PORT, or 127.0.0.1:50051)",
+    )
+    health.add_argument("--service", default="", help="service name to check (default: the whole server)")
+    health.add_argument("--timeout", default="5s", help="deadline of the call (default 5s)")
+    return parser, serve
+
+
+def _health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        timeout_ms = config.parse_duration_ms(args.timeout)
+    except ValueError as e:
+        parser.error(f"--timeout: {e}")
+    target = args.target or f"127.0.0.1:{os.environ.get('SNAPCOORD_PORT') or 50051}"
+    from snapcoord.coordinator.probe import check
+
+    code, report = check(target, service=args.service, timeout_s=timeout_ms / 1000)
+    print(report)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, serve_parser = build_parsers()
+    args = parser.parse_args(argv)
+    if args.command == "health":
+        return _health(args, parser)
+    try:
+        cfg = config.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
+    except config.ConfigError as e:
+        serve_parser.error(str(e))  # exits 2 with usage
+    logging.basicConfig(
+        level=cfg.logging.level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # Imported here so that --help and config errors do not pay for grpc and the backends.
+    from snapcoord.coordinator.errors import SnapcoordError
+    from snapcoord.coordinator.server import run
+
+    try:
+        return run(cfg)
+    except (SnapcoordError, OSError, ValueError) as e:
+        _log.error("snapcoord failed: %s", e, exc_info=_log.isEnabledFor(logging.DEBUG))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""The coordinator's configuration: built once, at start, from flags and ``SNAPCOORD_*`` variables.
+
+Every setting is declared once in ``OPTIONS`` (flag, environment variable, default, help), which
+drives the argument parser, the ``--help`` text and the checks that README and docker-compose
+still name real options. Precedence is flag, then environment, then default; an empty environment
+variable counts as unset (docker-compose writes ``VAR=`` for "no value"). This module is the only
+place that reads the environment; everything else gets a frozen ``Config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from snapcoord.coordinator.storage.registry import BlobOptions, MetadataOptions
+
+
+class ConfigError(ValueError):
+    """A setting has a value the coordinator cannot use; the message names the flag or variable."""
+
+
+# --- the dataclasses: one per concern, units in field names ------------------------------------
+
+
+@dataclass(frozen=True)
+class GrpcConfig:
+    """The gRPC listener and its concurrency bounds."""
+
+    host: str
+    #: 0 binds a free port (tests); the bound port is reported on the serving line.
+    port: int
+    #: Threads that run RPC handlers; calls beyond this queue until one is free.
+    max_workers: int
+    #: Calls in flight (running or queued) before new ones get RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int
+    #: How long SIGTERM waits for in-flight calls before cancelling them.
+    shutdown_grace_ms: int
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus HTTP exporter."""
+
+    host: str
+    #: 0 binds a free port; -1 disables the exporter.
+    port: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.port >= 0
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where metadata and payloads live, and the backend settings that are not part of a URI."""
+
+    data_dir: str
+    metadata_uri: str
+    blobs_uri: str
+    zk_session_timeout_ms: int
+    zk_connect_timeout_ms: int
+    s3_addressing_style: Literal["auto", "path", "virtual"]
+
+    def metadata_options(self) -> MetadataOptions:
+        return MetadataOptions(
+            zk_session_timeout_ms=self.zk_session_timeout_ms,
+            zk_connect_timeout_ms=self.zk_connect_timeout_ms,
+        )
+
+    def blob_options(self) -> BlobOptions:
+        return BlobOptions(s3_addressing_style=self.s3_addressing_style)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration of one coordinator process."""
+
+    grpc: GrpcConfig
+    metrics: MetricsConfig
+    storage: StorageConfig
+    logging: LoggingConfig
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """The configuration as plain data, safe to log: credentials in URIs are redacted."""
+        out = asdict(self)
+        storage = out["storage"]
+        storage["metadata_uri"] = redact_uri(storage["metadata_uri"])
+        storage["blobs_uri"] = redact_uri(storage["blobs_uri"])
+        return cast(dict[str, dict[str, Any]], out)
+
+
+# --- value parsers: each takes the raw string and raises ValueError saying what was expected -----
+
+_DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``500ms``, ``10s``, ``5m``, ``24h``, ``7d`` -> milliseconds. A unit is required: a bare
+    number is ambiguous (seconds? milliseconds?) and is the classic source of 1000x mistakes."""
+    m = _DURATION_RE.fullmatch(text.strip())
+    if not m:
+        raise ValueError(
+            "expected a whole number with a unit: ms, s, m, h or d (e.g. 500ms, 10s, 5m, 24h, 7d)"
+        )
+    return int(m.group(1)) * _UNIT_MS[m.group(2)]
+
+
+def _int_parser(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise ValueError(f"expected {what}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"expected {what}")
+        return value
+
+    return parse
+
+
+def _duration_parser(min_ms: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = parse_duration_ms(text)
+        if value < min_ms:
+            raise ValueError(f"must be at least {min_ms}ms")
+        return value
+
+    return parse
+
+
+def _choice_parser(choices: Sequence[str], *, fold_case: bool) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper() if fold_case else text.strip()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _host(text: str) -> str:
+    value = text.strip()
+    if not value or any(c.isspace() for c in value) or "/" in value:
+        raise ValueError("expected a host name or IP address to bind (e.g. 0.0.0.0, 127.0.0.1, ::)")
+    return value.removeprefix("[").removesuffix("]")
+
+
+def _path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a directory path")
+    return str(Path(text.strip()).expanduser().resolve())
+
+
+def _uri_parser(schemes: Sequence[str], example: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip()
+        parts = urlsplit(value)
+        if parts.scheme not in schemes:
+            raise ValueError(
+                f"expected a URI with scheme {' or '.join(s + '://' for s in schemes)} ({example})"
+            )
+        if parts.scheme == "file" and (
+            parts.netloc not in ("", "localhost") or not parts.path.startswith("/")
+        ):
+            raise ValueError("a file:// URI needs an absolute path: file:///var/lib/snapcoord/...")
+        if parts.scheme != "file" and not parts.netloc:
+            raise ValueError(f"the URI names no {'bucket' if parts.scheme == 's3' else 'server'} ({example})")
+        return value
+
+    return parse
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+# --- the one table of options ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, its environment variable, its default and how to read a value."""
+
+    #: Field name in the flat namespace, e.g. ``port``; the flag is ``--port``.
+    name: str
+    help: str
+    #: The default as a person would type it; None when it is derived from other options
+    #: (``default_doc`` says from which).
+    default: str | None
+    parse: Callable[[str], Any]
+    default_doc: str | None = None
+    metavar: str = "VALUE"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "SNAPCOORD_" + self.name.upper()
+
+    @property
+    def shown_default(self) -> str:
+        return self.default_doc if self.default is None and self.default_doc else str(self.default)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "address the gRPC server binds", "0.0.0.0", _host, metavar="HOST"),
+    Option(
+        "port",
+        "gRPC port; 0 picks a free port",
+        "50051",
+        _int_parser(0, 65535, "a port 0-65535"),
+        metavar="PORT",
+    ),
+    Option(
+        "metrics_host",
+        "address the Prometheus exporter binds",
+        None,
+        _host,
+        default_doc="same as --host",
+        metavar="HOST",
+    ),
+    Option(
+        "metrics_port",
+        "Prometheus exporter port; 0 picks a free port, -1 disables the exporter",
+        "9464",
+        _int_parser(-1, 65535, "a port 0-65535, or -1 to disable metrics"),
+        metavar="PORT",
+    ),
+    Option(
+        "data_dir",
+        "directory of the embedded stores behind the default --metadata and --blobs",
+        "./snapcoord-data",
+        _path,
+        metavar="DIR",
+    ),
+    Option(
+        "metadata",
+        "metadata store: zk://host:port[,host:port]/chroot or file:///dir",
+        None,
+        _uri_parser(("zk", "file"), "zk://zk1:2181,zk2:2181/snapcoord or file:///var/lib/snapcoord/metadata"),
+        default_doc="file://<data-dir>/metadata",
+        metavar="URI",
+    ),
+    Option(
+        "blobs",
+        "blob store: s3://bucket/prefix or file:///dir",
+        None,
+        _uri_parser(("s3", "file"), "s3://my-bucket/snapcoord or file:///var/lib/snapcoord/blobs"),
+        default_doc="file://<data-dir>/blobs",
+        metavar="URI",
+    ),
+    Option(
+        "max_workers",
+        "threads running RPC handlers",
+        "32",
+        _int_parser(1, 10_000, "an integer 1-10000"),
+        metavar="N",
+    ),
+    Option(
+        "max_concurrent_rpcs",
+        "calls in flight before new ones are refused with RESOURCE_EXHAUSTED",
+        "256",
+        _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        metavar="N",
+    ),
+    Option(
+        "shutdown_grace",
+        "on SIGTERM, how long in-flight calls may run before they are cancelled",
+        "10s",
+        _duration_parser(0),
+        metavar="DURATION",
+    ),
+    Option(
+        "zk_session_timeout",
+        "ZooKeeper session timeout",
+        "10s",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "zk_connect_timeout",
+        "how long to wait for ZooKeeper at start before giving up",
+        "15s",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "s3_addressing_style",
+        "S3 addressing: auto (path style when an endpoint URL is set), path or virtual",
+        "auto",
+        _choice_parser(("auto", "path", "virtual"), fold_case=False),
+        metavar="STYLE",
+    ),
+    Option(
+        "log_level",
+        "log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        "INFO",
+        _choice_parser(_LOG_LEVELS, fold_case=True),
+        metavar="LEVEL",
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option to ``parser``; values stay raw strings (validated in ``load``)."""
+    for opt in OPTIONS:
+        parser.add_argument(
+            opt.flag,
+            dest=opt.name,
+            default=None,
+            metavar=opt.metavar,
+            help=f"{opt.help} (env {opt.env}; default {opt.shown_default})",
+        )
+
+
+def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
+    """Build the config from raw flag values (None = not given) and the environment.
+
+    Raises ``ConfigError`` naming where the bad value came from; the CLI turns it into exit code 2.
+    """
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        flag_value = flags.get(opt.name)
+        env_value = environ.get(opt.env) or None
+        if flag_value is not None:
+            raw, source = flag_value, f"{opt.flag}={flag_value!r}"
+        elif env_value is not None:
+            raw, source = env_value, f"{opt.env}={env_value!r} (environment; {opt.flag} overrides it)"
+        elif opt.default is not None:
+            raw, source = opt.default, f"default of {opt.flag}"
+        else:
+            values[opt.name] = None
+            continue
+        try:
+            values[opt.name] = opt.parse(raw)
+        except ValueError as e:
+            raise ConfigError(f"invalid {source}: {e}") from None
+
+    data_dir = Path(values["data_dir"])
+    return Config(
+        grpc=GrpcConfig(
+            host=values["host"],
+            port=values["port"],
+            max_workers=values["max_workers"],
+            max_concurrent_rpcs=values["max_concurrent_rpcs"],
+            shutdown_grace_ms=values["shutdown_grace"],
+        ),
+        metrics=MetricsConfig(host=values["metrics_host"] or values["host"], port=values["metrics_port"]),
+        storage=StorageConfig(
+            data_dir=str(data_dir),
+            metadata_uri=values["metadata"] or (data_dir / "metadata").as_uri(),
+            blobs_uri=values["blobs"] or (data_dir / "blobs").as_uri(),
+            zk_session_timeout_ms=values["zk_session_timeout"],
+            zk_connect_timeout_ms=values["zk_connect_timeout"],
+            s3_addressing_style=values["s3_addressing_style"],
+        ),
+        logging=LoggingConfig(level=values["log_level"]),
+    )
+
+
+# --- redaction ---------------------------------------------------------------------------------
+
+_SECRET_PARAM_RE = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with the password of any ``user:password@`` part, and the values of query parameters
+    that look like secrets, replaced by ``***``; safe to log."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        # "user:password@" keeps the user; a bare "token@" may itself be the secret.
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}" if ":" in userinfo else f"***@{hosts}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if _SECRET_PARAM_RE.search(k) else v) for k, v in pairs], safe="*/:,")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

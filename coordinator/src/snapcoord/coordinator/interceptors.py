@@ -1,0 +1,297 @@
+"""The server interceptor: exceptions become statuses, every call is counted and timed.
+
+One place turns what a handler raises into what a caller sees (``status.status_for``), so
+servicers just raise ``SnapcoordError`` subclasses. The same wrapper records the standard gRPC
+server metrics, because only it sees the final code of every call, including codes a handler sets
+with ``context.abort`` or ``context.set_code``.
+
+The wrapper keeps the shape of each handler: unary responses are recorded when the handler
+returns, streamed responses when the stream ends (closed early = CANCELLED), and grpc_health's
+non-blocking ``Watch`` (which returns at once and sends from other threads) when the RPC ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import grpc
+
+from snapcoord.coordinator.metrics import GrpcServerMetrics
+from snapcoord.coordinator.status import status_for
+
+_log = logging.getLogger(__name__)
+
+#: grpc_code label values as go-grpc-prometheus writes them (Go's codes.Code names), so the
+#: usual alert rules (grpc_code=~"Unknown|Internal|Unavailable|...") work unchanged.
+_CODE_LABELS: dict[grpc.StatusCode, str] = {
+    code: "Canceled" if code is grpc.StatusCode.CANCELLED else code.name.title().replace("_", "")
+    for code in grpc.StatusCode
+}
+_CODE_LABELS[grpc.StatusCode.OK] = "OK"
+
+
+def code_label(code: grpc.StatusCode) -> str:
+    """The ``grpc_code`` label value for ``code``."""
+    return _CODE_LABELS[code]
+
+
+def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
+    if handler.request_streaming:
+        return "bidi_stream" if handler.response_streaming else "client_stream"
+    return "server_stream" if handler.response_streaming else "unary"
+
+
+def _split_method(full_method: str) -> tuple[str, str]:
+    """``/pkg.Service/Method`` -> (``pkg.Service``, ``Method``)."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return service or "unknown", method or "unknown"
+
+
+def _raised_by_generated_base(exc: BaseException) -> bool:
+    """True when the innermost frame is a generated ``*_pb2_grpc`` servicer stub: the RPC exists in
+    the proto but no subclass overrides it. A NotImplementedError from our own code is a bug."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).endswith("_pb2_grpc")
+
+
+def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """True when ``exc`` is what ``context.abort`` raises: a bare Exception with a code set."""
+    return type(exc) is Exception and not exc.args and context.code() not in (None, grpc.StatusCode.OK)
+
+
+class _Call:
+    """One RPC's metrics; ``finish`` records it exactly once, from whichever thread ends it."""
+
+    def __init__(self, metrics: GrpcServerMetrics, labels: tuple[str, str, str]) -> None:
+        self._metrics = metrics
+        self._labels = labels
+        self._start = time.perf_counter()
+        self._lock = threading.Lock()
+        self._done = False
+        metrics.started.labels(*labels).inc()
+
+    def finish(self, code: grpc.StatusCode) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._metrics.handling_seconds.labels(*self._labels).observe(time.perf_counter() - self._start)
+        self._metrics.handled.labels(*self._labels, code_label(code)).inc()
+
+
+class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method."""
+
+    def __init__(self, metrics: GrpcServerMetrics, *, version: str) -> None:
+        self._metrics = metrics
+        self._version = version
+        self._open_streams = _OpenStreams()
+
+    def end_open_streams(self) -> int:
+        """End the server-pushed streams in flight (health Watch) with OK; returns how many.
+
+        A Watch lasts until the client leaves, so during a drain it would hold the server for the
+        whole grace period; ended after NOT_SERVING went out, its client reconnects elsewhere.
+        """
+        return self._open_streams.end_all()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            # Unknown method: grpc answers UNIMPLEMENTED itself. Not recorded, since the labels
+            # would be whatever names a client sends (unbounded series).
+            return None
+        method: str = handler_call_details.method
+        service, name = _split_method(method)
+        rpc_type = _rpc_type(handler)
+        labels = (rpc_type, service, name)
+        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap.unary_response(handler.unary_unary),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap.unary_response(handler.stream_unary),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            behavior = handler.unary_stream
+            wrapped = (
+                wrap.non_blocking_stream(behavior)
+                if getattr(behavior, "experimental_non_blocking", False)
+                else wrap.streamed_response(behavior)
+            )
+            return grpc.unary_stream_rpc_method_handler(
+                wrapped, handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            wrap.streamed_response(handler.stream_stream),
+            handler.request_deserializer,
+            handler.response_serializer,
+        )
+
+
+class _Wrapper:
+    """Wraps the behaviors of one method; holds what every call of it shares."""
+
+    def __init__(
+        self,
+        metrics: GrpcServerMetrics,
+        version: str,
+        method: str,
+        labels: tuple[str, str, str],
+        open_streams: _OpenStreams,
+    ) -> None:
+        self._open_streams = open_streams
+        self._metrics = metrics
+        self._version = version
+        self._method = method
+        self._labels = labels
+
+    def _start(self, context: grpc.ServicerContext) -> _Call:
+        _log.debug("rpc %s from %s", self._method, context.peer())
+        return _Call(self._metrics, self._labels)
+
+    def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
+        """Record and raise the status for ``exc`` (``context.abort`` raises)."""
+        if _is_abort(exc, context):
+            call.finish(context.code())
+            raise exc
+        if isinstance(exc, NotImplementedError) and _raised_by_generated_base(exc):
+            call.finish(grpc.StatusCode.UNIMPLEMENTED)
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{self._method} is not implemented by this coordinator (snapcoord {self._version})",
+            )
+        status = status_for(exc)
+        if status.unexpected:
+            _log.error("%s failed with %s", self._method, type(exc).__name__, exc_info=exc)
+        else:
+            _log.debug("%s -> %s: %s", self._method, status.code.name, status.message)
+        call.finish(status.code)
+        context.abort(status.code, status.message)
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    def unary_response(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+        def run(request: Any, context: grpc.ServicerContext) -> Any:
+            call = self._start(context)
+            try:
+                response = behavior(request, context)
+            except Exception as e:
+                self._fail(e, context, call)
+            call.finish(context.code() or grpc.StatusCode.OK)
+            return response
+
+        return run
+
+    def streamed_response(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+        def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            call = self._start(context)
+            try:
+                responses = iter(behavior(request, context))
+            except Exception as e:
+                self._fail(e, context, call)
+            return self._relay(responses, context, call)
+
+        return run
+
+    def _relay(self, responses: Iterator[Any], context: grpc.ServicerContext, call: _Call) -> Iterator[Any]:
+        try:
+            yield from responses
+        except GeneratorExit:
+            # grpc dropped the iterator before its end: the client went away or the server stopped.
+            call.finish(context.code() or grpc.StatusCode.CANCELLED)
+            raise
+        except Exception as e:
+            self._fail(e, context, call)
+        call.finish(context.code() or grpc.StatusCode.OK)
+
+    def non_blocking_stream(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """For handlers marked ``experimental_non_blocking`` (grpc_health's Watch): they return at
+        once and send through ``send_response_callback`` (None ends the stream) from any thread."""
+
+        def run(
+            request: Any, context: grpc.ServicerContext, send_response_callback: Callable[[Any], None]
+        ) -> Any:
+            stream = _PushedStream(self._start(context), context, send_response_callback)
+            self._open_streams.add(stream)
+            # Registered before the behavior's own callbacks, so it runs first when the RPC ends:
+            # a stream that ends without anyone sending its end was cancelled.
+            context.add_callback(lambda: self._open_streams.discard(stream, grpc.StatusCode.CANCELLED))
+            try:
+                return behavior(request, context, stream.send)
+            except Exception as e:
+                self._open_streams.discard(stream, None)
+                self._fail(e, context, stream.call)
+
+        run.experimental_non_blocking = True  # type: ignore[attr-defined]
+        run.experimental_thread_pool = getattr(behavior, "experimental_thread_pool", None)  # type: ignore[attr-defined]
+        return run
+
+
+class _PushedStream:
+    """One non-blocking server stream: forwards responses until its end is sent, exactly once."""
+
+    def __init__(
+        self, call: _Call, context: grpc.ServicerContext, send_response_callback: Callable[[Any], None]
+    ) -> None:
+        self.call = call
+        self._context = context
+        self._send = send_response_callback
+        # Lock order: the behavior's own lock (grpc_health holds its lock while it sends), then
+        # this one, then grpc's call state. end() takes only this one and grpc's.
+        self._lock = threading.Lock()
+        self._ended = False
+
+    def send(self, response: Any) -> None:
+        with self._lock:
+            if self._ended:
+                return  # grpc_health sends None again from its close callback
+            if response is None:
+                self._ended = True
+                self.call.finish(self._context.code() or grpc.StatusCode.OK)
+            self._send(response)
+
+    def end(self) -> None:
+        self.send(None)
+
+
+class _OpenStreams:
+    """The non-blocking streams in flight, so a drain can end them instead of waiting them out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: set[_PushedStream] = set()
+
+    def add(self, stream: _PushedStream) -> None:
+        with self._lock:
+            self._streams.add(stream)
+
+    def discard(self, stream: _PushedStream, code: grpc.StatusCode | None) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+        if code is not None:
+            stream.call.finish(code)
+
+    def end_all(self) -> int:
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:  # outside our lock: ending one runs its RPC's callbacks
+            stream.end()
+        return len(streams)

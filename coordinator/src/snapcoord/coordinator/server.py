@@ -1,0 +1,234 @@
+"""Assemble and run the coordinator: ``build_server`` wires, ``run`` owns the process lifecycle.
+
+``build_server(config, deps)`` builds a gRPC server on the given stores without starting it, so
+tests can bind port 0, add a test-only handler and call it through a real channel. ``run(config)``
+is what ``snapcoord serve`` does: open the stores named by the config, serve, and on SIGTERM or
+SIGINT drain (health NOT_SERVING, stop accepting, let in-flight calls finish within the grace
+period) and close the stores, which ends the ZooKeeper session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TextIO
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from snapcoord.coordinator import __version__, api, reflection
+from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.domain.clock import Clock, SystemClock
+from snapcoord.coordinator.health import StoreHealth
+from snapcoord.coordinator.interceptors import ServerInterceptor
+from snapcoord.coordinator.metrics import GrpcServerMetrics, MetricsExporter, new_registry, start_exporter
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+
+_log = logging.getLogger(__name__)
+
+#: Everything the server lists through reflection: the API, health and reflection itself.
+ALL_SERVICE_NAMES: tuple[str, ...] = (*api.SERVICE_NAMES, health.SERVICE_NAME, *reflection.SERVICE_NAMES)
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the servicers work on; tests pass embedded stores and a manual clock."""
+
+    metadata: MetadataStore
+    blobs: BlobStore
+    clock: Clock = field(default_factory=SystemClock)
+
+
+class CoordinatorServer:
+    """A built coordinator: the gRPC server plus the handles its lifecycle needs."""
+
+    def __init__(
+        self,
+        server: grpc.Server,
+        executor: ThreadPoolExecutor,
+        store_health: StoreHealth,
+        registry: CollectorRegistry,
+        interceptor: ServerInterceptor,
+    ) -> None:
+        self.grpc = server
+        self._interceptor = interceptor
+        self.health = store_health
+        #: The metrics of this server only (see ``metrics``); serve it with ``start_exporter``.
+        self.registry = registry
+        self._executor = executor
+
+    def start(self) -> None:
+        self.grpc.start()
+
+    def shutdown(self, grace_s: float | None) -> None:
+        """Drain: NOT_SERVING first so health checkers move traffic away, then refuse new calls
+        and give in-flight ones ``grace_s`` seconds before they are cancelled; returns when done."""
+        self.health.enter_graceful_shutdown()
+        stopped = self.grpc.stop(grace_s)  # returns at once; new calls are refused from here on
+        # Health watchers have seen NOT_SERVING; their streams would otherwise run to the end of
+        # the grace period. Ended only after stop(), so that no new one can open behind us.
+        ended = self._interceptor.end_open_streams()
+        if ended:
+            _log.info("ended %d health watch stream(s)", ended)
+        stopped.wait()
+        # Not wait=True: a handler stuck past the grace (say, in a backend call) must not hang the
+        # exit; closing the stores afterwards makes such calls fail.
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def force_stop(self) -> None:
+        """Cancel every in-flight call now (a second SIGTERM during a drain)."""
+        self.grpc.stop(None)
+
+
+def hostport(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def build_server(
+    config: Config, deps: Deps, *, registry: CollectorRegistry | None = None
+) -> tuple[CoordinatorServer, int]:
+    """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port."""
+    registry = registry if registry is not None else new_registry()
+    executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
+    interceptor = ServerInterceptor(GrpcServerMetrics(registry), version=__version__)
+    server = grpc.server(
+        executor,
+        interceptors=(interceptor,),
+        maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
+        # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
+        # "fine" and get half the connections. Fail the bind instead.
+        options=(("grpc.so_reuseport", 0),),
+    )
+    address = hostport(config.grpc.host, config.grpc.port)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:  # grpc reports a failed bind as RuntimeError (older versions: port 0)
+        executor.shutdown(wait=False)
+        raise OSError(f"cannot bind gRPC to {address}: {e} (port in use or address not local?)") from e
+    if port == 0:
+        executor.shutdown(wait=False)
+        raise OSError(f"cannot bind gRPC to {address} (port in use or address not local?)")
+    # Wired after the bind, so that a failed bind leaves no listener registered on the store.
+    api.add_servicers(server, deps)
+    store_health = StoreHealth(deps.metadata, api.SERVICE_NAMES)
+    health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
+    reflection.enable_reflection(server, ALL_SERVICE_NAMES)
+    return CoordinatorServer(server, executor, store_health, registry, interceptor), port
+
+
+def run(config: Config, *, out: TextIO = sys.stdout) -> int:
+    """Serve until SIGTERM/SIGINT, then drain and close; returns the process exit code.
+
+    Must run on the main thread (signal handlers). Prints one line to ``out`` once serving:
+    ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1).
+    """
+    _log.info("snapcoord %s starting; effective config: %s", __version__, json.dumps(config.describe()))
+    storage = config.storage
+    metadata = open_metadata_store(storage.metadata_uri, options=storage.metadata_options())
+    blobs: BlobStore | None = None
+    exporter: MetricsExporter | None = None
+    try:
+        blobs = open_blob_store(storage.blobs_uri, options=storage.blob_options())
+        server, port = build_server(config, Deps(metadata=metadata, blobs=blobs))
+        stop = _StopSignals(server)
+        drained = False
+        try:
+            if config.metrics.enabled:
+                exporter = start_exporter(server.registry, config.metrics.host, config.metrics.port)
+            server.start()
+            metrics_at = hostport(exporter.host, exporter.port) if exporter else "disabled"
+            line = f"snapcoord serving grpc={hostport(config.grpc.host, port)} metrics={metrics_at}"
+            _log.info("%s", line)
+            print(line, file=out)
+            out.flush()
+            signum = stop.wait()
+            grace_s = config.grpc.shutdown_grace_ms / 1000
+            _log.info("%s: draining (grace %.1fs)", signal.Signals(signum).name, grace_s)
+            server.shutdown(grace_s)
+            drained = True
+            _log.info("gRPC server stopped")
+        finally:
+            if not drained:  # failed between start and drain: do not leave grpc threads behind
+                server.shutdown(0)
+            stop.restore()
+    finally:
+        # Reverse order of opening; closing the metadata store ends the ZooKeeper session, which
+        # removes this replica's ephemeral nodes at once instead of after the session timeout.
+        if exporter is not None:
+            exporter.stop()
+        if blobs is not None:
+            blobs.close()
+        metadata.close()
+    _log.info("stopped")
+    return 0
+
+
+class _StopSignals:
+    """SIGTERM/SIGINT: the first starts the drain, a second one cuts the grace period short.
+
+    Python runs signal handlers on the main thread only, and only when it executes bytecode. A
+    signal the kernel delivers to another thread (grpc's, kazoo's) does not wake a main thread
+    blocked in ``Event.wait()``, so a handler that sets the event may never run: SIGTERM right after
+    start hung now and then. A handler that takes a lock can also deadlock against the main
+    thread it interrupts. So the Python handler does nothing; the interpreter's C-level wakeup fd
+    carries the signal number, from whichever thread got it, to a watcher thread.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, server: CoordinatorServer) -> None:
+        self._server = server
+        self._received = threading.Event()
+        self._signum = 0
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # set_wakeup_fd requires it
+        # The wakeup fd first, then the handlers: a signal in between still reaches the watcher.
+        self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, _ignore_signal)
+        self._watcher = threading.Thread(target=self._watch, name="signal-watcher", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        seen = 0
+        while data := os.read(self._read_fd, 1):  # EOF once restore() closes the write end
+            signum = data[0]
+            if signum not in self.SIGNALS:
+                continue  # another signal with a Python handler also writes here
+            seen += 1
+            if seen == 1:
+                self._signum = signum
+                self._received.set()
+            else:
+                _log.warning("%s again: cancelling in-flight calls", signal.Signals(signum).name)
+                self._server.force_stop()
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Block until the first SIGTERM/SIGINT; returns its number (0 after ``timeout_s``)."""
+        return self._signum if self._received.wait(timeout_s) else 0
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._write_fd)
+        self._watcher.join()
+        os.close(self._read_fd)
+
+
+def _ignore_signal(signum: int, frame: FrameType | None) -> None:
+    """Replaces the default action (exit, KeyboardInterrupt); the wakeup fd does the work."""

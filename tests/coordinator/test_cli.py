@@ -1,0 +1,156 @@
+"""``snapcoord`` as operators run it: a real process, its serving line, health, SIGTERM, exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from harness.coordinator import CoordinatorProcess, snapcoord_command
+from snapcoord.coordinator import __version__, cli
+from snapcoord.coordinator.config import OPTIONS
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVING_LINE = re.compile(r"snapcoord serving grpc=127\.0\.0\.1:(\d+) metrics=127\.0\.0\.1:(\d+)")
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*snapcoord_command(), *args], capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+    )
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"snapcoord {__version__}"
+
+
+def test_serve_help_lists_every_flag_with_env_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for opt in OPTIONS:
+        assert f"{opt.flag} {opt.metavar}" in text
+        assert f"(env {opt.env}; default {opt.shown_default})" in text
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main([])
+    assert e.value.code == 2
+    assert "serve" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--port", "http"], {}, "--port='http'"),
+        (["--shutdown-grace", "30"], {}, "--shutdown-grace='30'"),
+        ([], {"SNAPCOORD_METRICS_PORT": "-5"}, "SNAPCOORD_METRICS_PORT='-5'"),
+        ([], {"SNAPCOORD_METADATA": "mysql://db"}, "SNAPCOORD_METADATA='mysql://db'"),
+        (["--unknown-flag"], {}, "unrecognized arguments: --unknown-flag"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_setting(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    result = run_cli("serve", *args, env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert result.stdout == ""
+    assert not (tmp_path / "snapcoord-data").exists()  # nothing was started
+
+
+def test_serve_prints_the_ports_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path, args=["--shutdown-grace", "1m"]) as proc:
+        assert proc.stdout_lines() == [proc.serving_line]  # exactly one line on stdout
+        assert proc.serving_line is not None
+        m = SERVING_LINE.fullmatch(proc.serving_line)
+        assert m is not None, proc.serving_line
+        assert (int(m[1]), int(m[2])) == (proc.grpc_port, proc.metrics_port)
+        print(f"\nstart-to-SERVING, embedded stores: {proc.serving_after_s:.2f}s")
+
+        with grpc.insecure_channel(proc.target) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for service in ("", "snapcoord.v1.SnapshotService"):
+                assert (
+                    stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == SERVING
+                )
+            with urllib.request.urlopen(proc.metrics_url, timeout=10) as r:
+                metrics = r.read().decode()
+            assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Check"' in metrics
+
+            watch = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=120)
+            assert next(watch).status == SERVING
+            proc.send_signal(signal.SIGTERM)
+            assert next(watch).status == NOT_SERVING
+            assert list(watch) == []  # the drain ends the watch instead of waiting out the grace
+        assert proc.wait_exit(timeout_s=60) == 0
+
+    log = proc.stderr_text()
+    assert "SIGTERM: draining (grace 60.0s)" in log
+    assert log.rstrip().endswith("stopped"), proc.tails()
+    effective = json.loads(re.search(r"effective config: (\{.*\})", log)[1])  # type: ignore[index]
+    assert effective["grpc"]["shutdown_grace_ms"] == 60_000
+    assert (tmp_path / "data" / "metadata").is_dir()
+    assert (tmp_path / "data" / "blobs").is_dir()
+
+
+def test_serve_without_metrics(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path, args=["--metrics-port", "-1"]) as proc:
+        assert proc.serving_line is not None
+        assert proc.serving_line.endswith(" metrics=disabled")
+        assert proc.metrics_port is None
+        assert proc.terminate() == 0
+
+
+def test_sigint_also_exits_0(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path) as proc:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait_exit(timeout_s=60) == 0
+    assert "SIGINT: draining" in proc.stderr_text()
+
+
+@pytest.mark.parametrize(("flag", "what"), [("--port", "gRPC"), ("--metrics-port", "metrics")])
+def test_a_taken_port_exits_1_with_a_clear_message(tmp_path: Path, flag: str, what: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        ports = {"--port": "0", "--metrics-port": "0", flag: str(port)}
+        result = run_cli(
+            "serve", "--host", "127.0.0.1", *(x for kv in ports.items() for x in kv),
+            "--data-dir", str(tmp_path / "data"),
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert f"cannot bind {what} to 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
+
+
+def test_serve_on_zookeeper_and_s3(tmp_path: Path, zk_uri: str, s3_uri: str) -> None:
+    """The production configuration, on real servers (s3_server exports AWS_* for boto3's chain)."""
+    args = ["--metadata", zk_uri, "--blobs", s3_uri, "--zk-connect-timeout", "30s"]
+    with CoordinatorProcess(tmp_path, args=args) as proc:
+        print(f"\nstart-to-SERVING, ZooKeeper + S3: {proc.serving_after_s:.2f}s")
+        assert proc.health("snapcoord.v1.LeaseService") == SERVING
+        with grpc.insecure_channel(proc.target) as ch, pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary("/snapcoord.v1.LeaseService/GetLease")(b"", timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert proc.terminate() == 0
+    log = proc.stderr_text()
+    assert zk_uri in log  # the effective config names the stores
+    assert "stopped" in log
+    assert not (tmp_path / "data").exists()  # nothing embedded was opened

@@ -1,0 +1,236 @@
+"""Config: the flag/env contract, precedence flag > env > default, validation, redaction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from snapcoord.coordinator import config
+from snapcoord.coordinator.config import OPTIONS, ConfigError, load, parse_duration_ms, redact_uri
+
+# The contract that docker-compose files, the README and operators' scripts rely on.
+CONTRACT = {
+    "--host": ("SNAPCOORD_HOST", "0.0.0.0"),
+    "--port": ("SNAPCOORD_PORT", "50051"),
+    "--metrics-host": ("SNAPCOORD_METRICS_HOST", "same as --host"),
+    "--metrics-port": ("SNAPCOORD_METRICS_PORT", "9464"),
+    "--data-dir": ("SNAPCOORD_DATA_DIR", "./snapcoord-data"),
+    "--metadata": ("SNAPCOORD_METADATA", "file://<data-dir>/metadata"),
+    "--blobs": ("SNAPCOORD_BLOBS", "file://<data-dir>/blobs"),
+    "--max-workers": ("SNAPCOORD_MAX_WORKERS", "32"),
+    "--max-concurrent-rpcs": ("SNAPCOORD_MAX_CONCURRENT_RPCS", "256"),
+    "--shutdown-grace": ("SNAPCOORD_SHUTDOWN_GRACE", "10s"),
+    "--zk-session-timeout": ("SNAPCOORD_ZK_SESSION_TIMEOUT", "10s"),
+    "--zk-connect-timeout": ("SNAPCOORD_ZK_CONNECT_TIMEOUT", "15s"),
+    "--s3-addressing-style": ("SNAPCOORD_S3_ADDRESSING_STYLE", "auto"),
+    "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
+}
+
+# option name -> (a valid raw value, another valid raw value, where it lands, expected for the first)
+SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
+    "host": ("127.0.0.1", "10.0.0.1", ("grpc", "host"), "127.0.0.1"),
+    "port": ("6000", "7000", ("grpc", "port"), 6000),
+    "metrics_host": ("127.0.0.2", "10.0.0.2", ("metrics", "host"), "127.0.0.2"),
+    "metrics_port": ("-1", "9000", ("metrics", "port"), -1),
+    "data_dir": ("/srv/a", "/srv/b", ("storage", "data_dir"), "/srv/a"),
+    "metadata": (
+        "zk://zk1:2181,zk2:2181/sc",
+        "file:///x",
+        ("storage", "metadata_uri"),
+        "zk://zk1:2181,zk2:2181/sc",
+    ),
+    "blobs": ("s3://bucket/prefix", "file:///y", ("storage", "blobs_uri"), "s3://bucket/prefix"),
+    "max_workers": ("4", "8", ("grpc", "max_workers"), 4),
+    "max_concurrent_rpcs": ("16", "32", ("grpc", "max_concurrent_rpcs"), 16),
+    "shutdown_grace": ("500ms", "1m", ("grpc", "shutdown_grace_ms"), 500),
+    "zk_session_timeout": ("5s", "6s", ("storage", "zk_session_timeout_ms"), 5000),
+    "zk_connect_timeout": ("2m", "3m", ("storage", "zk_connect_timeout_ms"), 120_000),
+    "s3_addressing_style": ("path", "virtual", ("storage", "s3_addressing_style"), "path"),
+    "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
+}
+
+# option name -> an invalid raw value
+BAD: dict[str, str] = {
+    "host": "two words",
+    "port": "65536",
+    "metrics_host": "",  # empty flag value (an empty env var means unset instead)
+    "metrics_port": "-2",
+    "data_dir": " ",
+    "metadata": "s3://bucket",
+    "blobs": "zk://h:2181/x",
+    "max_workers": "0",
+    "max_concurrent_rpcs": "many",
+    "shutdown_grace": "10",
+    "zk_session_timeout": "0s",
+    "zk_connect_timeout": "1.5s",
+    "s3_addressing_style": "Path",
+    "log_level": "verbose",
+}
+
+
+def _get(cfg: config.Config, where: tuple[str, str]) -> object:
+    return getattr(getattr(cfg, where[0]), where[1])
+
+
+def test_options_match_the_contract() -> None:
+    assert {o.flag: (o.env, o.shown_default) for o in OPTIONS} == CONTRACT
+
+
+def test_every_option_has_samples() -> None:
+    names = {o.name for o in OPTIONS}
+    assert set(SAMPLES) == names
+    assert set(BAD) == names
+
+
+def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load({}, {})
+    data_dir = tmp_path / "snapcoord-data"
+    assert cfg.grpc == config.GrpcConfig(
+        host="0.0.0.0", port=50051, max_workers=32, max_concurrent_rpcs=256, shutdown_grace_ms=10_000
+    )
+    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464)
+    assert cfg.metrics.enabled
+    assert cfg.storage == config.StorageConfig(
+        data_dir=str(data_dir),
+        metadata_uri=f"file://{data_dir}/metadata",
+        blobs_uri=f"file://{data_dir}/blobs",
+        zk_session_timeout_ms=10_000,
+        zk_connect_timeout_ms=15_000,
+        s3_addressing_style="auto",
+    )
+    assert cfg.logging.level == "INFO"
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_flag_beats_env_beats_default(name: str) -> None:
+    first, second, where, expected = SAMPLES[name]
+    env_name = "SNAPCOORD_" + name.upper()
+    from_flag = load({name: first}, {env_name: second})
+    assert _get(from_flag, where) == expected
+    from_env = load({}, {env_name: first})
+    assert _get(from_env, where) == expected
+    assert _get(load({}, {}), where) != expected  # the samples differ from the defaults
+
+
+def test_empty_env_var_counts_as_unset() -> None:
+    cfg = load({}, {"SNAPCOORD_PORT": "", "SNAPCOORD_METRICS_HOST": ""})
+    assert cfg.grpc.port == 50051
+    assert cfg.metrics.host == cfg.grpc.host
+
+
+def test_metrics_host_follows_host_unless_set() -> None:
+    assert load({"host": "127.0.0.1"}, {}).metrics.host == "127.0.0.1"
+    assert load({}, {"SNAPCOORD_HOST": "127.0.0.1"}).metrics.host == "127.0.0.1"
+    assert load({"host": "127.0.0.1", "metrics_host": "0.0.0.0"}, {}).metrics.host == "0.0.0.0"
+
+
+def test_data_dir_moves_the_default_uris_only(tmp_path: Path) -> None:
+    cfg = load({"data_dir": str(tmp_path / "d")}, {})
+    assert cfg.storage.metadata_uri == (tmp_path / "d" / "metadata").as_uri()
+    assert cfg.storage.blobs_uri == (tmp_path / "d" / "blobs").as_uri()
+    cfg = load({"data_dir": str(tmp_path / "d"), "metadata": "zk://h:2181/x"}, {})
+    assert cfg.storage.metadata_uri == "zk://h:2181/x"
+    assert cfg.storage.blobs_uri == (tmp_path / "d" / "blobs").as_uri()
+
+
+def test_relative_data_dir_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert load({"data_dir": "rel/dir"}, {}).storage.data_dir == str(tmp_path / "rel" / "dir")
+
+
+def test_metrics_port_minus_one_disables_the_exporter() -> None:
+    assert not load({"metrics_port": "-1"}, {}).metrics.enabled
+    assert load({"metrics_port": "0"}, {}).metrics.enabled
+
+
+def test_ipv6_host_without_brackets() -> None:
+    assert load({"host": "[::1]"}, {}).grpc.host == "::1"
+    assert load({"host": "::"}, {}).grpc.host == "::"
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [("500ms", 500), ("10s", 10_000), ("5m", 300_000), ("24h", 86_400_000), ("7d", 604_800_000), ("0s", 0)],
+)
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["10", "", "s", "1.5s", "-1s", "10 sec", "10S", "1h30m", "ten s"])
+def test_durations_need_a_whole_number_and_a_unit(text: str) -> None:
+    with pytest.raises(ValueError, match="unit"):
+        parse_duration_ms(text)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_flag_value_names_the_flag_and_the_value(name: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError) as e:
+        load({name: BAD[name]}, {})
+    assert flag in str(e.value)
+    assert repr(BAD[name]) in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BAD if BAD[n].strip()))
+def test_bad_env_value_names_the_variable_and_the_value(name: str) -> None:
+    env_name = "SNAPCOORD_" + name.upper()
+    with pytest.raises(ConfigError) as e:
+        load({}, {env_name: BAD[name]})
+    assert env_name in str(e.value)
+    assert repr(BAD[name]) in str(e.value)
+
+
+def test_a_good_flag_hides_a_bad_env_value() -> None:
+    assert load({"port": "1234"}, {"SNAPCOORD_PORT": "nope"}).grpc.port == 1234
+
+
+def test_unsupported_uri_scheme_says_what_is_supported() -> None:
+    with pytest.raises(ConfigError, match=r"zk:// or file://"):
+        load({"metadata": "etcd://h:2379"}, {})
+    with pytest.raises(ConfigError, match=r"s3:// or file://"):
+        load({}, {"SNAPCOORD_BLOBS": "gs://bucket"})
+    with pytest.raises(ConfigError, match="absolute path"):
+        load({"blobs": "file://relative/dir"}, {})
+
+
+@pytest.mark.parametrize(
+    ("uri", "secret", "kept"),
+    [
+        ("zk://alice:s3cr3t@zk1:2181,zk2:2181/sc", "s3cr3t", "zk://alice:***@zk1:2181,zk2:2181/sc"),
+        ("zk://tokenonly@zk1:2181/sc", "tokenonly", "zk://***@zk1:2181/sc"),
+        ("s3://bucket/prefix?secret_key=abc123&region=eu", "abc123", "region=eu"),
+        ("file:///var/lib/sc/metadata", None, "file:///var/lib/sc/metadata"),
+    ],
+)
+def test_redact_uri(uri: str, secret: str | None, kept: str) -> None:
+    redacted = redact_uri(uri)
+    if secret is not None:
+        assert secret not in redacted
+    assert kept in redacted
+
+
+def test_describe_is_json_and_has_no_secrets() -> None:
+    cfg = load({"metadata": "zk://u:hunter2@zk:2181/sc", "blobs": "s3://b/p"}, {})
+    described = cfg.describe()
+    text = json.dumps(described)
+    assert "hunter2" not in text
+    assert described["storage"]["metadata_uri"] == "zk://u:***@zk:2181/sc"
+    assert described["grpc"]["port"] == 50051
+    # the config itself keeps the real value for the backend
+    assert cfg.storage.metadata_uri == "zk://u:hunter2@zk:2181/sc"
+
+
+def test_config_is_frozen() -> None:
+    cfg = load({}, {})
+    with pytest.raises(AttributeError):
+        cfg.grpc.port = 1  # type: ignore[misc]
+
+
+def test_storage_options_carry_the_timeouts() -> None:
+    cfg = load({"zk_session_timeout": "4s", "zk_connect_timeout": "1m", "s3_addressing_style": "path"}, {})
+    assert cfg.storage.metadata_options().zk_session_timeout_ms == 4000
+    assert cfg.storage.metadata_options().zk_connect_timeout_ms == 60_000
+    assert cfg.storage.blob_options().s3_addressing_style == "path"
