@@ -4,6 +4,7 @@ that depends on the client only."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -17,16 +18,27 @@ DISTS = {"client": "snapcoord_client", "coordinator": "snapcoord", "spark_connec
 
 
 def _requirements(project: str) -> list[str]:
+    """The distribution names a project depends on (no versions, no extras)."""
     meta = tomllib.loads((ROOT / project / "pyproject.toml").read_text())
-    return [r.split(">")[0].split("=")[0].split("[")[0].split("<")[0].strip() for r in meta["project"]["dependencies"]]
+    return [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in meta["project"]["dependencies"]]
 
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(out), *(str(ROOT / d) for d in DISTS)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            *(str(ROOT / d) for d in DISTS),
+        ],
         check=True,
     )
     found = {}
@@ -74,12 +86,11 @@ def test_client_wheel_carries_the_api_but_not_the_coordinator(wheels: dict[str, 
 
 
 def test_importing_the_client_loads_no_server_dependency() -> None:
+    heavy = ("kazoo", "boto3", "botocore", "pyspark", "snapcoord.coordinator", "prometheus_client")
     code = (
         "import sys, snapcoord.client, snapcoord.v1.producer_pb2_grpc, snapcoord.v1.snapshot_pb2_grpc,"
         " snapcoord.v1.lease_pb2_grpc, snapcoord.v1.backlog_pb2_grpc\n"
-        "heavy = [m for m in ('kazoo', 'boto3', 'botocore', 'pyspark', 'snapcoord.coordinator', 'prometheus_client')"
-        " if m in sys.modules]\n"
-        "print(','.join(heavy))"
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == ""

@@ -1,4 +1,4 @@
-"""A real local PySpark driver for connector tests (Java 17 and pyspark come from scripts/install-test-deps)."""
+"""A real local PySpark driver for connector tests (Java and pyspark: scripts/install-test-deps)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ _HANDLING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 def new_registry() -> CollectorRegistry:
     """A registry with the process, platform and GC collectors (shared, stateless readers)."""
     # ``*_created`` series double the exposition for no use in PromQL; go-grpc-prometheus has none.
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry(auto_describe=True)
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)

@@ -1,0 +1,100 @@
+"""Shared bench plumbing: real servers from the test harness, timing, and the ratio table.
+
+Every benchmark measures the raw cost of the same ZooKeeper/S3/gRPC operation in the same run
+and prints our cost as a ratio of it, so numbers stay comparable across machines and loads.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the harness that starts real ZooKeeper and SeaweedFS
+
+from harness.seaweed import SeaweedS3Server  # noqa: E402
+from harness.zookeeper import ZooKeeperServer  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Latencies of one operation, in seconds."""
+
+    name: str
+    latencies_s: list[float]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_s) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+    @property
+    def ops_per_s(self) -> float:
+        return len(self.latencies_s) / sum(self.latencies_s)
+
+
+def measure(name: str, n: int, op: Callable[[int], object], *, warmup: int = 20) -> Sample:
+    """Run ``op(i)`` ``n`` times (after ``warmup`` unrecorded calls) and keep each latency."""
+    for i in range(warmup):
+        op(-1 - i)
+    latencies = []
+    for i in range(n):
+        start = time.perf_counter()
+        op(i)
+        latencies.append(time.perf_counter() - start)
+    return Sample(name, latencies)
+
+
+def measure_pair(
+    raw_name: str,
+    raw_op: Callable[[int], object],
+    our_name: str,
+    our_op: Callable[[int], object],
+    n: int,
+    *,
+    warmup: int = 20,
+) -> tuple[Sample, Sample]:
+    """Like ``measure`` for a baseline and ours, interleaved call by call, so that drift in the
+    servers (JIT warm-up, compaction, a noisy neighbour) hits both sides alike."""
+    for i in range(warmup):
+        raw_op(-1 - i)
+        our_op(-1 - i)
+    raw: list[float] = []
+    ours: list[float] = []
+    for i in range(n):
+        for op, out in ((raw_op, raw), (our_op, ours)):
+            start = time.perf_counter()
+            op(i)
+            out.append(time.perf_counter() - start)
+    return Sample(raw_name, raw), Sample(our_name, ours)
+
+
+def print_table(title: str, rows: list[tuple[Sample, Sample | None]]) -> None:
+    """One line per (ours, raw baseline) pair: median, p99, throughput and ratio of medians."""
+    print(f"\n## {title}")
+    print(f"{'operation':<44} {'median ms':>10} {'p99 ms':>8} {'ops/s':>8} {'vs raw':>7}  baseline")
+    for ours, raw in rows:
+        ratio = f"{ours.median_ms / raw.median_ms:6.2f}x" if raw is not None else "      -"
+        base = raw.name if raw is not None else ""
+        stats = f"{ours.median_ms:10.3f} {ours.p99_ms:8.3f} {ours.ops_per_s:8.0f}"
+        print(f"{ours.name:<44} {stats} {ratio:>7}  {base}")
+
+
+@contextmanager
+def real_servers() -> Iterator[tuple[ZooKeeperServer, SeaweedS3Server]]:
+    """A standalone ZooKeeper and a SeaweedFS S3 gateway on loopback, stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="snapcoord-bench-") as tmp:
+        zk = ZooKeeperServer(Path(tmp) / "zk")
+        s3 = SeaweedS3Server(Path(tmp) / "s3")
+        with zk, s3:
+            yield zk, s3

@@ -1,0 +1,33 @@
+"""README facts that the code owns: the two commands, and the configuration table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from snapcoord.coordinator import config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def render_config_table() -> str:
+    """The README's configuration table, rendered from config.OPTIONS (the one source)."""
+    rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
+    for opt in config.OPTIONS:
+        rows.append(f"| `{opt.flag}` | `{opt.env}` | `{opt.shown_default}` | {opt.help} |")
+    return "\n".join(rows)
+
+
+def test_readme_configuration_table_matches_the_code() -> None:
+    table = render_config_table()
+    assert table in README, "README's configuration table is stale; replace it with:\n" + table
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:
+    first_block = README.split("```console\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands == ["scripts/serve", "scripts/test"]
+    for command in commands:
+        assert (ROOT / command).stat().st_mode & 0o111, f"{command} is not executable"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/test" in ci
