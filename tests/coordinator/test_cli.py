@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import urllib.request
+import uuid
 from pathlib import Path
 
 import grpc
@@ -138,6 +139,17 @@ def test_a_taken_port_exits_1_with_a_clear_message(tmp_path: Path, flag: str, wh
     assert result.returncode == 1
     assert f"cannot bind {what} to 127.0.0.1:{port}" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_missing_bucket_fails_the_start_with_a_clear_message(tmp_path: Path, s3_server: object) -> None:
+    bucket = f"missing-{uuid.uuid4().hex[:12]}"
+    result = run_cli(
+        "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
+        "--data-dir", str(tmp_path / "data"), "--blobs", f"s3://{bucket}/snapcoord",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"bucket {bucket} does not exist" in result.stderr
+    assert result.stdout == ""  # never announced itself as serving
 
 
 def test_serve_on_zookeeper_and_s3(tmp_path: Path, zk_uri: str, s3_uri: str) -> None:

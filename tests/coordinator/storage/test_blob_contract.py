@@ -49,6 +49,10 @@ def keys_of(store: BlobStore, prefix: str = "", **kwargs: int) -> list[str]:
     return [info.key for info in store.list(prefix, **kwargs)]
 
 
+def test_check_passes_on_a_usable_store(store: BlobStore) -> None:
+    store.check()  # raises StoreUnavailable when the location cannot be used
+
+
 def test_put_then_get(store: BlobStore) -> None:
     store.put("a/b/c.json", b'{"version": 1}')
     assert store.get("a/b/c.json") == b'{"version": 1}'

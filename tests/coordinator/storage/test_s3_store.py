@@ -125,7 +125,8 @@ def test_wrong_credentials_give_an_actionable_error(
 ) -> None:
     monkeypatch.setenv(variable, "wrong" + uuid.uuid4().hex)
     store = S3BlobStore.from_uri(s3_uri, FAST)
-    for call in (lambda: store.put("k", b"x"), lambda: store.get("k"), lambda: list(store.list())):
+    calls = (lambda: store.put("k", b"x"), lambda: store.get("k"), lambda: list(store.list()), store.check)
+    for call in calls:
         with pytest.raises(StoreUnavailable) as info:
             call()
         message = str(info.value)
@@ -147,7 +148,7 @@ def test_missing_credentials_give_an_actionable_error(s3_uri: str, monkeypatch: 
 def test_missing_bucket_gives_an_actionable_error(s3_server: SeaweedS3Server) -> None:
     bucket = f"missing-{uuid.uuid4().hex[:12]}"
     store = S3BlobStore.from_uri(f"s3://{bucket}/p", FAST)
-    for call in (lambda: store.get("k"), lambda: list(store.list())):
+    for call in (lambda: store.get("k"), lambda: list(store.list()), store.check):
         with pytest.raises(StoreUnavailable) as info:
             call()
         assert f"bucket {bucket} does not exist" in str(info.value)

@@ -141,6 +141,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     exporter: MetricsExporter | None = None
     try:
         blobs = open_blob_store(storage.blobs_uri, options=storage.blob_options())
+        blobs.check()  # a missing bucket or a rejected key fails the start, not a later RPC
         server, port = build_server(config, Deps(metadata=metadata, blobs=blobs))
         stop = _StopSignals(server)
         drained = False

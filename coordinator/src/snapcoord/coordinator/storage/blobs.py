@@ -46,6 +46,12 @@ class BlobStore(abc.ABC):
         those last modified before that time (ms since the epoch), as the orphan sweep needs."""
 
     @abc.abstractmethod
+    def check(self) -> None:
+        """Prove the store is usable now (reachable, location exists, credentials accepted) with
+        one cheap call; ``StoreUnavailable`` says what to fix. The server calls it at start, so a
+        wrong bucket or key fails the start instead of the first RPC that needs a payload."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections; idempotent."""
 

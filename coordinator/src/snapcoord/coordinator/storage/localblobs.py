@@ -107,6 +107,13 @@ class LocalBlobStore(BlobStore):
             validate_key(head)
         return self._walk(start, f"{head}/" if head else "", prefix, modified_before_ms)
 
+    def check(self) -> None:
+        for directory in (self._objects, self._tmp):
+            if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
+                raise StoreUnavailable(
+                    f"blob directory {directory} is missing or not writable by uid {os.getuid()}"
+                )
+
     def close(self) -> None:
         self._closed = True
 

@@ -138,6 +138,15 @@ class S3BlobStore(BlobStore):
         s3 = self._s3()
         return self._list(s3, prefix, modified_before_ms)
 
+    def check(self) -> None:
+        s3 = self._s3()
+        try:
+            # One ListObjectsV2 of at most one key under our prefix: needs the bucket, valid
+            # credentials and the list permission the orphan sweep relies on.
+            s3.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix, MaxKeys=1)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, "check")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
