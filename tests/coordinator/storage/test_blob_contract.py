@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import random
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.concurrency import run_threads
 from snapcoord.coordinator.errors import BlobNotFound, InvalidArgument, StoreUnavailable
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store
@@ -22,27 +22,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]
     s = open_blob_store(uri)
     yield s
     s.close()
-
-
-def run_threads(n: int, target: Callable[[int], None]) -> None:
-    """Run ``target(i)`` in ``n`` threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            target(i)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def keys_of(store: BlobStore, prefix: str = "", **kwargs: int) -> list[str]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.concurrency import run_threads
 from snapcoord.coordinator.domain.clock import SystemClock
 from snapcoord.coordinator.errors import (
     BadVersionError,
@@ -68,27 +69,6 @@ class Recorder:
             if not self._cond.wait_for(lambda: len(self.calls) >= count, timeout=WAIT_S):
                 raise AssertionError(f"expected {count} calls, got {self.calls}")
             return list(self.calls)
-
-
-def run_threads(n: int, target: Callable[[int], None]) -> None:
-    """Run ``target(i)`` in ``n`` threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            target(i)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 # --- nodes ----------------------------------------------------------------------------------------
