@@ -12,7 +12,9 @@ backend (checked by the same contract suite), for one process:
 - every operation runs under one lock on one connection, so each is atomic and serialised, like
   ZooKeeper's totally ordered writes;
 - watches see the changes made through this store only (the lock guarantees there are no others)
-  and their callbacks run on a background thread, never while the database lock is held.
+  and their callbacks run on a background thread, never while the database lock is held;
+- an election has no one to contend with but other elections of the same name on this store, so
+  a lone contender leads at once and until it is cancelled or the store is closed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.storage.election import Election, Leadership, call_lead, election_path, next_pause
 from snapcoord.coordinator.storage.metadata import (
     MAX_NODE_BYTES,
     Check,
@@ -86,6 +89,105 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _Elections:
+    """The elections of one store: one condition for all of them, and who leads each name."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.closed = False  # guarded by cond, as is leaders
+        self.leaders: dict[str, EmbeddedElection] = {}
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+class EmbeddedElection(Election):
+    """Leads whenever no other election of the same name on this store does; alone, at once.
+
+    The directory lock keeps other processes out, so there are no other replicas to elect among;
+    the per-name exclusion only keeps two elections in this process from leading together.
+    """
+
+    def __init__(self, elections: _Elections, name: str, identifier: str) -> None:
+        election_path(name)  # the same names as on ZooKeeper
+        self._elections = elections
+        self._cond = elections.cond
+        self._name = name
+        self._what = f"election {name} ({identifier})"
+        self._cancelled = False  # guarded by _cond, as are the two below
+        self._running = False
+        self._leadership: _EmbeddedLeadership | None = None
+
+    def run(self, lead: Callable[[Leadership], None]) -> None:
+        with self._cond:
+            if self._running:
+                raise RuntimeError(f"election {self._name} is already running")
+            self._running = True
+        try:
+            pause, failures = 0.0, 0
+            while (leadership := self._claim(pause)) is not None:
+                log.info("%s: leading", self._what)
+                try:
+                    ok = call_lead(lead, leadership, self._what)
+                finally:
+                    with self._cond:
+                        leadership.ended = True
+                        self._leadership = None
+                        del self._elections.leaders[self._name]
+                        self._cond.notify_all()  # the next contender of this name
+                pause, failures = next_pause(ok, failures)
+        finally:
+            with self._cond:
+                self._running = False
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def is_leader(self) -> bool:
+        with self._cond:
+            return self._leadership is not None and not self._leadership.is_lost()
+
+    def _stopping(self) -> bool:
+        return self._cancelled or self._elections.closed
+
+    def _claim(self, pause_s: float) -> _EmbeddedLeadership | None:
+        """After ``pause_s``, take the lead once the name is free; None once stopping."""
+        resume_at = time.monotonic() + pause_s
+        with self._cond:
+            while not self._stopping():
+                wait_s = resume_at - time.monotonic()
+                if wait_s <= 0 and self._name not in self._elections.leaders:
+                    self._elections.leaders[self._name] = self
+                    self._leadership = _EmbeddedLeadership(self)
+                    return self._leadership
+                # Every change that matters (a step-down, cancel, close) notifies this condition.
+                self._cond.wait(wait_s if wait_s > 0 else None)
+            return None
+
+    def _wait_lost(self, leadership: _EmbeddedLeadership, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(leadership.is_lost, timeout_s)
+
+
+class _EmbeddedLeadership(Leadership):
+    def __init__(self, election: EmbeddedElection) -> None:
+        self._election = election
+        self.ended = False  # set (under the condition) when the term ends
+
+    def may_act(self) -> bool:
+        return not self.is_lost()  # no connection to lose: usable until closed
+
+    def is_lost(self) -> bool:
+        return self.ended or self._election._stopping()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._election._wait_lost(self, timeout_s)
+
+
 class EmbeddedMetadataStore(MetadataStore):
     """A versioned tree in SQLite with ZooKeeper's semantics, for a single process."""
 
@@ -118,6 +220,7 @@ class EmbeddedMetadataStore(MetadataStore):
         # Work for the dispatcher thread, in commit order: a changed path, a state change to
         # announce, or None to stop.
         self._events: queue.SimpleQueue[str | bool | None] = queue.SimpleQueue()
+        self._elections = _Elections()
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"snapcoord-embedded-watch:{directory}", daemon=True
         )
@@ -257,12 +360,16 @@ class EmbeddedMetadataStore(MetadataStore):
         with self._watch_lock:
             self._listeners.append(listener)
 
+    def election(self, name: str, identifier: str) -> EmbeddedElection:
+        return EmbeddedElection(self._elections, name, identifier)
+
     def close(self) -> None:
         with self._db_lock:
             if self._closed:
                 return
             self._closed = True
             self._db.close()
+        self._elections.close()  # every election's run() returns; one made later does at once
         os.close(self._lock_fd)
         # Listeners hear False before the dispatcher stops; the queue keeps the order.
         self._events.put(False)

@@ -14,6 +14,8 @@ Semantics every implementation keeps (the contract suite in tests/ checks them o
 - When the backend cannot be reached, operations raise ``StoreUnavailable`` (never a silent
   success); when a write's outcome cannot be told after a connection loss they raise
   ``CommitOutcomeUnknown`` and the caller re-reads.
+- ``election(name, ...)`` contenders of one name lead one at a time among all the store's
+  clients (``storage.election``); closing the store ends their ``run``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from snapcoord.coordinator.storage.election import Election
 
 #: ZooKeeper's default jute.maxbuffer is 1 MiB per node; stay clearly below it.
 MAX_NODE_BYTES = 1_000_000
@@ -131,6 +135,15 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def add_state_listener(self, listener: StateListener) -> None:
         """Call ``listener(usable)`` on every change of ``is_usable()``."""
+
+    @abc.abstractmethod
+    def election(self, name: str, identifier: str) -> Election:
+        """A new contender in election ``name`` (one short word, e.g. ``"janitor"``).
+
+        ``identifier`` says who this replica is (e.g. ``"host:pid"``); ZooKeeper stores it in the
+        contender's node so that operators can see who leads. Closing the store ends every
+        election's ``run``. ``ValueError`` for a malformed name.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:

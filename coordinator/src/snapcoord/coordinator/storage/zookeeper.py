@@ -22,7 +22,8 @@ Three things kazoo leaves to its user, and how this module does them:
   disconnected), and it does not call back on reconnect unless the node changed.
 
 Watch callbacks and state listeners run on one thread of this store, never on kazoo's threads:
-kazoo's listeners and watchers only put an event on a queue.
+kazoo's listeners and watchers only put an event on a queue. Leader election (kazoo's recipe, made
+to stop on SUSPENDED and step down on LOST) is in ``zk_election``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -69,6 +71,7 @@ from snapcoord.coordinator.storage.metadata import (
     validate_path,
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +192,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._watch_lock = threading.Lock()  # guards the two collections below; never held in calls
         self._watches: dict[str, list[_Watch]] = {}
         self._listeners: list[StateListener] = []
+        #: Told when the store closes, so that their run() returns (also under _watch_lock).
+        self._elections: weakref.WeakSet[ZooKeeperElection] = weakref.WeakSet()
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._client.add_listener(self._on_kazoo_state)
         self._connect(options.zk_connect_timeout_ms / 1000)
@@ -361,11 +366,27 @@ class ZooKeeperMetadataStore(MetadataStore):
         with self._watch_lock:
             self._listeners.append(listener)
 
+    def election(self, name: str, identifier: str) -> ZooKeeperElection:
+        election = ZooKeeperElection(self._client, name, identifier, handover_timeout_s=self._deadline_s)
+        with self._watch_lock:
+            self._elections.add(election)
+            closed = self._closed
+        # close() sets _closed before it collects the elections under the same lock, so an
+        # election added concurrently is either collected there or sees _closed here.
+        if closed:
+            election.store_closed()
+        return election
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+        with self._watch_lock:
+            elections = list(self._elections)
+        for election in elections:
+            # Before stopping the client: run() returns instead of retrying against a closed one.
+            election.store_closed()
         try:
             # stop() returns after kazoo reported LOST to our listener, so listeners hear False
             # before the dispatcher sees the end of its queue.
