@@ -24,7 +24,8 @@ from kazoo.client import KazooClient
 
 from snapcoord.coordinator import config as coordinator_config
 from snapcoord.coordinator.domain.clock import SystemClock
-from snapcoord.coordinator.server import Deps, build_server
+from snapcoord.coordinator.server import build_server
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import Create, SetData

@@ -25,6 +25,12 @@ CONTRACT = {
     "--zk-session-timeout": ("SNAPCOORD_ZK_SESSION_TIMEOUT", "10s"),
     "--zk-connect-timeout": ("SNAPCOORD_ZK_CONNECT_TIMEOUT", "15s"),
     "--s3-addressing-style": ("SNAPCOORD_S3_ADDRESSING_STYLE", "auto"),
+    "--producer-default-ttl": ("SNAPCOORD_PRODUCER_DEFAULT_TTL", "24h"),
+    "--producer-max-ttl": ("SNAPCOORD_PRODUCER_MAX_TTL", "7d"),
+    "--producer-max-offsets": ("SNAPCOORD_PRODUCER_MAX_OFFSETS", "100000"),
+    "--cleanup-interval": ("SNAPCOORD_CLEANUP_INTERVAL", "60s"),
+    "--orphan-grace": ("SNAPCOORD_ORPHAN_GRACE", "1h"),
+    "--cleanup-batch": ("SNAPCOORD_CLEANUP_BATCH", "1000"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
 }
 
@@ -48,6 +54,12 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "zk_session_timeout": ("5s", "6s", ("storage", "zk_session_timeout_ms"), 5000),
     "zk_connect_timeout": ("2m", "3m", ("storage", "zk_connect_timeout_ms"), 120_000),
     "s3_addressing_style": ("path", "virtual", ("storage", "s3_addressing_style"), "path"),
+    "producer_default_ttl": ("1h", "2h", ("producers", "default_ttl_ms"), 3_600_000),
+    "producer_max_ttl": ("30d", "14d", ("producers", "max_ttl_ms"), 30 * 86_400_000),
+    "producer_max_offsets": ("10", "20", ("producers", "max_offsets"), 10),
+    "cleanup_interval": ("0s", "5m", ("janitor", "cleanup_interval_ms"), 0),
+    "orphan_grace": ("2h", "3h", ("janitor", "orphan_grace_ms"), 7_200_000),
+    "cleanup_batch": ("50", "60", ("janitor", "batch"), 50),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
 }
 
@@ -66,6 +78,12 @@ BAD: dict[str, str] = {
     "zk_session_timeout": "0s",
     "zk_connect_timeout": "1.5s",
     "s3_addressing_style": "Path",
+    "producer_default_ttl": "0s",
+    "producer_max_ttl": "forever",
+    "producer_max_offsets": "0",
+    "cleanup_interval": "-1s",
+    "orphan_grace": "0s",
+    "cleanup_batch": "0",
     "log_level": "verbose",
 }
 
@@ -101,7 +119,22 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         zk_connect_timeout_ms=15_000,
         s3_addressing_style="auto",
     )
+    assert cfg.producers == config.ProducersConfig(
+        default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
+    )
+    assert cfg.janitor == config.JanitorConfig(
+        cleanup_interval_ms=60_000, orphan_grace_ms=3_600_000, batch=1000
+    )
+    assert cfg.janitor.enabled
+    assert not load({"cleanup_interval": "0s"}, {}).janitor.enabled
     assert cfg.logging.level == "INFO"
+
+
+def test_the_default_ttl_may_not_exceed_the_maximum() -> None:
+    with pytest.raises(
+        ConfigError, match=r"--producer-default-ttl \(172800000 ms\) exceeds --producer-max-ttl"
+    ):
+        load({"producer_default_ttl": "2d", "producer_max_ttl": "1d"}, {})
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

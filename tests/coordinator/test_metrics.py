@@ -17,7 +17,7 @@ from harness.coordinator import InProcessCoordinator, ProbeService, embedded_dep
 from harness.process import wait_until
 from snapcoord.coordinator.interceptors import code_label
 from snapcoord.coordinator.metrics import MetricsExporter, start_exporter
-from snapcoord.coordinator.server import Deps
+from snapcoord.coordinator.services import Deps
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 PROBE = ProbeService.SERVICE

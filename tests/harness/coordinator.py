@@ -29,7 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.process import ManagedProcess, ServerStartError, log_tail, wait_until
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.config import load as load_config
-from snapcoord.coordinator.server import CoordinatorServer, Deps, build_server
+from snapcoord.coordinator.server import CoordinatorServer, build_server
+from snapcoord.coordinator.services import Deps
 
 SERVING_LINE_RE = re.compile(r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)$")
 _ANY_ADDRESS = {"0.0.0.0", "::", ""}
@@ -252,8 +253,9 @@ class InProcessCoordinator:
 
 
 def coordinator_config(**flags: str) -> Config:
-    """A config for in-process servers: loopback, port 0, metrics off unless given; no environment."""
-    base = {"host": "127.0.0.1", "port": "0", "metrics_port": "-1"}
+    """A config for in-process servers: loopback, port 0, metrics and janitor off unless given (tests
+    run janitor passes themselves, deterministically); no environment."""
+    base = {"host": "127.0.0.1", "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
     return load_config({**base, **flags}, {})
 
 

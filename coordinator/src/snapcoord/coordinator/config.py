@@ -77,6 +77,34 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class ProducersConfig:
+    """Limits of ProducerOffsetService."""
+
+    #: TTL of a record registered with ttl_ms=0.
+    default_ttl_ms: int
+    #: Largest ttl_ms a caller may ask for; beyond it INVALID_ARGUMENT.
+    max_ttl_ms: int
+    #: Most offsets in one registration.
+    max_offsets: int
+
+
+@dataclass(frozen=True)
+class JanitorConfig:
+    """The leader-elected cleanup loop."""
+
+    #: Time between passes; 0 disables the janitor on this replica.
+    cleanup_interval_ms: int
+    #: Unreferenced payload objects younger than this are left alone (an upload may be in flight).
+    orphan_grace_ms: int
+    #: Most deletions per step of one pass, so one pass never runs away.
+    batch: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.cleanup_interval_ms > 0
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str
 
@@ -88,6 +116,8 @@ class Config:
     grpc: GrpcConfig
     metrics: MetricsConfig
     storage: StorageConfig
+    producers: ProducersConfig
+    janitor: JanitorConfig
     logging: LoggingConfig
 
     def describe(self) -> dict[str, dict[str, Any]]:
@@ -304,6 +334,48 @@ OPTIONS: tuple[Option, ...] = (
         metavar="STYLE",
     ),
     Option(
+        "producer_default_ttl",
+        "TTL of a producer offset record registered with ttl_ms=0",
+        "24h",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "producer_max_ttl",
+        "largest ttl_ms a producer registration may ask for",
+        "7d",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "producer_max_offsets",
+        "most offsets in one producer registration",
+        "100000",
+        _int_parser(1, 10_000_000, "an integer 1-10000000"),
+        metavar="N",
+    ),
+    Option(
+        "cleanup_interval",
+        "time between janitor passes (expiry, orphans); 0s disables the janitor on this replica",
+        "60s",
+        _duration_parser(0),
+        metavar="DURATION",
+    ),
+    Option(
+        "orphan_grace",
+        "age below which an unreferenced payload object is never deleted (uploads in flight)",
+        "1h",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "cleanup_batch",
+        "most deletions per janitor step and pass",
+        "1000",
+        _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        metavar="N",
+    ),
+    Option(
         "log_level",
         "log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         "INFO",
@@ -348,6 +420,11 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
         except ValueError as e:
             raise ConfigError(f"invalid {source}: {e}") from None
 
+    if values["producer_default_ttl"] > values["producer_max_ttl"]:
+        raise ConfigError(
+            f"--producer-default-ttl ({values['producer_default_ttl']} ms) exceeds --producer-max-ttl "
+            f"({values['producer_max_ttl']} ms): raise the maximum or lower the default"
+        )
     data_dir = Path(values["data_dir"])
     return Config(
         grpc=GrpcConfig(
@@ -365,6 +442,16 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             zk_session_timeout_ms=values["zk_session_timeout"],
             zk_connect_timeout_ms=values["zk_connect_timeout"],
             s3_addressing_style=values["s3_addressing_style"],
+        ),
+        producers=ProducersConfig(
+            default_ttl_ms=values["producer_default_ttl"],
+            max_ttl_ms=values["producer_max_ttl"],
+            max_offsets=values["producer_max_offsets"],
+        ),
+        janitor=JanitorConfig(
+            cleanup_interval_ms=values["cleanup_interval"],
+            orphan_grace_ms=values["orphan_grace"],
+            batch=values["cleanup_batch"],
         ),
         logging=LoggingConfig(level=values["log_level"]),
     )

@@ -20,6 +20,7 @@ from prometheus_client import (
     PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     start_http_server,
@@ -65,6 +66,47 @@ class GrpcServerMetrics:
             " by the server.",
             labels,
             buckets=_HANDLING_BUCKETS,
+            registry=registry,
+        )
+
+
+class CoordinatorMetrics:
+    """The domain metrics: what the coordinator did, never which id it did it to."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.producer_registrations = Counter(
+            "snapcoord_producer_registrations",
+            "RegisterProducerOffsets outcomes: registered (this call created the record) or existing.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.producer_records_expired = Counter(
+            "snapcoord_producer_records_expired",
+            "Producer offset records removed by the janitor after their TTL.",
+            registry=registry,
+        )
+        self.orphans_deleted = Counter(
+            "snapcoord_orphan_objects_deleted",
+            "Payload objects no record referenced, deleted by the janitor after the grace period.",
+            ("kind",),
+            registry=registry,
+        )
+        self.janitor_leader = Gauge(
+            "snapcoord_janitor_leader",
+            "1 while this replica is the elected janitor and may act, else 0.",
+            registry=registry,
+        )
+        self.janitor_pass_seconds = Histogram(
+            "snapcoord_janitor_pass_seconds",
+            "Duration of one janitor step.",
+            ("step",),
+            buckets=(0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0),
+            registry=registry,
+        )
+        self.janitor_passes = Counter(
+            "snapcoord_janitor_passes",
+            "Janitor steps run, by outcome (ok, error, interrupted).",
+            ("step", "outcome"),
             registry=registry,
         )
 

@@ -17,7 +17,6 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import TextIO
 
@@ -27,27 +26,23 @@ from prometheus_client import CollectorRegistry
 
 from snapcoord.coordinator import __version__, api, reflection
 from snapcoord.coordinator.config import Config
-from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.health import StoreHealth
 from snapcoord.coordinator.interceptors import ServerInterceptor
-from snapcoord.coordinator.metrics import GrpcServerMetrics, MetricsExporter, new_registry, start_exporter
+from snapcoord.coordinator.metrics import (
+    CoordinatorMetrics,
+    GrpcServerMetrics,
+    MetricsExporter,
+    new_registry,
+    start_exporter,
+)
+from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import MetadataStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 
 _log = logging.getLogger(__name__)
 
 #: Everything the server lists through reflection: the API, health and reflection itself.
 ALL_SERVICE_NAMES: tuple[str, ...] = (*api.SERVICE_NAMES, health.SERVICE_NAME, *reflection.SERVICE_NAMES)
-
-
-@dataclass(frozen=True)
-class Deps:
-    """What the servicers work on; tests pass embedded stores and a manual clock."""
-
-    metadata: MetadataStore
-    blobs: BlobStore
-    clock: Clock = field(default_factory=SystemClock)
 
 
 class CoordinatorServer:
@@ -60,8 +55,12 @@ class CoordinatorServer:
         store_health: StoreHealth,
         registry: CollectorRegistry,
         interceptor: ServerInterceptor,
+        services: Services,
+        run_janitor: bool,
     ) -> None:
         self.grpc = server
+        self.services = services
+        self._run_janitor = run_janitor
         self._interceptor = interceptor
         self.health = store_health
         #: The metrics of this server only (see ``metrics``); serve it with ``start_exporter``.
@@ -70,11 +69,15 @@ class CoordinatorServer:
 
     def start(self) -> None:
         self.grpc.start()
+        if self._run_janitor:
+            self.services.janitor.start()
 
     def shutdown(self, grace_s: float | None) -> None:
         """Drain: NOT_SERVING first so health checkers move traffic away, then refuse new calls
         and give in-flight ones ``grace_s`` seconds before they are cancelled; returns when done."""
         self.health.enter_graceful_shutdown()
+        if self._run_janitor:
+            self.services.janitor.stop()  # step down now, so another replica can take over
         stopped = self.grpc.stop(grace_s)  # returns at once; new calls are refused from here on
         # Health watchers have seen NOT_SERVING; their streams would otherwise run to the end of
         # the grace period. Ended only after stop(), so that no new one can open behind us.
@@ -121,11 +124,15 @@ def build_server(
         executor.shutdown(wait=False)
         raise OSError(f"cannot bind gRPC to {address} (port in use or address not local?)")
     # Wired after the bind, so that a failed bind leaves no listener registered on the store.
-    api.add_servicers(server, deps)
+    services = Services.build(config, deps, CoordinatorMetrics(registry))
+    api.add_servicers(server, services)
     store_health = StoreHealth(deps.metadata, api.SERVICE_NAMES)
     health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)
-    return CoordinatorServer(server, executor, store_health, registry, interceptor), port
+    coordinator = CoordinatorServer(
+        server, executor, store_health, registry, interceptor, services, config.janitor.enabled
+    )
+    return coordinator, port
 
 
 def run(config: Config, *, out: TextIO = sys.stdout) -> int:

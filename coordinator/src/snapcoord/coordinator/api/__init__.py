@@ -18,7 +18,7 @@ from snapcoord.coordinator.api.snapshot import SnapshotService
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server import Deps
+    from snapcoord.coordinator.services import Services
 
 #: Full names of the snapcoord.v1 services, from the descriptors (so a rename cannot drift).
 SERVICE_NAMES: tuple[str, ...] = (
@@ -29,9 +29,9 @@ SERVICE_NAMES: tuple[str, ...] = (
 )
 
 
-def add_servicers(server: grpc.Server, deps: Deps) -> None:
+def add_servicers(server: grpc.Server, services: Services) -> None:
     """Register the four snapcoord.v1 servicers on ``server``."""
-    ProducerOffsetService(deps).add_to(server)
-    SnapshotService(deps).add_to(server)
-    LeaseService(deps).add_to(server)
-    BacklogService(deps).add_to(server)
+    ProducerOffsetService(services).add_to(server)
+    SnapshotService(services).add_to(server)
+    LeaseService(services).add_to(server)
+    BacklogService(services).add_to(server)

@@ -9,7 +9,7 @@ import grpc
 from snapcoord.v1 import backlog_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server import Deps
+    from snapcoord.coordinator.services import Services
 
 
 class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
@@ -20,8 +20,8 @@ class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
     UNIMPLEMENTED naming the RPC; nothing pretends to work.
     """
 
-    def __init__(self, deps: Deps) -> None:
-        self._deps = deps
+    def __init__(self, services: Services) -> None:
+        self._services = services
 
     def add_to(self, server: grpc.Server) -> None:
-        backlog_pb2_grpc.add_BacklogServiceServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        backlog_pb2_grpc.add_BacklogServiceServicer_to_server(self, server)

@@ -9,7 +9,7 @@ import grpc
 from snapcoord.v1 import lease_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server import Deps
+    from snapcoord.coordinator.services import Services
 
 
 class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
@@ -20,8 +20,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     naming the RPC; nothing pretends to work.
     """
 
-    def __init__(self, deps: Deps) -> None:
-        self._deps = deps
+    def __init__(self, services: Services) -> None:
+        self._services = services
 
     def add_to(self, server: grpc.Server) -> None:
-        lease_pb2_grpc.add_LeaseServiceServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        lease_pb2_grpc.add_LeaseServiceServicer_to_server(self, server)

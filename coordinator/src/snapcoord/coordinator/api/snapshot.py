@@ -9,7 +9,7 @@ import grpc
 from snapcoord.v1 import snapshot_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server import Deps
+    from snapcoord.coordinator.services import Services
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
@@ -20,8 +20,8 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
     with UNIMPLEMENTED naming the RPC; nothing pretends to work.
     """
 
-    def __init__(self, deps: Deps) -> None:
-        self._deps = deps
+    def __init__(self, services: Services) -> None:
+        self._services = services
 
     def add_to(self, server: grpc.Server) -> None:
-        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(self, server)

@@ -1,0 +1,122 @@
+"""Producer offset snapshots: the rules, without I/O.
+
+A sink that starts without a checkpoint registers the positions it starts writing from; if a
+record exists already, a previous attempt died before its first checkpoint and the sink rolls
+back to the stored positions; after its first checkpoint it deletes the record. A TTL guards
+records nobody deletes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
+from snapcoord.coordinator.errors import InvalidArgument
+
+#: Expiry index buckets are one minute wide: a janitor pass reads at most one bucket of records
+#: that are not due yet, and the number of buckets stays small (one per minute of TTL range).
+EXPIRY_BUCKET_MS = 60_000
+
+
+@dataclass(frozen=True)
+class ProducerPolicy:
+    """Server-side limits, from the configuration."""
+
+    default_ttl_ms: int = 24 * 3_600_000
+    max_ttl_ms: int = 7 * 24 * 3_600_000
+    max_offsets: int = 100_000
+
+
+@dataclass(frozen=True)
+class ProducerRecord:
+    """What the metadata store holds for one producer: small, with a pointer to the payload."""
+
+    producer_id: str
+    object_key: str
+    created_at_ms: int
+    expires_at_ms: int
+
+    def is_expired(self, now_ms: int) -> bool:
+        return now_ms >= self.expires_at_ms
+
+    @property
+    def registration_id(self) -> str:
+        """Unique per registration (the payload's UUID): tells two records of one producer apart."""
+        return self.object_key.rsplit("/", 1)[-1].removesuffix(".json")
+
+    @property
+    def expiry_bucket(self) -> int:
+        return expiry_bucket(self.expires_at_ms)
+
+    @property
+    def index_entry(self) -> str:
+        """The name of this registration's entry in its expiry bucket."""
+        return f"{self.producer_id}@{self.registration_id}"
+
+
+@dataclass(frozen=True)
+class ProducerSnapshot:
+    """A registered record with its offsets, as callers see it."""
+
+    producer_id: str
+    offsets: tuple[Offset, ...]
+    created_at_ms: int
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The outcome of a register call: ``registered`` is True for exactly one caller."""
+
+    registered: bool
+    snapshot: ProducerSnapshot
+
+
+def validate_registration(
+    producer_id: str, offsets: Iterable[Offset], ttl_ms: int, policy: ProducerPolicy
+) -> tuple[tuple[Offset, ...], int]:
+    """Check a register request; return the offsets and the effective TTL in ms."""
+    require_id("producer_id", producer_id)
+    items = validate_offsets(offsets, field="offsets", max_count=policy.max_offsets)
+    return items, resolve_ttl(ttl_ms, policy)
+
+
+def resolve_ttl(ttl_ms: int, policy: ProducerPolicy) -> int:
+    """0 means the server default; otherwise 1 ms up to the configured maximum."""
+    if ttl_ms == 0:
+        return policy.default_ttl_ms
+    if ttl_ms < 0:
+        raise InvalidArgument(f"ttl_ms is {ttl_ms}; give a positive TTL, or 0 for the server default")
+    if ttl_ms > policy.max_ttl_ms:
+        raise InvalidArgument(f"ttl_ms is {ttl_ms}; the server allows at most {policy.max_ttl_ms} ms")
+    return ttl_ms
+
+
+def new_record(producer_id: str, now_ms: int, ttl_ms: int) -> ProducerRecord:
+    """A record for a new registration, with a fresh payload key (UUID-named, never reused)."""
+    return ProducerRecord(
+        producer_id=producer_id,
+        object_key=f"producers/{producer_id}/{uuid.uuid4().hex}.json",
+        created_at_ms=now_ms,
+        expires_at_ms=now_ms + ttl_ms,
+    )
+
+
+def expiry_bucket(expires_at_ms: int) -> int:
+    """The expiry-index bucket of a record: the minute in which it expires."""
+    return expires_at_ms // EXPIRY_BUCKET_MS
+
+
+def parse_index_entry(name: str) -> tuple[str, str] | None:
+    """``producer@registration`` -> (producer_id, registration_id); None for a foreign name."""
+    producer_id, sep, registration_id = name.rpartition("@")
+    return (producer_id, registration_id) if sep and producer_id and registration_id else None
+
+
+def producer_of_object(key: str) -> str | None:
+    """The producer id of a payload key ``producers/<id>/<uuid>.json``; None for other keys."""
+    parts = key.split("/")
+    return parts[1] if len(parts) == 3 and parts[0] == "producers" and parts[2].endswith(".json") else None

@@ -1,0 +1,25 @@
+"""Stores for coordinator tests: each test that asks for ``stores`` runs on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.stores import Stores
+from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+
+
+@pytest.fixture(params=["embedded", "zk+s3"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    """The embedded defaults, then real ZooKeeper + S3 (each test gets its own chroot and prefix)."""
+    if request.param == "embedded":
+        metadata = open_metadata_store((tmp_path / "metadata").as_uri())
+        blobs = open_blob_store((tmp_path / "blobs").as_uri())
+    else:
+        metadata = open_metadata_store(request.getfixturevalue("zk_uri"))
+        blobs = open_blob_store(request.getfixturevalue("s3_uri"))
+    yield Stores(request.param, metadata, blobs)
+    blobs.close()
+    metadata.close()

@@ -1,0 +1,278 @@
+"""The producer offset registry on both backends: the embedded defaults and real ZooKeeper + S3."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from harness.concurrency import run_threads
+from harness.seaweed import SeaweedS3Server
+from harness.stores import Stores
+from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.producers import EXPIRY_BUCKET_MS, ProducerPolicy, Registration
+from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
+from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.producers import EXPIRY, RECORDS, ProducerRegistry
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+
+HOUR_MS = 3_600_000
+POLICY = ProducerPolicy(default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000)
+A = (Offset("orders", 0, 10), Offset("orders", 1, -1))
+B = (Offset("orders", 0, 99),)
+
+
+def registry(metadata: MetadataStore, blobs: BlobStore, clock: ManualClock) -> ProducerRegistry:
+    return ProducerRegistry(metadata, blobs, clock, POLICY, CoordinatorMetrics(new_registry()))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    # Real "now": the orphan sweep compares against object times the blob store sets itself.
+    return ManualClock(SystemClock().now_ms())
+
+
+@pytest.fixture
+def producers(stores: Stores, clock: ManualClock) -> ProducerRegistry:
+    return registry(stores.metadata, stores.blobs, clock)
+
+
+def objects(blobs: BlobStore, producer_id: str) -> list[str]:
+    return [b.key for b in blobs.list(f"producers/{producer_id}/")]
+
+
+def test_lifecycle(producers: ProducerRegistry, stores: Stores, clock: ManualClock) -> None:
+    first = producers.register("sink-1", A, 0)
+    assert first.registered and first.snapshot.offsets == A
+    assert first.snapshot.created_at_ms == clock.now_ms()
+    assert first.snapshot.expires_at_ms == clock.now_ms() + HOUR_MS  # ttl 0: the server default
+    assert producers.get("sink-1") == first.snapshot
+
+    again = producers.register("sink-1", B, 0)  # a restarted attempt: gets the stored positions
+    assert again == Registration(registered=False, snapshot=first.snapshot)
+    assert len(objects(stores.blobs, "sink-1")) == 1  # the loser's upload was never made or removed
+
+    page, token = producers.list_page(0, "")
+    assert [s.producer_id for s in page] == ["sink-1"] and token == ""
+
+    assert producers.delete("sink-1") is True
+    with pytest.raises(NotFound, match="no producer offsets are registered for producer_id 'sink-1'"):
+        producers.get("sink-1")
+    assert objects(stores.blobs, "sink-1") == []
+    assert producers.delete("sink-1") is False  # idempotent
+    assert producers.register("sink-1", B, 0).registered  # after a delete, a new registration wins
+
+
+def test_ttl_expiry_with_an_injected_clock(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    producers.register("sink-1", A, 1_000)
+    clock.advance(999)
+    assert producers.get("sink-1").offsets == A
+    clock.advance(1)
+    with pytest.raises(NotFound, match="expired"):
+        producers.get("sink-1")
+    assert producers.list_page(0, "") == ([], "")
+    assert producers.delete("sink-1") is False  # nothing live to delete (the record is cleaned up)
+    assert stores.metadata.children(RECORDS) == []
+
+    producers.register("sink-2", A, 1_000)
+    clock.advance(5_000)
+    replaced = producers.register("sink-2", B, 0)  # an expired record counts as absent
+    assert replaced.registered and replaced.snapshot.offsets == B
+    assert producers.get("sink-2").offsets == B
+    assert len(objects(stores.blobs, "sink-2")) == 1  # the expired record's payload went with it
+
+
+def test_validation_leaves_state_untouched(producers: ProducerRegistry, stores: Stores) -> None:
+    bad_calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: producers.register("sink/1", A, 0), "producer_id 'sink/1' contains '/'"),
+        (lambda: producers.register("sink-1", [], 0), "offsets is empty"),
+        (
+            lambda: producers.register("sink-1", [*A, A[0]], 0),
+            r"offsets\[2\] repeats stream 'orders' partition 0",
+        ),
+        (lambda: producers.register("sink-1", [Offset("orders", 0, -7)], 0), r"offsets\[0\].offset is -7"),
+        (lambda: producers.register("sink-1", A, 25 * HOUR_MS), "at most 86400000 ms"),
+        (lambda: producers.register("sink-1", [Offset("s", i, 0) for i in range(1001)], 0), "limit is 1000"),
+        (lambda: producers.get(""), "producer_id is required"),
+        (lambda: producers.list_page(1001, ""), "page_size is 1001"),
+        (lambda: producers.list_page(10, "%%%"), "not a token this server issued"),
+    ]
+    for call, message in bad_calls:
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    assert stores.metadata.children(RECORDS) == []
+    assert list(stores.blobs.list("producers/")) == []
+
+
+def test_list_pages_through_live_records(producers: ProducerRegistry, clock: ManualClock) -> None:
+    for i in range(5):
+        producers.register(f"sink-{i}", A, 1_000 if i == 2 else HOUR_MS)
+    clock.advance(2_000)  # sink-2 expired
+    seen: list[str] = []
+    token = ""
+    for _ in range(5):
+        page, token = producers.list_page(2, token)
+        seen += [s.producer_id for s in page]
+        if not token:
+            break
+    assert seen == ["sink-0", "sink-1", "sink-3", "sink-4"]
+
+
+def test_exactly_one_of_twenty_concurrent_registrations_wins(
+    producers: ProducerRegistry, stores: Stores
+) -> None:
+    outcomes: list[Registration] = []
+    lock = threading.Lock()
+
+    def register(i: int) -> None:
+        outcome = producers.register("contended", [Offset("orders", 0, i)], 0)
+        with lock:
+            outcomes.append(outcome)
+
+    run_threads(20, register)
+    winners = [o for o in outcomes if o.registered]
+    assert len(outcomes) == 20 and len(winners) == 1
+    assert {o.snapshot for o in outcomes} == {winners[0].snapshot}  # everyone sees the winner's offsets
+    assert objects(stores.blobs, "contended") == [producers_object(stores, "contended")]
+
+
+def test_expired_record_replacement_race_has_one_winner(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    producers.register("contended", A, 1_000)
+    clock.advance(1_000)
+    outcomes: list[Registration] = []
+    lock = threading.Lock()
+
+    def register(i: int) -> None:
+        outcome = producers.register("contended", [Offset("orders", 0, 100 + i)], 0)
+        with lock:
+            outcomes.append(outcome)
+
+    run_threads(10, register)
+    winners = [o for o in outcomes if o.registered]
+    assert len(winners) == 1
+    assert {o.snapshot for o in outcomes} == {winners[0].snapshot}
+    assert producers.get("contended") == winners[0].snapshot
+    assert objects(stores.blobs, "contended") == [producers_object(stores, "contended")]
+
+
+def producers_object(stores: Stores, producer_id: str) -> str:
+    """The payload key the stored record points at (read raw from the metadata store)."""
+    import json
+
+    node = stores.metadata.get(f"{RECORDS}/{producer_id}")
+    assert node is not None
+    return str(json.loads(node.data)["object_key"])
+
+
+def test_janitor_expires_only_due_records(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    producers.register("short", A, EXPIRY_BUCKET_MS)
+    producers.register("long", A, 10 * EXPIRY_BUCKET_MS)
+    producers.register("renewed", A, EXPIRY_BUCKET_MS)
+    assert producers.expire_due(100) == 0  # nothing due yet
+    clock.advance(2 * EXPIRY_BUCKET_MS)
+    producers.delete("renewed")
+    producers.register("renewed", B, EXPIRY_BUCKET_MS)  # a new registration, not due
+
+    assert producers.expire_due(100) == 1
+    assert stores.metadata.children(RECORDS) == ["long", "renewed"]
+    assert objects(stores.blobs, "short") == []  # its payload went with it
+    assert producers.get("long").offsets == A and producers.get("renewed").offsets == B
+    # The drained past bucket is gone; only the buckets of live records remain.
+    assert len(stores.metadata.children(EXPIRY)) == 2
+
+    clock.advance(10 * EXPIRY_BUCKET_MS)
+    assert producers.expire_due(1) == 1  # bounded work per pass
+    assert producers.expire_due(100) == 1
+    assert stores.metadata.children(RECORDS) == []
+    assert stores.metadata.children(EXPIRY) == []
+
+
+def test_janitor_never_removes_a_record_replaced_after_it_expired(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    producers.register("sink", A, 1_000)
+    clock.advance(EXPIRY_BUCKET_MS)
+    replaced = producers.register("sink", B, HOUR_MS)  # replaces the expired record in place
+    assert replaced.registered
+    assert producers.expire_due(100) == 0
+    assert producers.get("sink") == replaced.snapshot
+
+
+def test_orphan_sweep_respects_the_grace_period(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    producers.register("live", A, 24 * HOUR_MS)
+    stores.blobs.put("producers/crashed/0123456789abcdef0123456789abcdef.json", b"{}")
+    stores.blobs.put("snapshots/app/1/task/x", b"not the producer sweep's business")
+    assert producers.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 0  # too young: may be in flight
+    clock.advance(2 * HOUR_MS)
+    assert producers.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 1
+    assert objects(stores.blobs, "crashed") == []
+    assert producers.get("live").offsets == A  # referenced payloads are never swept
+    assert [b.key for b in stores.blobs.list("snapshots/")] == ["snapshots/app/1/task/x"]
+
+
+class SimulatedCrash(BaseException):
+    """The process dies here: no cleanup code runs (BaseException skips ``except Exception``)."""
+
+
+def test_crash_between_upload_and_commit_leaves_only_an_orphan(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(ops: object) -> None:
+        raise SimulatedCrash
+
+    monkeypatch.setattr(stores.metadata, "transaction", crash)
+    with pytest.raises(SimulatedCrash):
+        producers.register("sink", A, 0)
+    monkeypatch.undo()
+
+    with pytest.raises(NotFound):
+        producers.get("sink")  # never a visible record
+    assert len(objects(stores.blobs, "sink")) == 1  # the payload was written first
+    clock.advance(2 * HOUR_MS)
+    assert producers.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 1
+    assert objects(stores.blobs, "sink") == []
+    assert producers.register("sink", B, 0).registered  # and the id is free
+
+
+def test_failed_commit_removes_its_upload(
+    producers: ProducerRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(ops: object) -> None:
+        raise StoreUnavailable("metadata store down (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", unavailable)
+    with pytest.raises(StoreUnavailable):
+        producers.register("sink", A, 0)
+    assert objects(stores.blobs, "sink") == []  # cleaned at once, not left to the sweep
+
+
+def test_s3_down_during_register_is_unavailable_and_commits_nothing(
+    zk_uri: str, private_s3_server: SeaweedS3Server, monkeypatch: pytest.MonkeyPatch, clock: ManualClock
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", private_s3_server.endpoint_url)
+    metadata = open_metadata_store(zk_uri)
+    blobs = open_blob_store(private_s3_server.uri("producers-test"))
+    try:
+        producers = registry(metadata, blobs, clock)
+        private_s3_server.stop()
+        with pytest.raises(StoreUnavailable, match="unreachable"):
+            producers.register("sink", A, 0)
+        assert metadata.children(RECORDS) == []  # no record without its payload
+        assert metadata.children(EXPIRY) == []
+        private_s3_server.start()
+        assert producers.register("sink", A, 0).registered
+    finally:
+        blobs.close()
+        metadata.close()
