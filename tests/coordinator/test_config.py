@@ -30,6 +30,7 @@ CONTRACT = {
     "--producer-max-offsets": ("SNAPCOORD_PRODUCER_MAX_OFFSETS", "100000"),
     "--cleanup-interval": ("SNAPCOORD_CLEANUP_INTERVAL", "60s"),
     "--orphan-grace": ("SNAPCOORD_ORPHAN_GRACE", "1h"),
+    "--orphan-sweep-interval": ("SNAPCOORD_ORPHAN_SWEEP_INTERVAL", "15m"),
     "--cleanup-batch": ("SNAPCOORD_CLEANUP_BATCH", "1000"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
 }
@@ -59,6 +60,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "producer_max_offsets": ("10", "20", ("producers", "max_offsets"), 10),
     "cleanup_interval": ("0s", "5m", ("janitor", "cleanup_interval_ms"), 0),
     "orphan_grace": ("2h", "3h", ("janitor", "orphan_grace_ms"), 7_200_000),
+    "orphan_sweep_interval": ("1m", "2m", ("janitor", "orphan_sweep_interval_ms"), 60_000),
     "cleanup_batch": ("50", "60", ("janitor", "batch"), 50),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
 }
@@ -83,6 +85,7 @@ BAD: dict[str, str] = {
     "producer_max_offsets": "0",
     "cleanup_interval": "-1s",
     "orphan_grace": "0s",
+    "orphan_sweep_interval": "0s",
     "cleanup_batch": "0",
     "log_level": "verbose",
 }
@@ -123,7 +126,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
     )
     assert cfg.janitor == config.JanitorConfig(
-        cleanup_interval_ms=60_000, orphan_grace_ms=3_600_000, batch=1000
+        cleanup_interval_ms=60_000, orphan_grace_ms=3_600_000, orphan_sweep_interval_ms=900_000, batch=1000
     )
     assert cfg.janitor.enabled
     assert not load({"cleanup_interval": "0s"}, {}).janitor.enabled

@@ -70,6 +70,19 @@ def test_run_once_stops_as_soon_as_it_may_not_act() -> None:
     assert log == ["a", "b"]
 
 
+def test_a_costly_step_runs_at_most_every_interval() -> None:
+    log: list[str] = []
+    steps = [
+        Step("cheap", recording(log, "cheap")),
+        Step("sweep", recording(log, "sweep"), every_ms=3_600_000),
+    ]
+    metrics = CoordinatorMetrics(new_registry())
+    janitor = Janitor(steps, election=no_election, interval_ms=1000, metrics=metrics)
+    janitor.run_once()
+    janitor.run_once()
+    assert log == ["cheap", "sweep", "cheap"]
+
+
 def test_the_janitor_runs_passes_while_leading_and_stops(tmp_path: Path) -> None:
     store = open_metadata_store((tmp_path / "metadata").as_uri())
     ran = threading.Semaphore(0)

@@ -96,6 +96,8 @@ class JanitorConfig:
     cleanup_interval_ms: int
     #: Unreferenced payload objects younger than this are left alone (an upload may be in flight).
     orphan_grace_ms: int
+    #: The orphan sweep lists payload objects, so it runs at most this often, not every pass.
+    orphan_sweep_interval_ms: int
     #: Most deletions per step of one pass, so one pass never runs away.
     batch: int
 
@@ -369,6 +371,13 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DURATION",
     ),
     Option(
+        "orphan_sweep_interval",
+        "time between orphan sweeps (each lists the payload objects older than --orphan-grace)",
+        "15m",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
         "cleanup_batch",
         "most deletions per janitor step and pass",
         "1000",
@@ -451,6 +460,7 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
         janitor=JanitorConfig(
             cleanup_interval_ms=values["cleanup_interval"],
             orphan_grace_ms=values["orphan_grace"],
+            orphan_sweep_interval_ms=values["orphan_sweep_interval"],
             batch=values["cleanup_batch"],
         ),
         logging=LoggingConfig(level=values["log_level"]),

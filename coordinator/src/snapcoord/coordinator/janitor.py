@@ -24,10 +24,15 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Step:
-    """One bounded unit of cleanup; ``run`` returns how many things it removed."""
+    """One bounded unit of cleanup; ``run`` returns how many things it removed.
+
+    ``every_ms`` makes a costly step (a listing) run at most that often, on the passes that fall
+    due; None runs it on every pass.
+    """
 
     name: str
     run: Callable[[], int]
+    every_ms: int | None = None
 
 
 class Janitor:
@@ -47,6 +52,7 @@ class Janitor:
         self._interval_s = interval_ms / 1000
         self._metrics = metrics
         self._thread: threading.Thread | None = None
+        self._last_run: dict[str, float] = {}  # step name -> time.monotonic() of its last start
 
     def run_once(self, may_act: Callable[[], bool] = lambda: True) -> dict[str, int]:
         """One pass over every step, stopping early when ``may_act()`` turns False.
@@ -56,11 +62,14 @@ class Janitor:
         """
         done: dict[str, int] = {}
         for step in self._steps:
+            if not self._due(step):
+                continue
             if not may_act():
                 self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
                 _log.info("janitor: stopping before %s: no longer allowed to act", step.name)
                 break
             started = time.perf_counter()
+            self._last_run[step.name] = time.monotonic()
             try:
                 done[step.name] = step.run()
             except StoreUnavailable as e:
@@ -77,6 +86,10 @@ class Janitor:
             if done[step.name]:
                 _log.info("janitor: %s removed %d", step.name, done[step.name])
         return done
+
+    def _due(self, step: Step) -> bool:
+        last = self._last_run.get(step.name)
+        return step.every_ms is None or last is None or time.monotonic() - last >= step.every_ms / 1000
 
     def start(self) -> None:
         """Contend for leadership in a background thread and run passes while leading."""

@@ -51,7 +51,11 @@ class Services:
         batch = config.janitor.batch
         steps = [
             Step("producer-expiry", lambda: producers.expire_due(batch)),
-            Step("producer-orphans", lambda: producers.sweep_orphans(config.janitor.orphan_grace_ms, batch)),
+            Step(
+                "producer-orphans",
+                lambda: producers.sweep_orphans(config.janitor.orphan_grace_ms, batch),
+                every_ms=config.janitor.orphan_sweep_interval_ms,
+            ),
         ]
         janitor = Janitor(
             steps,
