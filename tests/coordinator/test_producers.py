@@ -12,8 +12,9 @@ from harness.seaweed import SeaweedS3Server
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.domain.producers import EXPIRY_BUCKET_MS, ProducerPolicy, Registration
+from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
+from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers import EXPIRY, RECORDS, ProducerRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore

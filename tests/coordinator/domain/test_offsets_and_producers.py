@@ -6,7 +6,6 @@ import pytest
 
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
 from snapcoord.coordinator.domain.producers import (
-    EXPIRY_BUCKET_MS,
     ProducerPolicy,
     new_record,
     parse_index_entry,
@@ -15,6 +14,7 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 
 POLICY = ProducerPolicy(default_ttl_ms=1_000, max_ttl_ms=10_000, max_offsets=3)
 
@@ -64,7 +64,7 @@ def test_records_get_fresh_keys_buckets_and_index_entries() -> None:
     second = new_record("sink:1", now_ms=5 * EXPIRY_BUCKET_MS + 10, ttl_ms=EXPIRY_BUCKET_MS)
     assert first.object_key != second.object_key
     assert first.object_key.startswith("producers/sink:1/") and first.object_key.endswith(".json")
-    assert first.expires_at_ms == 6 * EXPIRY_BUCKET_MS + 10 and first.expiry_bucket == 6
+    assert first.expires_at_ms == 6 * EXPIRY_BUCKET_MS + 10
     assert parse_index_entry(first.index_entry) == ("sink:1", first.registration_id)
     assert producer_of_object(first.object_key) == "sink:1"
     assert producer_of_object("snapshots/app/1/x") is None

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -36,7 +35,6 @@ from snapcoord.coordinator.domain.codec import (
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import (
-    EXPIRY_BUCKET_MS,
     ProducerPolicy,
     ProducerRecord,
     ProducerSnapshot,
@@ -53,11 +51,11 @@ from snapcoord.coordinator.errors import (
     Internal,
     InvalidArgument,
     NoNodeError,
-    NotEmptyError,
     NotFound,
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.expiry_index import ExpiryIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, Delete, MetadataStore, Op, SetData
@@ -87,14 +85,6 @@ def _record_path(producer_id: str) -> str:
     return f"{RECORDS}/{producer_id}"
 
 
-def _bucket_path(bucket: int) -> str:
-    return f"{EXPIRY}/{bucket}"
-
-
-def _index_path(record: ProducerRecord) -> str:
-    return f"{_bucket_path(record.expiry_bucket)}/{record.index_entry}"
-
-
 class ProducerRegistry:
     """Register, read, delete and list producer offset snapshots; expire and sweep for the janitor."""
 
@@ -111,9 +101,7 @@ class ProducerRegistry:
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        # Buckets known to exist, to save a round trip per registration. A bucket the janitor
-        # removed meanwhile makes the commit fail with NoNode on the index entry: forget, retry.
-        self._known_buckets: set[int] = set()
+        self._expiry = ExpiryIndex(metadata, EXPIRY)
         self._layout_ready = False  # created on the first write, so building a server does no I/O
 
     # --- the API ----------------------------------------------------------------------------
@@ -149,7 +137,7 @@ class ProducerRegistry:
                 except TransactionFailed as e:
                     # Another caller won, or our expiry bucket vanished: read again and decide.
                     if isinstance(e.cause, NoNodeError):
-                        self._known_buckets.discard(record.expiry_bucket)
+                        self._expiry.forget(record.expires_at_ms)
                     continue
                 except CommitOutcomeUnknown:
                     outcome_unknown = True
@@ -236,20 +224,11 @@ class ProducerRegistry:
     def expire_due(self, limit: int) -> int:
         """Delete up to ``limit`` expired records, reading only the expiry buckets that are due."""
         now = self._clock.now_ms()
-        due_bucket = now // EXPIRY_BUCKET_MS
-        buckets = sorted(int(b) for b in self._metadata.children(EXPIRY) if b.isdigit())
         expired = 0
-        for bucket in buckets:
-            if bucket > due_bucket or expired >= limit:
+        for path, name in self._expiry.due(now):
+            if expired >= limit:
                 break
-            for entry in self._metadata.children(_bucket_path(bucket)):
-                if expired >= limit:
-                    break
-                expired += self._expire_entry(bucket, entry, now)
-            if bucket < due_bucket:
-                # A past bucket is empty for good once drained (new records expire in the future);
-                # a registration on a replica with a lagging clock that raced us retries on NoNode.
-                self._delete_empty_bucket(bucket)
+            expired += self._expire_entry(path, name, now)
         if expired:
             self._metrics.producer_records_expired.inc(expired)
         return expired
@@ -306,41 +285,41 @@ class ProducerRegistry:
         if not self._layout_ready:
             self._metadata.ensure_path(RECORDS)
             self._layout_ready = True
-        bucket = record.expiry_bucket
-        if bucket not in self._known_buckets:
-            self._metadata.ensure_path(_bucket_path(bucket))
-            self._known_buckets.add(bucket)
+        self._expiry.prepare(record.expires_at_ms)
         data = encode_producer_record(record)
         ops: list[Op]
         if current is None:
-            ops = [Create(_record_path(record.producer_id), data), Create(_index_path(record), b"")]
+            ops = [Create(_record_path(record.producer_id), data), Create(self._index_path(record), b"")]
         else:
             # SetData, not delete + create: the version check then also fences a janitor that
             # read the expired record and is about to delete it.
             ops = [
                 SetData(_record_path(record.producer_id), data, current.version),
-                Delete(_index_path(current.record), None),
-                Create(_index_path(record), b""),
+                Delete(self._index_path(current.record), None),
+                Create(self._index_path(record), b""),
             ]
         self._metadata.transaction(ops)
+
+    def _index_path(self, record: ProducerRecord) -> str:
+        return self._expiry.entry(record.expires_at_ms, record.index_entry)
 
     def _delete_ops(self, current: _Stored) -> list[Op]:
         return [
             Delete(_record_path(current.record.producer_id), current.version),
-            Delete(_index_path(current.record), None),
+            Delete(self._index_path(current.record), None),
         ]
 
-    def _expire_entry(self, bucket: int, entry: str, now: int) -> int:
+    def _expire_entry(self, path: str, entry: str, now: int) -> int:
         parsed = parse_index_entry(entry)
         if parsed is None:
-            _log.warning("ignoring a foreign node %s in the producer expiry index", f"{bucket}/{entry}")
+            _log.warning("ignoring a foreign node %s in the producer expiry index", path)
             return 0
         producer_id, registration = parsed
         current = self._read(producer_id)
         if current is None or current.record.registration_id != registration:
             # An index entry without its record cannot arise (they change in one transaction),
             # except from a bug or a hand edit; drop it so it does not stay due forever.
-            self._delete_quietly(f"{_bucket_path(bucket)}/{entry}")
+            self._expiry.remove(path)
             return 0
         if not current.record.is_expired(now):
             return 0  # the current minute's bucket is only partly due
@@ -353,15 +332,6 @@ class ProducerRegistry:
         self._delete_object(current.record.object_key)
         _log.info("expired producer offsets of %s (expired at %d)", producer_id, current.record.expires_at_ms)
         return 1
-
-    def _delete_empty_bucket(self, bucket: int) -> None:
-        with contextlib.suppress(NotEmptyError, NoNodeError):
-            self._metadata.delete(_bucket_path(bucket))
-        self._known_buckets.discard(bucket)
-
-    def _delete_quietly(self, path: str) -> None:
-        with contextlib.suppress(NoNodeError):
-            self._metadata.delete(path)
 
     def _delete_object(self, key: str) -> None:
         """Best effort: an object left behind is an orphan, which the janitor sweeps later."""

@@ -16,10 +16,6 @@ from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
 from snapcoord.coordinator.errors import InvalidArgument
 
-#: Expiry index buckets are one minute wide: a janitor pass reads at most one bucket of records
-#: that are not due yet, and the number of buckets stays small (one per minute of TTL range).
-EXPIRY_BUCKET_MS = 60_000
-
 
 @dataclass(frozen=True)
 class ProducerPolicy:
@@ -46,10 +42,6 @@ class ProducerRecord:
     def registration_id(self) -> str:
         """Unique per registration (the payload's UUID): tells two records of one producer apart."""
         return self.object_key.rsplit("/", 1)[-1].removesuffix(".json")
-
-    @property
-    def expiry_bucket(self) -> int:
-        return expiry_bucket(self.expires_at_ms)
 
     @property
     def index_entry(self) -> str:
@@ -103,11 +95,6 @@ def new_record(producer_id: str, now_ms: int, ttl_ms: int) -> ProducerRecord:
         created_at_ms=now_ms,
         expires_at_ms=now_ms + ttl_ms,
     )
-
-
-def expiry_bucket(expires_at_ms: int) -> int:
-    """The expiry-index bucket of a record: the minute in which it expires."""
-    return expires_at_ms // EXPIRY_BUCKET_MS
 
 
 def parse_index_entry(name: str) -> tuple[str, str] | None:
