@@ -11,9 +11,10 @@ Three things kazoo leaves to its user, and how this module does them:
 - **Lost replies.** A write whose reply was lost may have been applied, so a retry can fail
   because the first attempt succeeded: a create with ``NodeExists``, a set with ``BadVersion``, a
   delete with ``NoNode``. Such an attempt is "in doubt", and the retry's failure is checked
-  against the node (our data at version 0; our data at ``version + 1``; gone). A transaction
-  cannot be checked that way, so a retried one that fails raises ``CommitOutcomeUnknown``, as does
-  any write still in doubt at the deadline: the caller re-reads.
+  against the node (our data at version 0; our data at ``version + 1``; gone). When the node does
+  not prove it (ours may have landed and been changed since), and for a retried transaction, which
+  cannot be checked that way, the write raises ``CommitOutcomeUnknown``, as does any write still
+  in doubt at the deadline: the caller re-reads.
 - **Watches across reconnects.** kazoo drops its client-side watchers when the connection is
   suspended (it does not re-register them), so this store keeps its own registry, re-arms every
   watched path after a reconnect or a new session, and calls every callback once then, since
@@ -251,6 +252,11 @@ class ZooKeeperMetadataStore(MetadataStore):
                     node = self._get_in(a, path)
                     if node is not None and node.version == 0 and node.data == data:
                         return node
+                    # Ours may have landed and been changed since: nothing tells them apart.
+                    raise CommitOutcomeUnknown(
+                        f"create {path} on {self.uri}: retried after a lost reply and found the node "
+                        "already there; the first attempt may have created it: re-read"
+                    ) from None
                 raise
 
         return self._run(attempt, f"create {path}")
@@ -269,6 +275,10 @@ class ZooKeeperMetadataStore(MetadataStore):
                     node = self._get_in(a, path)
                     if node is not None and node.version == version + 1 and node.data == data:
                         return node
+                    raise CommitOutcomeUnknown(
+                        f"set {path} on {self.uri}: retried after a lost reply and met another version; "
+                        "the first attempt may have been applied: re-read"
+                    ) from None
                 raise
 
         return self._run(attempt, f"set {path}")
