@@ -6,22 +6,51 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from snapcoord.v1 import backlog_pb2_grpc
+from snapcoord.coordinator.api.convert import backlog_status_to_pb, offsets_from_pb, offsets_to_pb
+from snapcoord.v1 import backlog_pb2, backlog_pb2_grpc
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.services import Services
 
 
 class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
-    """snapcoord.v1.BacklogService (API.md "BacklogService").
+    """snapcoord.v1.BacklogService (API.md "BacklogService"): converts, calls the registry, converts back.
 
-    Not built yet: the processing backlog issue brings it (MarkBacklog, ReportProgress, GetBacklogStatus,
-    ClearBacklog). Until then every RPC is the generated base class's, which the interceptor answers with
-    UNIMPLEMENTED naming the RPC; nothing pretends to work.
+    Errors are the registry's ``SnapcoordError``s; the interceptor maps them to status codes.
+    ReportProgress's status carries ``job_id`` and ``processing_backlog`` without partitions (its
+    answer grows with what changed: ``domain.backlog.Progress``); MarkBacklog and GetBacklogStatus
+    list every partition.
     """
 
     def __init__(self, services: Services) -> None:
-        self._services = services
+        self._backlog = services.backlog
 
     def add_to(self, server: grpc.Server) -> None:
         backlog_pb2_grpc.add_BacklogServiceServicer_to_server(self, server)
+
+    def MarkBacklog(
+        self, request: backlog_pb2.MarkBacklogRequest, context: grpc.ServicerContext
+    ) -> backlog_pb2.BacklogStatus:
+        status = self._backlog.mark(request.job_id, offsets_from_pb(request.boundaries), request.reset)
+        return backlog_status_to_pb(status)
+
+    def ReportProgress(
+        self, request: backlog_pb2.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> backlog_pb2.ReportProgressResponse:
+        progress = self._backlog.report(request.job_id, offsets_from_pb(request.positions))
+        return backlog_pb2.ReportProgressResponse(
+            newly_finished=offsets_to_pb(progress.newly_finished),
+            status=backlog_pb2.BacklogStatus(
+                job_id=progress.job_id, processing_backlog=progress.processing_backlog
+            ),
+        )
+
+    def GetBacklogStatus(
+        self, request: backlog_pb2.GetBacklogStatusRequest, context: grpc.ServicerContext
+    ) -> backlog_pb2.BacklogStatus:
+        return backlog_status_to_pb(self._backlog.status(request.job_id))
+
+    def ClearBacklog(
+        self, request: backlog_pb2.ClearBacklogRequest, context: grpc.ServicerContext
+    ) -> backlog_pb2.ClearBacklogResponse:
+        return backlog_pb2.ClearBacklogResponse(cleared=self._backlog.clear(request.job_id))

@@ -1,0 +1,264 @@
+"""Backlog tracking (FLIP-309 "processing backlog"): the rules, without I/O.
+
+A streaming job marks, when it starts, the end offsets of its inputs as its backlog boundary; as it
+reports progress the coordinator says which partitions have caught up and whether the job is still
+processing backlog, so the driver can switch from a catch-up trigger to a low-latency one.
+
+The rules:
+
+- **Identity inside a mark.** A mark's boundaries are sorted by (stream, partition) and never change
+  afterwards, so a partition is named by its index in that order; progress is stored by index
+  (no stream names) in shards of ``shard_size`` consecutive indices.
+- **Finished.** A partition is finished once a reported position is at or past its boundary
+  (``position >= boundary``). Positions only move forward: a report lower than the stored
+  position is ignored (reports may arrive out of order), so a finished partition stays finished.
+- **Finished at once.** A boundary of 0 or -1 (an empty partition, or one with no data) is at or
+  below any position the job can start from (offsets are 0 or more, or -1), so the partition is
+  finished by the mark itself: the mark's status shows it ``finished`` with position -1. Such a
+  partition is never listed in ``newly_finished``: that list holds what a *report* finished. A
+  partition whose first reported position is already at or past its boundary (API.md: "at or
+  below its first position") is finished by that first report, which lists it, exactly once.
+- **newly_finished, exactly once.** The write that finishes a partition tags it with the id of
+  the report that made it (``finished_by``). Tags are set once, by a compare-and-set write, and
+  never changed, so at most one report owns each partition; a report's ``newly_finished`` is read
+  back from the committed tags, which also settles a write whose reply was lost. A call that
+  fails (UNAVAILABLE...) after its write committed lists nothing; the status still shows the
+  partition finished. The list is in (stream, partition) order, with the position that
+  finished each partition.
+- **A report's answer** is ``newly_finished`` and the job-wide ``processing_backlog``, with no
+  per-partition status (``Progress``); MarkBacklog and GetBacklogStatus list every partition.
+- **Not marked, not backlog.** Positions for partitions the mark does not name are validated,
+  then ignored.
+- **Status position.** -1 (``NO_POSITION``) until a position is reported.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import NO_DATA, Offset, validate_offsets
+from snapcoord.coordinator.errors import InvalidArgument
+
+#: Partitions per progress shard. A shard stores one position (at most 20 characters) and, once
+#: finished, one report tag (about 25 characters) per partition: at most ~46 KB, far below
+#: ZooKeeper's 1 MB node limit, and ~10 KB for a typical job. Larger shards mean fewer reads for a
+#: large report; smaller ones, less contention between concurrent reporters.
+SHARD_SIZE = 1024
+
+#: The position a status shows for a partition with no reported position yet.
+NO_POSITION = NO_DATA
+
+OBJECT_PREFIX = "backlog/"
+
+
+@dataclass(frozen=True)
+class BacklogPolicy:
+    """Server-side limits, from the configuration."""
+
+    #: Most partitions in one mark, and positions in one report. A status lists every partition,
+    #: so gRPC's 4 MB default message size bounds this: 10,000 partitions with 200-character
+    #: stream names make a status of ~2.4 MB.
+    max_partitions: int = 10_000
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the metadata store holds for a marked job: small, with a pointer to the boundaries."""
+
+    job_id: str
+    #: Unique per mark (a UUID): names the boundaries object and the progress nodes, so nothing of
+    #: an earlier mark can ever count for this one.
+    mark_id: str
+    partition_count: int
+    shard_size: int
+    marked_at_ms: int
+
+    @property
+    def object_key(self) -> str:
+        return boundaries_key(self.job_id, self.mark_id)
+
+    @property
+    def shard_count(self) -> int:
+        return -(-self.partition_count // self.shard_size)
+
+    def shard_span(self, shard: int) -> range:
+        """The partition indices of ``shard``."""
+        start = shard * self.shard_size
+        return range(start, min(start + self.shard_size, self.partition_count))
+
+
+@dataclass(frozen=True)
+class Boundaries:
+    """The boundaries of one mark, sorted by (stream, partition); immutable once marked."""
+
+    job_id: str
+    mark_id: str
+    items: tuple[Offset, ...]
+
+    @cached_property
+    def _index(self) -> dict[tuple[str, int], int]:
+        return {(o.stream, o.partition): i for i, o in enumerate(self.items)}
+
+    def index_of(self, stream: str, partition: int) -> int | None:
+        """The index of a marked partition; None when the mark does not name it."""
+        return self._index.get((stream, partition))
+
+    def values(self, span: range) -> list[int]:
+        """The boundary offsets of the partitions in ``span``."""
+        return [o.offset for o in self.items[span.start : span.stop]]
+
+    def by_shard(self, positions: Iterable[Offset], shard_size: int) -> dict[int, dict[int, int]]:
+        """Reported positions of marked partitions as shard -> index within it -> position;
+        positions of partitions this mark does not name are left out (they are not backlog)."""
+        index = self._index
+        updates: dict[int, dict[int, int]] = {}
+        for o in positions:
+            i = index.get((o.stream, o.partition))
+            if i is not None:
+                shard, local = divmod(i, shard_size)
+                updates.setdefault(shard, {})[local] = o.offset
+        return updates
+
+
+@dataclass(frozen=True)
+class ShardProgress:
+    """The progress of one shard's partitions (by index within the shard)."""
+
+    #: One per partition of the shard: the highest reported position, None when none was reported.
+    positions: tuple[int | None, ...]
+    #: Index within the shard -> id of the report whose write finished the partition.
+    finished_by: Mapping[int, str] = field(default_factory=dict)
+
+
+def empty_shard(size: int) -> ShardProgress:
+    return ShardProgress(positions=(None,) * size, finished_by={})
+
+
+def is_finished(boundary: int, position: int | None) -> bool:
+    """Finished by the mark (boundary 0 or -1: nothing to catch up) or by a reported position."""
+    return boundary <= 0 or (position is not None and position >= boundary)
+
+
+def remaining(shard: ShardProgress, boundaries: Sequence[int]) -> int:
+    """How many partitions of the shard are still behind their boundary (``not is_finished``,
+    inlined: this runs over whole shards on every report)."""
+    return sum(1 for b, p in zip(boundaries, shard.positions, strict=True) if b > 0 and (p is None or p < b))
+
+
+def apply_positions(
+    shard: ShardProgress, boundaries: Sequence[int], updates: Mapping[int, int], report_id: str
+) -> ShardProgress | None:
+    """Merge reported positions into ``shard`` (each only forward) and tag with ``report_id`` the
+    partitions this merge finishes; None when nothing would change (the write can be skipped)."""
+    positions = list(shard.positions)
+    finished_by = dict(shard.finished_by)
+    changed = False
+    for local, position in updates.items():
+        before = positions[local]
+        if before is not None and position <= before:
+            continue  # out of order or repeated: positions never move back
+        positions[local] = position
+        changed = True
+        boundary = boundaries[local]
+        # Finished by this merge: behind before (not is_finished), at or past it now.
+        if boundary > 0 and (before is None or before < boundary) and position >= boundary:
+            finished_by[local] = report_id
+    return ShardProgress(tuple(positions), finished_by) if changed else None
+
+
+@dataclass(frozen=True)
+class PartitionBacklog:
+    stream: str
+    partition: int
+    boundary: int
+    position: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class BacklogStatus:
+    job_id: str
+    #: True while any marked partition is behind its boundary.
+    processing_backlog: bool
+    partitions: tuple[PartitionBacklog, ...]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a report returns: the partitions it finished, and whether the job is still behind.
+
+    No per-partition status: a report's answer grows with what changed, not with what it carried
+    (a driver reports every partition each batch; echoing 10,000 partition states would cost
+    ~2.4 MB a call and, with newly_finished, could pass gRPC's 4 MB default). GetBacklogStatus
+    lists the partitions.
+    """
+
+    job_id: str
+    #: Each with the position that finished it, in (stream, partition) order.
+    newly_finished: tuple[Offset, ...]
+    #: True while any marked partition of the job is behind its boundary.
+    processing_backlog: bool
+
+
+def partition_backlog(boundary: Offset, position: int | None) -> PartitionBacklog:
+    return PartitionBacklog(
+        stream=boundary.stream,
+        partition=boundary.partition,
+        boundary=boundary.offset,
+        position=NO_POSITION if position is None else position,
+        finished=is_finished(boundary.offset, position),
+    )
+
+
+def _check_count(field_name: str, items: tuple[Offset, ...], policy: BacklogPolicy) -> None:
+    if len(items) > policy.max_partitions:
+        raise InvalidArgument(
+            f"{field_name} has {len(items)} entries; this coordinator tracks at most "
+            f"{policy.max_partitions} partitions per job (--backlog-max-partitions)"
+        )
+
+
+def validate_mark(job_id: str, boundaries: Iterable[Offset], policy: BacklogPolicy) -> tuple[Offset, ...]:
+    """Check a mark request; return the boundaries sorted by (stream, partition)."""
+    require_id("job_id", job_id)
+    items = tuple(boundaries)
+    _check_count("boundaries", items, policy)
+    return tuple(sorted(validate_offsets(items, field="boundaries", max_count=policy.max_partitions)))
+
+
+def validate_report(job_id: str, positions: Iterable[Offset], policy: BacklogPolicy) -> tuple[Offset, ...]:
+    """Check a progress report; return its positions in request order."""
+    require_id("job_id", job_id)
+    items = tuple(positions)
+    if not items:
+        raise InvalidArgument(
+            "positions is empty: give at least one (stream, partition, offset); "
+            "GetBacklogStatus reads the status without reporting"
+        )
+    _check_count("positions", items, policy)
+    return validate_offsets(items, field="positions", max_count=policy.max_partitions)
+
+
+def new_mark_id() -> str:
+    return uuid.uuid4().hex
+
+
+def new_report_id() -> str:
+    """A tag for the partitions one report finishes: 64 random bits, unique enough among the
+    reports that can race on one shard."""
+    return uuid.uuid4().hex[:16]
+
+
+def boundaries_key(job_id: str, mark_id: str) -> str:
+    return f"{OBJECT_PREFIX}{job_id}/{mark_id}.json"
+
+
+def job_of_object(key: str) -> str | None:
+    """The job id of a boundaries key ``backlog/<job_id>/<mark_id>.json``; None for other keys."""
+    parts = key.split("/")
+    ok = len(parts) == 3 and parts[0] + "/" == OBJECT_PREFIX and parts[2].endswith(".json")
+    return parts[1] if ok else None

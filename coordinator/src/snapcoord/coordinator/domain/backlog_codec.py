@@ -1,0 +1,125 @@
+"""Stored formats of backlog tracking (versioned JSON; see ``codec`` for the conventions).
+
+- The job record (ZooKeeper): a few hundred bytes.
+- The boundaries (S3): grouped by stream, so a stream name is stored once however many partitions
+  it has; partitions and offsets as parallel lists, in (stream, partition) order, which defines
+  the partition indices that progress shards use.
+- A progress shard (ZooKeeper): positions by index within the shard (``null``: none reported;
+  trailing nulls are left out), and the report tag of each finished partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord, ShardProgress
+from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.errors import Internal
+
+JOB_RECORD_VERSION = 1
+BOUNDARIES_VERSION = 1
+SHARD_VERSION = 1
+
+
+def _malformed(what: str, e: Exception) -> Internal:
+    return Internal(f"stored {what} is malformed: {e!r}")
+
+
+def encode_job_record(record: JobRecord) -> bytes:
+    return _dump(
+        {
+            "version": JOB_RECORD_VERSION,
+            "job_id": record.job_id,
+            "mark_id": record.mark_id,
+            "partition_count": record.partition_count,
+            "shard_size": record.shard_size,
+            "marked_at_ms": record.marked_at_ms,
+        }
+    )
+
+
+def decode_job_record(data: bytes) -> JobRecord:
+    doc = _load(data, "backlog job record", JOB_RECORD_VERSION)
+    try:
+        record = JobRecord(
+            job_id=str(doc["job_id"]),
+            mark_id=str(doc["mark_id"]),
+            partition_count=int(doc["partition_count"]),
+            shard_size=int(doc["shard_size"]),
+            marked_at_ms=int(doc["marked_at_ms"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed("backlog job record", e) from e
+    if record.partition_count < 1 or record.shard_size < 1:
+        raise Internal(f"stored backlog job record of {record.job_id!r} has no partitions or shards")
+    return record
+
+
+def encode_boundaries(boundaries: Boundaries) -> bytes:
+    streams: list[dict[str, Any]] = []
+    for o in boundaries.items:
+        if not streams or streams[-1]["stream"] != o.stream:
+            streams.append({"stream": o.stream, "partitions": [], "boundaries": []})
+        streams[-1]["partitions"].append(o.partition)
+        streams[-1]["boundaries"].append(o.offset)
+    return _dump(
+        {
+            "version": BOUNDARIES_VERSION,
+            "job_id": boundaries.job_id,
+            "mark_id": boundaries.mark_id,
+            "streams": streams,
+        }
+    )
+
+
+def decode_boundaries(data: bytes) -> Boundaries:
+    doc = _load(data, "backlog boundaries payload", BOUNDARIES_VERSION)
+    try:
+        items: list[Offset] = []
+        for s in doc["streams"]:
+            stream = str(s["stream"])
+            partitions, offsets = s["partitions"], s["boundaries"]
+            if len(partitions) != len(offsets):
+                raise ValueError(
+                    f"stream {stream!r} has {len(partitions)} partitions, {len(offsets)} boundaries"
+                )
+            items.extend(Offset(stream, int(p), int(b)) for p, b in zip(partitions, offsets, strict=True))
+        boundaries = Boundaries(job_id=str(doc["job_id"]), mark_id=str(doc["mark_id"]), items=tuple(items))
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed("backlog boundaries payload", e) from e
+    # Progress is stored by index in this order: a payload out of order would credit positions to
+    # the wrong partitions, so refuse it rather than misread it.
+    keys = [(o.stream, o.partition) for o in boundaries.items]
+    if any(a >= b for a, b in itertools.pairwise(keys)):
+        raise Internal(
+            f"stored backlog boundaries of {boundaries.job_id!r} are not in (stream, partition) order"
+        )
+    return boundaries
+
+
+def encode_shard(shard: ShardProgress) -> bytes:
+    positions = list(shard.positions)
+    while positions and positions[-1] is None:
+        positions.pop()
+    return _dump(
+        {
+            "version": SHARD_VERSION,
+            "positions": positions,
+            "finished_by": {str(k): v for k, v in sorted(shard.finished_by.items())},
+        }
+    )
+
+
+def decode_shard(data: bytes, size: int) -> ShardProgress:
+    """A shard of ``size`` partitions (the job record knows how many)."""
+    doc = _load(data, "backlog progress shard", SHARD_VERSION)
+    try:
+        stored = [None if p is None else int(p) for p in doc["positions"]]
+        finished_by = {int(k): str(v) for k, v in doc["finished_by"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _malformed("backlog progress shard", e) from e
+    if len(stored) > size or any(not 0 <= k < size for k in finished_by):
+        raise Internal(f"stored backlog progress shard holds more than its {size} partitions")
+    return ShardProgress(positions=tuple(stored) + (None,) * (size - len(stored)), finished_by=finished_by)

@@ -1,0 +1,153 @@
+"""The stored backlog formats are pinned: today's writer produces exactly the golden bytes, and every
+golden file (each format version ever written) stays readable. Also the pure backlog rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from snapcoord.coordinator.domain.backlog import (
+    BacklogPolicy,
+    Boundaries,
+    JobRecord,
+    ShardProgress,
+    apply_positions,
+    empty_shard,
+    is_finished,
+    job_of_object,
+    remaining,
+    validate_mark,
+)
+from snapcoord.coordinator.domain.backlog_codec import (
+    decode_boundaries,
+    decode_job_record,
+    decode_shard,
+    encode_boundaries,
+    encode_job_record,
+    encode_shard,
+)
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.errors import Internal
+
+GOLDEN = Path(__file__).parent / "golden"
+MARK = "0f8e7a6b5c4d4e3f9a1b2c3d4e5f6a7b"
+RECORD = JobRecord("orders-job", MARK, 5, 1024, 1_700_000_000_000)
+BOUNDARIES = Boundaries(
+    "orders-job",
+    MARK,
+    (
+        Offset("clicks", 0, -1),
+        Offset("clicks", 3, 17),
+        Offset("orders", 0, 42),
+        Offset("orders", 1, 0),
+        Offset("orders", 2, 9_000_000_000),
+    ),
+)
+SHARD = ShardProgress((7, None, 42, None, None), {2: "a1b2c3d4e5f60718"})
+
+
+def test_job_record_v1_bytes_are_pinned() -> None:
+    golden = (GOLDEN / "backlog_job_record_v1.json").read_bytes()
+    assert encode_job_record(RECORD) == golden
+    assert decode_job_record(golden) == RECORD
+    assert RECORD.object_key == f"backlog/orders-job/{MARK}.json"
+
+
+def test_boundaries_v1_bytes_are_pinned() -> None:
+    golden = (GOLDEN / "backlog_boundaries_v1.json").read_bytes()
+    assert encode_boundaries(BOUNDARIES) == golden
+    decoded = decode_boundaries(golden)
+    assert decoded == BOUNDARIES
+    assert decoded.index_of("orders", 1) == 3 and decoded.index_of("orders", 9) is None
+
+
+def test_shard_v1_bytes_are_pinned() -> None:
+    golden = (GOLDEN / "backlog_shard_v1.json").read_bytes()
+    assert encode_shard(SHARD) == golden  # trailing partitions without a position are left out
+    assert decode_shard(golden, 5) == SHARD
+
+
+def test_version_1_stays_readable_with_fields_added_later() -> None:
+    data = b'{"version":1,"positions":[1],"finished_by":{},"compacted":true}'
+    assert decode_shard(data, 2) == ShardProgress((1, None), {})
+
+
+@pytest.mark.parametrize(
+    ("decode", "data", "message"),
+    [
+        (
+            decode_job_record,
+            b'{"version":2,"job_id":"j"}',
+            "format version 2, newer than this snapcoord reads",
+        ),
+        (decode_job_record, b'{"version":1,"job_id":"j"}', "malformed"),
+        (
+            decode_job_record,
+            b'{"version":1,"job_id":"j","mark_id":"m","partition_count":0,"shard_size":4,"marked_at_ms":1}',
+            "has no partitions",
+        ),
+        (decode_boundaries, b"not json", "not JSON"),
+        (
+            decode_boundaries,
+            b'{"version":1,"job_id":"j","mark_id":"m","streams":[{"stream":"a","partitions":[0,1],"boundaries":[5]}]}',
+            "2 partitions, 1 boundaries",
+        ),
+        (
+            decode_boundaries,
+            b'{"version":1,"job_id":"j","mark_id":"m","streams":[{"stream":"a","partitions":[1,0],"boundaries":[5,6]}]}',
+            r"not in \(stream, partition\) order",
+        ),
+        (
+            lambda d: decode_shard(d, 2),
+            b'{"version":1,"positions":[1,2,3],"finished_by":{}}',
+            "more than its 2",
+        ),
+        (
+            lambda d: decode_shard(d, 2),
+            b'{"version":1,"positions":[],"finished_by":{"5":"x"}}',
+            "more than its 2",
+        ),
+        (lambda d: decode_shard(d, 2), b'{"positions":[]}', "no version field"),
+    ],
+)
+def test_unreadable_documents_fail_loudly(decode: object, data: bytes, message: str) -> None:
+    assert callable(decode)
+    with pytest.raises(Internal, match=message):
+        decode(data)
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+def test_finished_means_caught_up_or_nothing_to_catch_up() -> None:
+    assert is_finished(0, None) and is_finished(-1, None)  # empty / no data: finished at once
+    assert not is_finished(10, None) and not is_finished(10, 9)
+    assert is_finished(10, 10) and is_finished(10, 11)
+
+
+def test_apply_positions_moves_forward_only_and_tags_what_it_finishes() -> None:
+    boundaries = [10, 10, 0]
+    shard = empty_shard(3)
+    assert remaining(shard, boundaries) == 2
+    first = apply_positions(shard, boundaries, {0: 10, 1: 5, 2: 3}, "r1")
+    assert first == ShardProgress((10, 5, 3), {0: "r1"})  # partition 2 was finished by the mark
+    assert remaining(first, boundaries) == 1
+    assert apply_positions(first, boundaries, {0: 9, 1: 5}, "r2") is None  # late or repeated: no write
+    second = apply_positions(first, boundaries, {0: 20, 1: 12}, "r2")
+    assert second == ShardProgress((20, 12, 3), {0: "r1", 1: "r2"})  # a tag is never replaced
+    assert remaining(second, boundaries) == 0
+
+
+def test_marks_are_sorted_and_shards_span_consecutive_indices() -> None:
+    items = validate_mark("j", [Offset("b", 1, 5), Offset("a", 2, 5), Offset("b", 0, 5)], BacklogPolicy())
+    assert [(o.stream, o.partition) for o in items] == [("a", 2), ("b", 0), ("b", 1)]
+    record = JobRecord("j", MARK, 2049, 1024, 0)
+    assert record.shard_count == 3
+    assert record.shard_span(2) == range(2048, 2049)
+
+
+def test_job_of_object() -> None:
+    assert job_of_object(f"backlog/orders-job/{MARK}.json") == "orders-job"
+    assert job_of_object("backlog/not-ours.txt") is None
+    assert job_of_object(f"producers/p/{MARK}.json") is None
