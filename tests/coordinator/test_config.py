@@ -32,6 +32,13 @@ CONTRACT = {
     "--orphan-grace": ("SNAPCOORD_ORPHAN_GRACE", "1h"),
     "--orphan-sweep-interval": ("SNAPCOORD_ORPHAN_SWEEP_INTERVAL", "15m"),
     "--cleanup-batch": ("SNAPCOORD_CLEANUP_BATCH", "1000"),
+    "--snapshot-default-timeout": ("SNAPCOORD_SNAPSHOT_DEFAULT_TIMEOUT", "10m"),
+    "--snapshot-max-timeout": ("SNAPCOORD_SNAPSHOT_MAX_TIMEOUT", "7d"),
+    "--snapshot-max-tasks": ("SNAPCOORD_SNAPSHOT_MAX_TASKS", "5000"),
+    "--snapshot-max-report-size": ("SNAPCOORD_SNAPSHOT_MAX_REPORT_SIZE", "64MiB"),
+    "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
+    "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
+    "--backlog-max-partitions": ("SNAPCOORD_BACKLOG_MAX_PARTITIONS", "10000"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
 }
 
@@ -62,6 +69,13 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "orphan_grace": ("2h", "3h", ("janitor", "orphan_grace_ms"), 7_200_000),
     "orphan_sweep_interval": ("1m", "2m", ("janitor", "orphan_sweep_interval_ms"), 60_000),
     "cleanup_batch": ("50", "60", ("janitor", "batch"), 50),
+    "snapshot_default_timeout": ("1m", "2m", ("snapshots", "default_timeout_ms"), 60_000),
+    "snapshot_max_timeout": ("1d", "2d", ("snapshots", "max_timeout_ms"), 86_400_000),
+    "snapshot_max_tasks": ("10", "20", ("snapshots", "max_tasks"), 10),
+    "snapshot_max_report_size": ("512KiB", "1GiB", ("snapshots", "max_report_bytes"), 512 * 1024),
+    "retention_keep_last_completed": ("7", "8", ("snapshots", "keep_last_completed"), 7),
+    "retention_completed_ttl": ("30d", "31d", ("snapshots", "completed_ttl_ms"), 30 * 86_400_000),
+    "backlog_max_partitions": ("100000", "20000", ("backlog", "max_partitions"), 100_000),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
 }
 
@@ -87,6 +101,13 @@ BAD: dict[str, str] = {
     "orphan_grace": "0s",
     "orphan_sweep_interval": "0s",
     "cleanup_batch": "0",
+    "snapshot_default_timeout": "10",
+    "snapshot_max_timeout": "0s",
+    "snapshot_max_tasks": "0",
+    "snapshot_max_report_size": "64MB",
+    "retention_keep_last_completed": "0",
+    "retention_completed_ttl": "never",
+    "backlog_max_partitions": "100001",
     "log_level": "verbose",
 }
 
@@ -130,6 +151,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert cfg.janitor.enabled
     assert not load({"cleanup_interval": "0s"}, {}).janitor.enabled
+    assert cfg.backlog == config.BacklogConfig(max_partitions=10_000)
     assert cfg.logging.level == "INFO"
 
 

@@ -252,7 +252,11 @@ API_METHODS = [
 
 
 #: Services whose capability has landed; every other API RPC must answer UNIMPLEMENTED.
-BUILT_SERVICES = {"snapcoord.v1.ProducerOffsetService"}
+BUILT_SERVICES = {
+    "snapcoord.v1.ProducerOffsetService",
+    "snapcoord.v1.SnapshotService",
+    "snapcoord.v1.BacklogService",
+}
 UNBUILT_METHODS = [(s, m) for s, m in API_METHODS if s not in BUILT_SERVICES]
 
 

@@ -89,6 +89,31 @@ class ProducersConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotsConfig:
+    """Limits and defaults of SnapshotService and of snapshot retention."""
+
+    #: A snapshot still CREATED this long after creation (timeout_ms=0) is aborted ("timeout").
+    default_timeout_ms: int
+    max_timeout_ms: int
+    #: Most tasks in one snapshot's task set.
+    max_tasks: int
+    #: Most checkpoint bytes in one ReportTaskSnapshot; also sizes the gRPC message limit.
+    max_report_bytes: int
+    #: Retention defaults for apps without a SetRetentionPolicy override.
+    keep_last_completed: int
+    completed_ttl_ms: int
+
+
+@dataclass(frozen=True)
+class BacklogConfig:
+    """Limits of BacklogService."""
+
+    #: Most partitions one job may mark (and report in one call); a status lists them all, and
+    #: gRPC's 4 MB default message size caps a status near 15,000 partitions of 200-character streams.
+    max_partitions: int
+
+
+@dataclass(frozen=True)
 class JanitorConfig:
     """The leader-elected cleanup loop."""
 
@@ -119,6 +144,8 @@ class Config:
     metrics: MetricsConfig
     storage: StorageConfig
     producers: ProducersConfig
+    snapshots: SnapshotsConfig
+    backlog: BacklogConfig
     janitor: JanitorConfig
     logging: LoggingConfig
 
@@ -166,6 +193,23 @@ def _duration_parser(min_ms: int) -> Callable[[str], int]:
         value = parse_duration_ms(text)
         if value < min_ms:
             raise ValueError(f"must be at least {min_ms}ms")
+        return value
+
+    return parse
+
+
+_SIZE_RE = re.compile(r"(\d+)(B|KiB|MiB|GiB)")
+_SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def _size_parser(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        m = _SIZE_RE.fullmatch(text.strip())
+        if not m:
+            raise ValueError("expected a whole number with a unit: B, KiB, MiB or GiB (e.g. 64MiB)")
+        value = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+        if not lo <= value <= hi:
+            raise ValueError(f"must be {lo} B to {hi} B")
         return value
 
     return parse
@@ -357,6 +401,55 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "snapshot_default_timeout",
+        "a snapshot still CREATED this long after CreateSnapshot (timeout_ms=0) is aborted",
+        "10m",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "snapshot_max_timeout",
+        "largest timeout_ms a CreateSnapshot may ask for",
+        "7d",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "snapshot_max_tasks",
+        "most tasks in one snapshot",
+        "5000",
+        _int_parser(1, 20_000, "an integer 1-20000"),
+        metavar="N",
+    ),
+    Option(
+        "snapshot_max_report_size",
+        "most checkpoint bytes in one ReportTaskSnapshot (B, KiB, MiB, GiB)",
+        "64MiB",
+        _size_parser(1, 1024**3),
+        metavar="SIZE",
+    ),
+    Option(
+        "retention_keep_last_completed",
+        "completed snapshots kept per app unless SetRetentionPolicy says otherwise",
+        "3",
+        _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        metavar="N",
+    ),
+    Option(
+        "retention_completed_ttl",
+        "age after which ended snapshots are deleted unless SetRetentionPolicy says otherwise",
+        "7d",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "backlog_max_partitions",
+        "most partitions one job may mark for backlog tracking (and report in one call)",
+        "10000",
+        _int_parser(1, 100_000, "an integer 1-100000"),
+        metavar="N",
+    ),
+    Option(
         "cleanup_interval",
         "time between janitor passes (expiry, orphans); 0s disables the janitor on this replica",
         "60s",
@@ -434,6 +527,12 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             f"--producer-default-ttl ({values['producer_default_ttl']} ms) exceeds --producer-max-ttl "
             f"({values['producer_max_ttl']} ms): raise the maximum or lower the default"
         )
+    if values["snapshot_default_timeout"] > values["snapshot_max_timeout"]:
+        raise ConfigError(
+            f"--snapshot-default-timeout ({values['snapshot_default_timeout']} ms) exceeds "
+            f"--snapshot-max-timeout ({values['snapshot_max_timeout']} ms): "
+            "raise the maximum or lower the default"
+        )
     data_dir = Path(values["data_dir"])
     return Config(
         grpc=GrpcConfig(
@@ -457,6 +556,15 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             max_ttl_ms=values["producer_max_ttl"],
             max_offsets=values["producer_max_offsets"],
         ),
+        snapshots=SnapshotsConfig(
+            default_timeout_ms=values["snapshot_default_timeout"],
+            max_timeout_ms=values["snapshot_max_timeout"],
+            max_tasks=values["snapshot_max_tasks"],
+            max_report_bytes=values["snapshot_max_report_size"],
+            keep_last_completed=values["retention_keep_last_completed"],
+            completed_ttl_ms=values["retention_completed_ttl"],
+        ),
+        backlog=BacklogConfig(max_partitions=values["backlog_max_partitions"]),
         janitor=JanitorConfig(
             cleanup_interval_ms=values["cleanup_interval"],
             orphan_grace_ms=values["orphan_grace"],

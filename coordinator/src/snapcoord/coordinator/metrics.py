@@ -85,6 +85,48 @@ class CoordinatorMetrics:
             "Producer offset records removed by the janitor after their TTL.",
             registry=registry,
         )
+        self.backlog_marks = Counter(
+            "snapcoord_backlog_marks",
+            "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned) or reset.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.backlog_partitions_finished = Counter(
+            "snapcoord_backlog_partitions_finished",
+            "Partitions a progress report moved to their backlog boundary (each counted once).",
+            registry=registry,
+        )
+        # The two backlog gauges describe the whole cluster; the elected janitor computes them each
+        # pass and other replicas export 0 (like snapcoord_janitor_leader): aggregate with max().
+        self.backlog_jobs_processing = Gauge(
+            "snapcoord_backlog_jobs_processing",
+            "Marked jobs with a partition still behind its backlog boundary (from the elected janitor).",
+            registry=registry,
+        )
+        self.backlog_partitions_remaining = Gauge(
+            "snapcoord_backlog_partitions_remaining",
+            "Marked partitions behind their backlog boundary, over all jobs (from the elected janitor).",
+            registry=registry,
+        )
+        self.snapshots_created = Counter(
+            "snapcoord_snapshots_created", "Generation snapshots created.", registry=registry
+        )
+        self.snapshots_completed = Counter(
+            "snapcoord_snapshots_completed",
+            "Generation snapshots completed (every task reported).",
+            registry=registry,
+        )
+        self.snapshots_aborted = Counter(
+            "snapcoord_snapshots_aborted",
+            "Generation snapshots aborted, by reason (request or timeout).",
+            ("reason",),
+            registry=registry,
+        )
+        self.snapshots_deleted = Counter(
+            "snapcoord_snapshots_deleted",
+            "Generation snapshots deleted (DeleteSnapshot or retention), with their payloads.",
+            registry=registry,
+        )
         self.orphans_deleted = Counter(
             "snapcoord_orphan_objects_deleted",
             "Payload objects no record referenced, deleted by the janitor after the grace period.",

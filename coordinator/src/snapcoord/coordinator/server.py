@@ -112,7 +112,12 @@ def build_server(
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead.
-        options=(("grpc.so_reuseport", 0),),
+        options=(
+            ("grpc.so_reuseport", 0),
+            # A report may carry --snapshot-max-report-size of checkpoints; leave room for the rest.
+            ("grpc.max_receive_message_length", config.snapshots.max_report_bytes + 4 * 1024 * 1024),
+            ("grpc.max_send_message_length", -1),
+        ),
     )
     address = hostport(config.grpc.host, config.grpc.port)
     try:

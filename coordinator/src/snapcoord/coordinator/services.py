@@ -6,12 +6,16 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from snapcoord.coordinator.backlog import BacklogRegistry
 from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import ProducerRegistry
+from snapcoord.coordinator.snapshots import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -32,6 +36,8 @@ class Services:
     deps: Deps
     metrics: CoordinatorMetrics
     producers: ProducerRegistry
+    snapshots: SnapshotRegistry
+    backlog: BacklogRegistry
     #: Always built, so tests and tools can ``run_once``; started only if the config enables it.
     janitor: Janitor
 
@@ -48,14 +54,51 @@ class Services:
             ),
             metrics,
         )
+        snapshots = SnapshotRegistry(
+            deps.metadata,
+            deps.blobs,
+            deps.clock,
+            SnapshotPolicy(
+                default_timeout_ms=config.snapshots.default_timeout_ms,
+                max_timeout_ms=config.snapshots.max_timeout_ms,
+                max_tasks=config.snapshots.max_tasks,
+                max_report_bytes=config.snapshots.max_report_bytes,
+                default_keep_last_completed=config.snapshots.keep_last_completed,
+                default_completed_ttl_ms=config.snapshots.completed_ttl_ms,
+            ),
+            metrics,
+        )
+        backlog = BacklogRegistry(
+            deps.metadata,
+            deps.blobs,
+            deps.clock,
+            BacklogPolicy(max_partitions=config.backlog.max_partitions),
+            metrics,
+            # The elected janitor refreshes the backlog gauges every pass; a replica that stopped
+            # leading exports 0 once its last values are this old.
+            gauges_stale_after_ms=3 * config.janitor.cleanup_interval_ms + 5_000,
+        )
         batch = config.janitor.batch
         steps = [
+            Step("snapshot-timeouts", lambda: snapshots.abort_timed_out(batch)),
+            Step("snapshot-retention", lambda: snapshots.apply_retention(batch)),
+            Step(
+                "snapshot-orphans",
+                lambda: snapshots.sweep_orphans(config.janitor.orphan_grace_ms, batch),
+                every_ms=config.janitor.orphan_sweep_interval_ms,
+            ),
             Step("producer-expiry", lambda: producers.expire_due(batch)),
             Step(
                 "producer-orphans",
                 lambda: producers.sweep_orphans(config.janitor.orphan_grace_ms, batch),
                 every_ms=config.janitor.orphan_sweep_interval_ms,
             ),
+            Step(
+                "backlog-orphans",
+                lambda: backlog.sweep_orphans(config.janitor.orphan_grace_ms, batch),
+                every_ms=config.janitor.orphan_sweep_interval_ms,
+            ),
+            Step("backlog-gauges", backlog.refresh_gauges),
         ]
         janitor = Janitor(
             steps,
@@ -63,4 +106,11 @@ class Services:
             interval_ms=config.janitor.cleanup_interval_ms,
             metrics=metrics,
         )
-        return cls(deps=deps, metrics=metrics, producers=producers, janitor=janitor)
+        return cls(
+            deps=deps,
+            metrics=metrics,
+            producers=producers,
+            snapshots=snapshots,
+            backlog=backlog,
+            janitor=janitor,
+        )

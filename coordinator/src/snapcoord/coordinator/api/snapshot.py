@@ -1,4 +1,4 @@
-"""SnapshotService: generation snapshots per app, task reports, fencing and retention."""
+"""SnapshotService: an application-wide table of generation snapshots."""
 
 from __future__ import annotations
 
@@ -6,22 +6,89 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from snapcoord.v1 import snapshot_pb2_grpc
+from snapcoord.coordinator.api.convert import offsets_from_pb, snapshot_to_pb
+from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.services import Services
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
-    """snapcoord.v1.SnapshotService (API.md "SnapshotService").
+    """snapcoord.v1.SnapshotService (API.md): converts, calls the registry, converts back.
 
-    Not built yet: the generation snapshots issue brings it (CreateSnapshot, ReportTaskSnapshot, fencing,
-    retention policy). Until then every RPC is the generated base class's, which the interceptor answers
-    with UNIMPLEMENTED naming the RPC; nothing pretends to work.
+    GetCurrentSnapshot, ListSnapshots, CreateSnapshot and AbortSnapshot answer with snapshot
+    headers (no task reports); ReportTaskSnapshot adds the task it recorded; GetSnapshot has every
+    task, with checkpoint payloads when include_checkpoints is set.
     """
 
     def __init__(self, services: Services) -> None:
-        self._services = services
+        self._snapshots = services.snapshots
 
     def add_to(self, server: grpc.Server) -> None:
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(self, server)
+
+    def CreateSnapshot(
+        self, request: snapshot_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.Snapshot:
+        snapshot = self._snapshots.create(
+            request.app_id, list(request.task_ids), request.ttl_ms, request.timeout_ms, dict(request.labels)
+        )
+        return snapshot_to_pb(snapshot)
+
+    def GetCurrentSnapshot(
+        self, request: snapshot_pb2.GetCurrentSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.Snapshot:
+        return snapshot_to_pb(self._snapshots.current(request.app_id, consistent=request.consistent))
+
+    def GetSnapshot(
+        self, request: snapshot_pb2.GetSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.Snapshot:
+        found = self._snapshots.get(
+            request.app_id, request.generation, include_checkpoints=request.include_checkpoints
+        )
+        return snapshot_to_pb(found.snapshot, found.payloads)
+
+    def ListSnapshots(
+        self, request: snapshot_pb2.ListSnapshotsRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.ListSnapshotsResponse:
+        page, token = self._snapshots.list_page(request.app_id, request.page_size, request.page_token)
+        return snapshot_pb2.ListSnapshotsResponse(
+            snapshots=[snapshot_to_pb(s) for s in page], next_page_token=token
+        )
+
+    def ReportTaskSnapshot(
+        self, request: snapshot_pb2.ReportTaskSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.Snapshot:
+        task = request.task
+        snapshot = self._snapshots.report(
+            request.app_id,
+            request.generation,
+            task.task_id,
+            offsets_from_pb(task.committed_offsets),
+            dict(task.checkpoints),
+        )
+        return snapshot_to_pb(snapshot)
+
+    def AbortSnapshot(
+        self, request: snapshot_pb2.AbortSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.Snapshot:
+        return snapshot_to_pb(self._snapshots.abort(request.app_id, request.generation, request.reason))
+
+    def DeleteSnapshot(
+        self, request: snapshot_pb2.DeleteSnapshotRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.DeleteSnapshotResponse:
+        return snapshot_pb2.DeleteSnapshotResponse(
+            deleted=self._snapshots.delete(request.app_id, request.generation)
+        )
+
+    def SetRetentionPolicy(
+        self, request: snapshot_pb2.SetRetentionPolicyRequest, context: grpc.ServicerContext
+    ) -> snapshot_pb2.RetentionPolicy:
+        policy = self._snapshots.set_retention(
+            request.app_id, request.keep_last_completed, request.completed_ttl_ms
+        )
+        return snapshot_pb2.RetentionPolicy(
+            app_id=request.app_id,
+            keep_last_completed=policy.keep_last_completed,
+            completed_ttl_ms=policy.completed_ttl_ms,
+        )

@@ -1,0 +1,260 @@
+"""Generation snapshots: the rules, without I/O.
+
+An application takes numbered snapshots. Creating one bumps the generation; every task of the
+snapshot's task set reports its committed offsets and state checkpoints for that generation; the
+report that completes the set completes the snapshot. Reports for any other generation are fenced.
+Retention keeps the newest completed snapshots and drops old ones, never a pinned one and never
+the newest completed one.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
+from snapcoord.coordinator.errors import InvalidArgument
+
+#: The reason the janitor gives when it aborts a snapshot that outlived its timeout.
+TIMEOUT_REASON = "timeout"
+MAX_LABELS = 64
+MAX_LABEL_BYTES = 1024
+MAX_REASON_CHARS = 1024
+
+
+class State(enum.Enum):
+    EMPTY = "EMPTY"
+    CREATED = "CREATED"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """Server-side limits and defaults, from the configuration."""
+
+    default_timeout_ms: int = 10 * 60_000
+    max_timeout_ms: int = 7 * 24 * 3_600_000
+    max_ttl_ms: int = 365 * 24 * 3_600_000
+    max_tasks: int = 5_000
+    max_offsets_per_task: int = 10_000
+    max_report_bytes: int = 64 * 1024 * 1024
+    default_keep_last_completed: int = 3
+    default_completed_ttl_ms: int = 7 * 24 * 3_600_000
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Per-app retention; 0 in a field means "the server default"."""
+
+    keep_last_completed: int
+    completed_ttl_ms: int
+
+    def effective(self, policy: SnapshotPolicy) -> RetentionPolicy:
+        return RetentionPolicy(
+            keep_last_completed=self.keep_last_completed or policy.default_keep_last_completed,
+            completed_ttl_ms=self.completed_ttl_ms or policy.default_completed_ttl_ms,
+        )
+
+
+DEFAULT_RETENTION = RetentionPolicy(0, 0)
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """One generation's header, as the metadata store holds it (task reports are stored apart)."""
+
+    app_id: str
+    generation: int
+    state: State
+    task_ids: tuple[str, ...]
+    reported: int
+    created_at_ms: int
+    completed_at_ms: int
+    ended_at_ms: int
+    deadline_ms: int
+    ttl_ms: int
+    labels: tuple[tuple[str, str], ...]
+    abort_reason: str
+
+    @property
+    def is_ended(self) -> bool:
+        return self.state in (State.COMPLETED, State.ABORTED)
+
+    def expires_at_ms(self) -> int:
+        """When this snapshot's own TTL ends (0: none of its own; the app's retention decides)."""
+        return self.ended_at_ms + self.ttl_ms if self.is_ended and self.ttl_ms else 0
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A state store checkpoint payload in the blob store."""
+
+    store: str
+    object_key: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """A task's report for one generation: offsets inline, checkpoints as pointers."""
+
+    task_id: str
+    committed_offsets: tuple[Offset, ...]
+    checkpoints: tuple[CheckpointRef, ...]
+    digest: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot as callers see it; ``tasks`` holds the reports read with it."""
+
+    record: SnapshotRecord
+    tasks: tuple[TaskReport, ...]
+
+
+def empty_snapshot(app_id: str, generation: int = 0) -> Snapshot:
+    """What GetCurrentSnapshot answers when the app has no stored snapshot at its generation."""
+    record = SnapshotRecord(app_id, generation, State.EMPTY, (), 0, 0, 0, 0, 0, 0, (), "")
+    return Snapshot(record, ())
+
+
+def validate_create(
+    app_id: str,
+    task_ids: Sequence[str],
+    ttl_ms: int,
+    timeout_ms: int,
+    labels: Mapping[str, str],
+    policy: SnapshotPolicy,
+) -> tuple[tuple[str, ...], int, int, tuple[tuple[str, str], ...]]:
+    """Check a CreateSnapshot request; return (task ids, ttl, effective timeout, sorted labels)."""
+    require_id("app_id", app_id)
+    if not task_ids:
+        raise InvalidArgument("task_ids is empty: a snapshot needs at least one task")
+    if len(task_ids) > policy.max_tasks:
+        raise InvalidArgument(f"task_ids has {len(task_ids)} entries; the limit is {policy.max_tasks}")
+    seen: dict[str, int] = {}
+    for i, task_id in enumerate(task_ids):
+        require_id(f"task_ids[{i}]", task_id)
+        if task_id in seen:
+            raise InvalidArgument(f"task_ids[{i}] repeats {task_id!r} (first at task_ids[{seen[task_id]}])")
+        seen[task_id] = i
+    if ttl_ms < 0 or ttl_ms > policy.max_ttl_ms:
+        raise InvalidArgument(
+            f"ttl_ms is {ttl_ms}; use 1-{policy.max_ttl_ms}, or 0 for the app's retention policy"
+        )
+    if timeout_ms < 0 or timeout_ms > policy.max_timeout_ms:
+        raise InvalidArgument(
+            f"timeout_ms is {timeout_ms}; use 1-{policy.max_timeout_ms}, or 0 for the server default "
+            f"({policy.default_timeout_ms})"
+        )
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument(f"labels has {len(labels)} entries; the limit is {MAX_LABELS}")
+    for key, value in labels.items():
+        if not key or len(key.encode()) + len(value.encode()) > MAX_LABEL_BYTES:
+            raise InvalidArgument(
+                f"label {key[:40]!r} must have a non-empty key and at most {MAX_LABEL_BYTES} bytes "
+                "of key and value"
+            )
+    return tuple(task_ids), ttl_ms, timeout_ms or policy.default_timeout_ms, tuple(sorted(labels.items()))
+
+
+def validate_retention(
+    app_id: str, keep_last_completed: int, completed_ttl_ms: int, policy: SnapshotPolicy
+) -> None:
+    require_id("app_id", app_id)
+    if keep_last_completed < 0:
+        raise InvalidArgument(
+            f"keep_last_completed is {keep_last_completed}; use 1 or more, or 0 for the server default "
+            f"({policy.default_keep_last_completed})"
+        )
+    if completed_ttl_ms < 0 or completed_ttl_ms > policy.max_ttl_ms:
+        raise InvalidArgument(
+            f"completed_ttl_ms is {completed_ttl_ms}; use 1-{policy.max_ttl_ms}, or 0 for the server default"
+        )
+
+
+def validate_report(
+    app_id: str,
+    generation: int,
+    task_id: str,
+    offsets: Iterable[Offset],
+    checkpoints: Mapping[str, bytes],
+    policy: SnapshotPolicy,
+) -> tuple[Offset, ...]:
+    """Check a ReportTaskSnapshot request (everything that needs no stored state)."""
+    require_id("app_id", app_id)
+    if generation <= 0:
+        raise InvalidArgument(f"generation is {generation}; generations start at 1")
+    require_id("task.task_id", task_id)
+    items = tuple(offsets)
+    if items:
+        items = validate_offsets(items, field="task.committed_offsets", max_count=policy.max_offsets_per_task)
+    total = 0
+    for store, payload in checkpoints.items():
+        require_id(f"task.checkpoints key {store!r}", store)
+        total += len(payload)
+    if total > policy.max_report_bytes:
+        raise InvalidArgument(
+            f"task.checkpoints hold {total} bytes; the limit per report is {policy.max_report_bytes}"
+        )
+    return items
+
+
+def report_digest(offsets: Sequence[Offset], checkpoints: Mapping[str, bytes]) -> str:
+    """A fingerprint of a report's content, so a retry is recognised as the same report.
+
+    Offsets are compared as a set of (stream, partition, offset); checkpoints by store name and
+    payload hash, so neither the order of fields nor of entries matters.
+    """
+    doc = {
+        "offsets": sorted([o.stream, o.partition, o.offset] for o in offsets),
+        "checkpoints": sorted([k, hashlib.sha256(v).hexdigest()] for k, v in checkpoints.items()),
+    }
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What retention needs to know about one stored snapshot."""
+
+    generation: int
+    state: State
+    ended_at_ms: int
+    ttl_ms: int
+
+
+def retention_victims(
+    snapshots: Iterable[Retained],
+    retention: RetentionPolicy,
+    now_ms: int,
+    is_pinned: Iterable[int] = (),
+) -> list[int]:
+    """The generations retention deletes now, oldest first.
+
+    Completed: beyond the newest ``keep_last_completed``, or past their TTL (their own, else the
+    app's). Aborted: past the TTL. Never a CREATED snapshot, a pinned one, or the newest completed
+    one (the one a restore needs).
+    """
+    pinned = set(is_pinned)
+    items = sorted(snapshots, key=lambda s: s.generation, reverse=True)
+    completed = [s for s in items if s.state is State.COMPLETED]
+    newest_completed = completed[0].generation if completed else None
+    keep = {s.generation for s in completed[: retention.keep_last_completed]}
+    victims = []
+    for s in items:
+        if (
+            s.generation in pinned
+            or s.generation == newest_completed
+            or s.state not in (State.COMPLETED, State.ABORTED)
+        ):
+            continue
+        expired = now_ms >= s.ended_at_ms + (s.ttl_ms or retention.completed_ttl_ms)
+        if expired or (s.state is State.COMPLETED and s.generation not in keep):
+            victims.append(s.generation)
+    return sorted(victims)

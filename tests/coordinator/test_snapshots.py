@@ -1,0 +1,320 @@
+"""Generation snapshots on both backends: the embedded defaults and real ZooKeeper + S3."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from harness.concurrency import run_threads
+from harness.process import wait_until
+from harness.stores import Stores
+from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
+from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.snapshots import PINS, SnapshotRegistry
+from snapcoord.coordinator.storage.blobs import BlobStore
+
+HOUR_MS = 3_600_000
+POLICY = SnapshotPolicy(
+    default_timeout_ms=10 * 60_000,
+    max_report_bytes=1024 * 1024,
+    default_keep_last_completed=2,
+    default_completed_ttl_ms=24 * HOUR_MS,
+)
+OFFSETS = (Offset("orders", 0, 100), Offset("orders", 1, 7))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(SystemClock().now_ms())
+
+
+@pytest.fixture
+def snapshots(stores: Stores, clock: ManualClock) -> SnapshotRegistry:
+    return SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(new_registry()))
+
+
+def objects(blobs: BlobStore, app_id: str) -> list[str]:
+    return [b.key for b in blobs.list(f"snapshots/{app_id}/")]
+
+
+def complete(snapshots: SnapshotRegistry, app_id: str, tasks: tuple[str, ...] = ("q1", "q2")) -> Snapshot:
+    created = snapshots.create(app_id, tasks, 0, 0, {})
+    last = created
+    for task in tasks:
+        last = snapshots.report(app_id, created.record.generation, task, OFFSETS, {"state": task.encode()})
+    assert last.record.state is State.COMPLETED
+    return last
+
+
+def test_lifecycle(snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock) -> None:
+    empty = snapshots.current("app", consistent=True)
+    assert (empty.record.generation, empty.record.state) == (0, State.EMPTY)
+
+    created = snapshots.create("app", ["q1", "q2"], 0, 0, {"trigger": "manual"})
+    assert (created.record.generation, created.record.state) == (1, State.CREATED)
+    assert created.record.task_ids == ("q1", "q2") and dict(created.record.labels) == {"trigger": "manual"}
+    assert snapshots.create("app", ["other"], 0, 0, {}) == created  # a retry returns it unchanged
+
+    partial = snapshots.report("app", 1, "q1", OFFSETS, {"store-a": b"\x00\x01", "store-b": b"bb"})
+    assert partial.record.state is State.CREATED and partial.record.reported == 1
+    assert snapshots.report(
+        "app", 1, "q1", list(reversed(OFFSETS)), {"store-b": b"bb", "store-a": b"\x00\x01"}
+    ) == (partial)  # the same report again (any order) is idempotent
+    with pytest.raises(FailedPrecondition, match="task 'q1' already reported a different snapshot"):
+        snapshots.report("app", 1, "q1", OFFSETS, {"store-a": b"changed"})
+    with pytest.raises(InvalidArgument, match="task 'q3' is not in the task set"):
+        snapshots.report("app", 1, "q3", OFFSETS, {})
+
+    clock.advance(5)
+    done = snapshots.report("app", 1, "q2", (Offset("clicks", 0, 3),), {})
+    assert done.record.state is State.COMPLETED and done.record.completed_at_ms == clock.now_ms()
+    assert (
+        snapshots.report("app", 1, "q2", (Offset("clicks", 0, 3),), {}) == done
+    )  # idempotent after completion
+
+    got = snapshots.get("app", 1, include_checkpoints=True)
+    assert got.snapshot.record == done.record
+    assert [t.task_id for t in got.snapshot.tasks] == ["q1", "q2"]
+    assert got.snapshot.tasks[0].committed_offsets == OFFSETS
+    assert got.payloads == {("q1", "store-a"): b"\x00\x01", ("q1", "store-b"): b"bb"}
+    assert snapshots.get("app", 1, include_checkpoints=False).payloads == {}
+    assert len(objects(stores.blobs, "app")) == 2
+
+    second = snapshots.create("app", ["q1"], 0, 0, {})
+    assert second.record.generation == 2
+    with pytest.raises(
+        FailedPrecondition, match="generation 1 of app 'app' is fenced: the current generation is 2"
+    ):
+        snapshots.report("app", 1, "q1", (Offset("orders", 0, 200),), {})
+    with pytest.raises(FailedPrecondition, match="generation 5 of app 'app' does not exist"):
+        snapshots.report("app", 5, "q1", OFFSETS, {})
+    aborted = snapshots.abort("app", 2, "operator said so")
+    assert aborted.record.state is State.ABORTED and aborted.record.abort_reason == "operator said so"
+    assert snapshots.abort("app", 2, "again") == aborted  # idempotent
+    with pytest.raises(FailedPrecondition, match="is ABORTED, no longer accepting reports"):
+        snapshots.report("app", 2, "q1", OFFSETS, {})
+    with pytest.raises(FailedPrecondition, match="is COMPLETED; only a CREATED snapshot can be aborted"):
+        snapshots.abort("app", 1, "")
+    assert snapshots.create("app", ["q1"], 0, 0, {}).record.generation == 3  # after an abort: generation + 1
+
+    page, token = snapshots.list_page("app", 2, "")
+    assert [s.record.generation for s in page] == [3, 2] and token
+    page, token = snapshots.list_page("app", 2, token)
+    assert [s.record.generation for s in page] == [1] and token == ""
+
+
+def test_delete_removes_payloads_and_refuses_a_created_snapshot(
+    snapshots: SnapshotRegistry, stores: Stores
+) -> None:
+    complete(snapshots, "app")
+    assert len(objects(stores.blobs, "app")) == 2
+    snapshots.create("app", ["q1"], 0, 0, {})
+    with pytest.raises(FailedPrecondition, match="still CREATED: abort it before deleting it"):
+        snapshots.delete("app", 2)
+    assert snapshots.delete("app", 1) is True
+    assert objects(stores.blobs, "app") == []
+    with pytest.raises(NotFound, match="app 'app' has no snapshot at generation 1"):
+        snapshots.get("app", 1, include_checkpoints=False)
+    assert snapshots.delete("app", 1) is False  # idempotent
+
+
+def test_a_pinned_snapshot_is_never_deleted(
+    snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    complete(snapshots, "app")
+    complete(snapshots, "app")
+    # What a lease does (leases issue): a pin index node for the snapshot.
+    stores.metadata.create(f"{PINS}/app@1", b'["restore-job"]', make_parents=True)
+    with pytest.raises(FailedPrecondition, match="held by a lease"):
+        snapshots.delete("app", 1)
+    clock.advance(48 * HOUR_MS)  # past the TTL too
+    assert snapshots.apply_retention(100) == 0
+    assert snapshots.get("app", 1, include_checkpoints=False).snapshot.record.generation == 1
+    stores.metadata.delete(f"{PINS}/app@1")
+    assert snapshots.delete("app", 1) is True
+
+
+def test_validation_leaves_state_untouched(snapshots: SnapshotRegistry, stores: Stores) -> None:
+    bad: list[tuple[Callable[[], object], str]] = [
+        (lambda: snapshots.create("app/x", ["q"], 0, 0, {}), "app_id 'app/x' contains '/'"),
+        (lambda: snapshots.create("app", [], 0, 0, {}), "task_ids is empty"),
+        (lambda: snapshots.create("app", ["q", "q"], 0, 0, {}), r"task_ids\[1\] repeats 'q'"),
+        (lambda: snapshots.create("app", ["q"], -1, 0, {}), "ttl_ms is -1"),
+        (lambda: snapshots.create("app", ["q"], 0, -5, {}), "timeout_ms is -5"),
+        (lambda: snapshots.report("app", 0, "q", OFFSETS, {}), "generation is 0"),
+        (
+            lambda: snapshots.report("app", 1, "q", OFFSETS, {"big": b"x" * (1024 * 1024 + 1)}),
+            "limit per report",
+        ),
+        (lambda: snapshots.report("app", 1, "q", [*OFFSETS, OFFSETS[0]], {}), "repeats stream 'orders'"),
+        (lambda: snapshots.list_page("app", -1, ""), "page_size is -1"),
+        (lambda: snapshots.set_retention("app", -1, 0), "keep_last_completed is -1"),
+    ]
+    for call, message in bad:
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    assert stores.metadata.children("/snapshots/apps") == []
+    assert list(stores.blobs.list("snapshots/")) == []
+
+
+def test_fifty_concurrent_reports_complete_exactly_once(snapshots: SnapshotRegistry, stores: Stores) -> None:
+    tasks = [f"task-{i:02d}" for i in range(50)]
+    snapshots.create("app", tasks, 0, 0, {})
+    results: list[Snapshot] = []
+    lock = threading.Lock()
+
+    def report(i: int) -> None:
+        result = snapshots.report("app", 1, tasks[i], (Offset("in", i, i * 10),), {"s": bytes([i])})
+        with lock:
+            results.append(result)
+
+    run_threads(50, report)
+    completing = [r for r in results if r.record.state is State.COMPLETED]
+    assert len(completing) == 1 and completing[0].record.reported == 50
+    got = snapshots.get("app", 1, include_checkpoints=True)
+    assert got.snapshot.record.state is State.COMPLETED
+    assert [t.task_id for t in got.snapshot.tasks] == tasks
+    assert all(got.payloads[(f"task-{i:02d}", "s")] == bytes([i]) for i in range(50))
+
+
+def test_concurrent_creates_yield_one_new_generation(snapshots: SnapshotRegistry) -> None:
+    complete(snapshots, "app")
+    created: list[int] = []
+    lock = threading.Lock()
+
+    def create(i: int) -> None:
+        generation = snapshots.create("app", [f"q{i}"], 0, 0, {}).record.generation
+        with lock:
+            created.append(generation)
+
+    run_threads(10, create)
+    assert created == [2] * 10
+
+
+def test_generations_stay_monotonic_under_contention(snapshots: SnapshotRegistry) -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def churn(i: int) -> None:
+        for _ in range(5):
+            current = snapshots.create("app", ["q"], 0, 0, {})
+            with lock:
+                seen.append(current.record.generation)
+            snapshots.abort("app", current.record.generation, f"churn {i}")  # idempotent if raced
+
+    run_threads(6, churn)
+    final = snapshots.current("app", consistent=True).record.generation
+    assert sorted(set(seen)) == list(range(1, final + 1))  # no generation skipped or repeated
+    listed = [s.record.generation for s in snapshots.list_page("app", 1000, "")[0]]
+    assert listed == list(range(final, 0, -1))
+
+
+def test_timeout_abort_with_an_injected_clock(snapshots: SnapshotRegistry, clock: ManualClock) -> None:
+    snapshots.create("slow", ["q1", "q2"], 0, 90_000, {})
+    snapshots.create("fast", ["q1"], 0, 0, {})  # default timeout: 10 minutes
+    snapshots.report("slow", 1, "q1", OFFSETS, {})
+    clock.advance(89_999)
+    assert snapshots.abort_timed_out(100) == 0
+    clock.advance(1)
+    assert snapshots.abort_timed_out(100) == 1
+    slow = snapshots.current("slow", consistent=True)
+    assert slow.record.state is State.ABORTED and slow.record.abort_reason == TIMEOUT_REASON
+    assert snapshots.current("fast", consistent=True).record.state is State.CREATED
+    with pytest.raises(FailedPrecondition, match="ABORTED"):
+        snapshots.report("slow", 1, "q2", OFFSETS, {})
+    assert snapshots.create("slow", ["q1"], 0, HOUR_MS, {}).record.generation == 2
+    clock.advance(10 * 60_000)
+    assert snapshots.abort_timed_out(100) == 1  # "fast"; "slow" generation 2 is not due yet
+    snapshots.report("slow", 2, "q1", OFFSETS, {})  # completing removes it from the deadline index
+    clock.advance(HOUR_MS)
+    assert snapshots.abort_timed_out(100) == 0
+    assert snapshots.current("slow", consistent=True).record.state is State.COMPLETED
+
+
+def test_retention_keeps_the_newest_completed_and_honours_ttl(
+    snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    for _ in range(4):
+        complete(snapshots, "app")
+        clock.advance(1_000)
+    snapshots.create("app", ["q1"], 0, 0, {})
+    snapshots.abort("app", 5, "")
+    assert snapshots.apply_retention(100) == 2  # keep-last 2 (the server default here): 1 and 2 go
+    remaining = [s.record.generation for s in snapshots.list_page("app", 100, "")[0]]
+    assert remaining == [5, 4, 3]
+    assert objects(stores.blobs, "app") == sorted(objects(stores.blobs, "app"))  # listable
+    assert {k.split("/")[2] for k in objects(stores.blobs, "app")} == {"3", "4"}  # payloads of 1, 2 gone
+
+    policy = snapshots.set_retention("app", 5, HOUR_MS)
+    assert (policy.keep_last_completed, policy.completed_ttl_ms) == (5, HOUR_MS)
+    assert snapshots.apply_retention(100) == 0  # nothing is an hour old yet
+    clock.advance(HOUR_MS)
+    assert snapshots.apply_retention(100) == 2  # aborted 5 and completed 3 expired; 4 is the newest completed
+    assert [s.record.generation for s in snapshots.list_page("app", 100, "")[0]] == [4]
+    clock.advance(100 * HOUR_MS)
+    assert snapshots.apply_retention(100) == 0  # never the newest completed one
+
+
+def test_a_snapshot_ttl_of_its_own_wins(snapshots: SnapshotRegistry, clock: ManualClock) -> None:
+    created = snapshots.create("app", ["q1"], 5_000, 0, {})
+    snapshots.report("app", created.record.generation, "q1", OFFSETS, {})
+    complete(snapshots, "app", ("q1",))
+    expiring = snapshots.get("app", 1, include_checkpoints=False).snapshot.record
+    assert expiring.expires_at_ms() == expiring.ended_at_ms + 5_000
+    snapshots.apply_retention(100)
+    clock.advance(5_000)
+    assert snapshots.apply_retention(100) == 1
+    assert [s.record.generation for s in snapshots.list_page("app", 100, "")[0]] == [2]
+
+
+def test_orphan_checkpoints_are_swept_after_the_grace(
+    snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock
+) -> None:
+    complete(snapshots, "app")
+    stores.blobs.put("snapshots/app/1/q1/0123456789abcdef0123456789abcdef", b"left by a crash")
+    assert snapshots.sweep_orphans(HOUR_MS, 100) == 0
+    clock.advance(2 * HOUR_MS)
+    assert snapshots.sweep_orphans(HOUR_MS, 100) == 1
+    assert len(objects(stores.blobs, "app")) == 2  # the referenced payloads stay
+    assert snapshots.get("app", 1, include_checkpoints=True).payloads[("q1", "state")] == b"q1"
+
+
+def test_a_failed_report_removes_its_uploads(
+    snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcoord.coordinator.errors import StoreUnavailable
+
+    snapshots.create("app", ["q1"], 0, 0, {})
+
+    def down(ops: object) -> None:
+        raise StoreUnavailable("metadata store down (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", down)
+    with pytest.raises(StoreUnavailable):
+        snapshots.report("app", 1, "q1", OFFSETS, {"state": b"payload"})
+    monkeypatch.undo()
+    assert objects(stores.blobs, "app") == []
+    assert snapshots.current("app", consistent=True).record.reported == 0
+
+
+def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualClock) -> None:
+    metrics = CoordinatorMetrics(new_registry())
+    reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    assert reader.current("app", consistent=False).record.state is State.EMPTY
+    writer.create("app", ["q1"], 0, 0, {})
+    wait_until(
+        lambda: reader.current("app", consistent=False).record.generation == 1, timeout=30, what="create"
+    )
+    writer.report("app", 1, "q1", OFFSETS, {})
+    wait_until(
+        lambda: reader.current("app", consistent=False).record.state is State.COMPLETED,
+        timeout=30,
+        what="report",
+    )
+    assert reader.current("app", consistent=True) == reader.current("app", consistent=False)
