@@ -39,6 +39,10 @@ CONTRACT = {
     "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
     "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
     "--backlog-max-partitions": ("SNAPCOORD_BACKLOG_MAX_PARTITIONS", "10000"),
+    "--lease-min-duration": ("SNAPCOORD_LEASE_MIN_DURATION", "1s"),
+    "--lease-max-duration": ("SNAPCOORD_LEASE_MAX_DURATION", "7d"),
+    "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "1000"),
+    "--max-clock-skew": ("SNAPCOORD_MAX_CLOCK_SKEW", "5s"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
 }
 
@@ -76,6 +80,10 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "retention_keep_last_completed": ("7", "8", ("snapshots", "keep_last_completed"), 7),
     "retention_completed_ttl": ("30d", "31d", ("snapshots", "completed_ttl_ms"), 30 * 86_400_000),
     "backlog_max_partitions": ("100000", "20000", ("backlog", "max_partitions"), 100_000),
+    "lease_min_duration": ("500ms", "2s", ("leases", "min_duration_ms"), 500),
+    "lease_max_duration": ("1d", "2d", ("leases", "max_duration_ms"), 86_400_000),
+    "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
+    "max_clock_skew": ("0s", "10s", ("leases", "max_clock_skew_ms"), 0),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
 }
 
@@ -108,6 +116,10 @@ BAD: dict[str, str] = {
     "retention_keep_last_completed": "0",
     "retention_completed_ttl": "never",
     "backlog_max_partitions": "100001",
+    "lease_min_duration": "0s",
+    "lease_max_duration": "1",
+    "lease_max_snapshots": "0",
+    "max_clock_skew": "-1s",
     "log_level": "verbose",
 }
 

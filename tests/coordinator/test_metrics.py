@@ -97,7 +97,7 @@ def test_handled_total_has_the_right_codes(coordinator: tuple[InProcessCoordinat
         ("unary", PROBE, "Raise", "InvalidArgument"): 1,
         ("unary", PROBE, "Raise", "Aborted"): 1,
         ("unary", PROBE, "Raise", "Internal"): 1,
-        ("unary", "snapcoord.v1.LeaseService", "GetLease", "Unimplemented"): 1,
+        ("unary", "snapcoord.v1.LeaseService", "GetLease", "InvalidArgument"): 1,  # no lease_id
         ("server_stream", PROBE, "Count", "OK"): 1,
         ("server_stream", PROBE, "Count", "Aborted"): 1,
     }

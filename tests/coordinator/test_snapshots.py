@@ -11,11 +11,12 @@ from harness.concurrency import run_threads
 from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
+from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.snapshots import PINS, SnapshotRegistry
+from snapcoord.coordinator.snapshots import SnapshotRegistry, pin_path
 from snapcoord.coordinator.storage.blobs import BlobStore
 
 HOUR_MS = 3_600_000
@@ -128,14 +129,16 @@ def test_a_pinned_snapshot_is_never_deleted(
 ) -> None:
     complete(snapshots, "app")
     complete(snapshots, "app")
-    # What a lease does (leases issue): a pin index node for the snapshot.
-    stores.metadata.create(f"{PINS}/app@1", b'["restore-job"]', make_parents=True)
+    # What a lease does: a pin index naming it, with its expiry.
+    stores.metadata.create(
+        pin_path("app", 1), encode_pins({"restore-job": clock.now_ms() + 100 * HOUR_MS}), make_parents=True
+    )
     with pytest.raises(FailedPrecondition, match="held by a lease"):
         snapshots.delete("app", 1)
     clock.advance(48 * HOUR_MS)  # past the TTL too
     assert snapshots.apply_retention(100) == 0
     assert snapshots.get("app", 1, include_checkpoints=False).snapshot.record.generation == 1
-    stores.metadata.delete(f"{PINS}/app@1")
+    stores.metadata.delete(pin_path("app", 1))
     assert snapshots.delete("app", 1) is True
 
 

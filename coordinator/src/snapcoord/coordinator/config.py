@@ -114,6 +114,18 @@ class BacklogConfig:
 
 
 @dataclass(frozen=True)
+class LeasesConfig:
+    """Limits of LeaseService, and the clock-skew margin that lease expiry honours."""
+
+    min_duration_ms: int
+    max_duration_ms: int
+    #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call.
+    max_snapshots: int
+    #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
+    max_clock_skew_ms: int
+
+
+@dataclass(frozen=True)
 class JanitorConfig:
     """The leader-elected cleanup loop."""
 
@@ -145,6 +157,7 @@ class Config:
     storage: StorageConfig
     producers: ProducersConfig
     snapshots: SnapshotsConfig
+    leases: LeasesConfig
     backlog: BacklogConfig
     janitor: JanitorConfig
     logging: LoggingConfig
@@ -450,6 +463,34 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "lease_min_duration",
+        "shortest duration_ms a lease may ask for",
+        "1s",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "lease_max_duration",
+        "longest duration_ms a lease may ask for",
+        "7d",
+        _duration_parser(1),
+        metavar="DURATION",
+    ),
+    Option(
+        "lease_max_snapshots",
+        "most snapshots in one AcquireSnapshots or ReleaseSnapshots call",
+        "1000",
+        _int_parser(1, 10_000, "an integer 1-10000"),
+        metavar="N",
+    ),
+    Option(
+        "max_clock_skew",
+        "how far replicas' clocks may disagree: a lease pins until its expiry plus this",
+        "5s",
+        _duration_parser(0),
+        metavar="DURATION",
+    ),
+    Option(
         "cleanup_interval",
         "time between janitor passes (expiry, orphans); 0s disables the janitor on this replica",
         "60s",
@@ -533,6 +574,11 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             f"--snapshot-max-timeout ({values['snapshot_max_timeout']} ms): "
             "raise the maximum or lower the default"
         )
+    if values["lease_min_duration"] > values["lease_max_duration"]:
+        raise ConfigError(
+            f"--lease-min-duration ({values['lease_min_duration']} ms) exceeds --lease-max-duration "
+            f"({values['lease_max_duration']} ms)"
+        )
     data_dir = Path(values["data_dir"])
     return Config(
         grpc=GrpcConfig(
@@ -565,6 +611,12 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             completed_ttl_ms=values["retention_completed_ttl"],
         ),
         backlog=BacklogConfig(max_partitions=values["backlog_max_partitions"]),
+        leases=LeasesConfig(
+            min_duration_ms=values["lease_min_duration"],
+            max_duration_ms=values["lease_max_duration"],
+            max_snapshots=values["lease_max_snapshots"],
+            max_clock_skew_ms=values["max_clock_skew"],
+        ),
         janitor=JanitorConfig(
             cleanup_interval_ms=values["cleanup_interval"],
             orphan_grace_ms=values["orphan_grace"],

@@ -127,6 +127,25 @@ class CoordinatorMetrics:
             "Generation snapshots deleted (DeleteSnapshot or retention), with their payloads.",
             registry=registry,
         )
+        self.lease_acquires = Counter(
+            "snapcoord_lease_acquires", "AcquireSnapshots calls that committed.", registry=registry
+        )
+        self.lease_releases = Counter(
+            "snapcoord_lease_releases", "Snapshots unpinned by ReleaseSnapshots.", registry=registry
+        )
+        self.lease_expirations = Counter(
+            "snapcoord_lease_expirations",
+            "Leases removed by the janitor after their expiry (plus the clock-skew margin).",
+            registry=registry,
+        )
+        self.leases = Gauge(
+            "snapcoord_leases", "Lease records, as last counted by the elected janitor.", registry=registry
+        )
+        self.pinned_snapshots = Gauge(
+            "snapcoord_pinned_snapshots",
+            "Snapshots with a pin index, as last counted by the elected janitor.",
+            registry=registry,
+        )
         self.orphans_deleted = Counter(
             "snapcoord_orphan_objects_deleted",
             "Payload objects no record referenced, deleted by the janitor after the grace period.",

@@ -10,9 +10,11 @@ from snapcoord.coordinator.backlog import BacklogRegistry
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
+from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.janitor import Janitor, Step
+from snapcoord.coordinator.leases import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import ProducerRegistry
 from snapcoord.coordinator.snapshots import SnapshotRegistry
@@ -37,6 +39,7 @@ class Services:
     metrics: CoordinatorMetrics
     producers: ProducerRegistry
     snapshots: SnapshotRegistry
+    leases: LeaseRegistry
     backlog: BacklogRegistry
     #: Always built, so tests and tools can ``run_once``; started only if the config enables it.
     janitor: Janitor
@@ -65,7 +68,20 @@ class Services:
                 max_report_bytes=config.snapshots.max_report_bytes,
                 default_keep_last_completed=config.snapshots.keep_last_completed,
                 default_completed_ttl_ms=config.snapshots.completed_ttl_ms,
+                max_clock_skew_ms=config.leases.max_clock_skew_ms,
             ),
+            metrics,
+        )
+        leases = LeaseRegistry(
+            deps.metadata,
+            deps.clock,
+            LeasePolicy(
+                min_duration_ms=config.leases.min_duration_ms,
+                max_duration_ms=config.leases.max_duration_ms,
+                max_snapshots=config.leases.max_snapshots,
+                max_clock_skew_ms=config.leases.max_clock_skew_ms,
+            ),
+            snapshots,
             metrics,
         )
         backlog = BacklogRegistry(
@@ -80,6 +96,9 @@ class Services:
         )
         batch = config.janitor.batch
         steps = [
+            # Leases first: a lease that expired releases its pins before retention looks.
+            Step("lease-expiry", lambda: leases.expire_due(batch)),
+            Step("lease-gauges", leases.update_gauges),
             Step("snapshot-timeouts", lambda: snapshots.abort_timed_out(batch)),
             Step("snapshot-retention", lambda: snapshots.apply_retention(batch)),
             Step(
@@ -111,6 +130,7 @@ class Services:
             metrics=metrics,
             producers=producers,
             snapshots=snapshots,
+            leases=leases,
             backlog=backlog,
             janitor=janitor,
         )

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.leases import decode_pins, pinned_by_live_lease
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
     decode_app,
@@ -95,6 +96,16 @@ MAX_PAGE_SIZE = 1000
 MAX_ATTEMPTS = 32
 #: The reason recorded when AbortSnapshot gives none.
 DEFAULT_ABORT_REASON = "aborted by request"
+
+
+def snapshot_path(app_id: str, generation: int) -> str:
+    """The header znode of a snapshot (leases check its version when they pin it)."""
+    return _gen_path(app_id, generation)
+
+
+def pin_path(app_id: str, generation: int) -> str:
+    """The pin index of a snapshot: which leases hold it, with their expiry."""
+    return f"{PINS}/{_ref(app_id, generation)}"
 
 
 def _app_path(app_id: str) -> str:
@@ -162,6 +173,7 @@ class SnapshotRegistry:
         self._retention = ExpiryIndex(metadata, RETENTION)
         self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
         self._apps_ready = False  # /snapshots/apps created on the first write: building does no I/O
+        self._pins_ready = False
 
     # --- the API ----------------------------------------------------------------------------
 
@@ -452,17 +464,34 @@ class SnapshotRegistry:
         raise Aborted(f"app {app_id!r} is heavily contended; retry SetRetentionPolicy")
 
     def pin_state(self, app_id: str, generation: int) -> tuple[bool, list[Op]]:
-        """Is the snapshot pinned by a lease? And the ops that keep the answer true until commit.
+        """Is the snapshot pinned by a live lease? And the ops that keep the answer true until commit.
 
-        The one question retention, TTL and DeleteSnapshot ask before deleting. A pin index node
-        exists while leases hold the snapshot; a delete transaction carries a Check on its
-        version so that a pin landing concurrently fails the delete (and leases check the
-        snapshot header's version from their side). Leases arrive with the leases issue; until
-        then no pin node is ever written and this answers "not pinned".
+        The one question DeleteSnapshot, retention and TTL ask before deleting, answered by one
+        read of the snapshot's pin index (lease id -> expiry; leases keep it current). A lease
+        counts until its expiry plus the clock-skew margin, even before the janitor removes it.
+        The returned guard goes into the delete transaction, so that a pin landing concurrently
+        fails the delete: a Check on the index's version, or, when there is no index, a create and
+        delete of it (which fails if a lease created it meanwhile).
         """
-        path = f"{PINS}/{_ref(app_id, generation)}"
+        path = pin_path(app_id, generation)
         node = self._metadata.get(path)
-        return (False, []) if node is None else (True, [Check(path, node.version)])
+        if node is None:
+            if not self._pins_ready:
+                self._metadata.ensure_path(PINS)
+                self._pins_ready = True
+            return False, [Create(path, b""), Delete(path, None)]
+        holders = decode_pins(node.data)
+        pinned = pinned_by_live_lease(holders, self._clock.now_ms(), self._policy.max_clock_skew_ms)
+        return pinned, [Check(path, node.version)]
+
+    def retention_triggers(self, app_ids: Iterable[str]) -> list[Op]:
+        """Ops that have retention look at these apps on the next pass (after pins went away)."""
+        now = self._clock.now_ms()
+        self._retention.prepare(now)
+        return [
+            Create(self._retention.entry(now, f"{app_id}@unpinned-{uuid.uuid4().hex[:12]}"), b"")
+            for app_id in sorted(set(app_ids))
+        ]
 
     # --- the janitor's steps ----------------------------------------------------------------
 

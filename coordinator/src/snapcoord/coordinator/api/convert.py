@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from snapcoord.coordinator.domain.backlog import BacklogStatus
+from snapcoord.coordinator.domain.leases import Lease, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerSnapshot
 from snapcoord.coordinator.domain.snapshots import Snapshot, State
-from snapcoord.v1 import backlog_pb2, common_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, common_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 
 def offsets_from_pb(items: Iterable[common_pb2.Offset]) -> list[Offset]:
@@ -77,4 +78,21 @@ def snapshot_to_pb(
         expires_at_ms=record.expires_at_ms(),
         labels=dict(record.labels),
         abort_reason=record.abort_reason,
+    )
+
+
+def refs_from_pb(items: Iterable[common_pb2.SnapshotRef]) -> list[SnapshotRef]:
+    return [SnapshotRef(app_id=r.app_id, generation=r.generation) for r in items]
+
+
+def refs_to_pb(items: Iterable[SnapshotRef]) -> list[common_pb2.SnapshotRef]:
+    return [common_pb2.SnapshotRef(app_id=r.app_id, generation=r.generation) for r in items]
+
+
+def lease_to_pb(lease: Lease) -> lease_pb2.Lease:
+    return lease_pb2.Lease(
+        lease_id=lease.lease_id,
+        duration_ms=lease.duration_ms,
+        expires_at_ms=lease.expires_at_ms,
+        snapshots=refs_to_pb(lease.snapshots),
     )

@@ -45,6 +45,8 @@ class SnapshotPolicy:
     max_report_bytes: int = 64 * 1024 * 1024
     default_keep_last_completed: int = 3
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
+    #: A lease pins until its expiry plus this margin (replicas' clocks may disagree).
+    max_clock_skew_ms: int = 5_000
 
 
 @dataclass(frozen=True)

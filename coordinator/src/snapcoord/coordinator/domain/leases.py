@@ -1,0 +1,117 @@
+"""Snapshot leases: the rules, without I/O.
+
+A reader (a restore or backfill job) leases the snapshots it depends on; cleanup never deletes a
+snapshot a live lease pins. Every acquire renews the lease to now + duration, and a lease that is
+not renewed ends by itself. Replicas' clocks may disagree, so a lease counts as alive until its
+expiry plus the configured clock-skew margin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.errors import Internal, InvalidArgument
+
+LEASE_VERSION = 1
+PINS_VERSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class SnapshotRef:
+    app_id: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """Server-side limits, from the configuration."""
+
+    min_duration_ms: int = 1_000
+    max_duration_ms: int = 7 * 24 * 3_600_000
+    max_snapshots: int = 1_000
+    max_clock_skew_ms: int = 5_000
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    duration_ms: int
+    expires_at_ms: int
+    snapshots: tuple[SnapshotRef, ...]
+
+    def is_alive(self, now_ms: int, skew_ms: int) -> bool:
+        return now_ms < self.expires_at_ms + skew_ms
+
+
+def validate_duration(duration_ms: int, policy: LeasePolicy) -> int:
+    if not policy.min_duration_ms <= duration_ms <= policy.max_duration_ms:
+        raise InvalidArgument(
+            f"duration_ms is {duration_ms}; leases last {policy.min_duration_ms}-{policy.max_duration_ms} ms"
+        )
+    return duration_ms
+
+
+def validate_refs(
+    refs: Iterable[SnapshotRef], policy: LeasePolicy, *, field: str = "snapshots"
+) -> tuple[SnapshotRef, ...]:
+    """Valid, distinct refs in request order (at most ``policy.max_snapshots``)."""
+    items = tuple(refs)
+    if len(items) > policy.max_snapshots:
+        raise InvalidArgument(f"{field} has {len(items)} entries; the limit is {policy.max_snapshots}")
+    seen: dict[SnapshotRef, int] = {}
+    for i, ref in enumerate(items):
+        require_id(f"{field}[{i}].app_id", ref.app_id)
+        if ref.generation <= 0:
+            raise InvalidArgument(f"{field}[{i}].generation is {ref.generation}; generations start at 1")
+        if ref in seen:
+            raise InvalidArgument(
+                f"{field}[{i}] repeats {ref.app_id}@{ref.generation} (first at {field}[{seen[ref]}])"
+            )
+        seen[ref] = i
+    return items
+
+
+def pinned_by_live_lease(holders: Mapping[str, int], now_ms: int, skew_ms: int) -> bool:
+    """Does any holder (lease id -> its expiry) still count as alive?"""
+    return any(now_ms < expires + skew_ms for expires in holders.values())
+
+
+def encode_lease(lease: Lease) -> bytes:
+    return _dump(
+        {
+            "version": LEASE_VERSION,
+            "lease_id": lease.lease_id,
+            "duration_ms": lease.duration_ms,
+            "expires_at_ms": lease.expires_at_ms,
+            "snapshots": [[r.app_id, r.generation] for r in sorted(lease.snapshots)],
+        }
+    )
+
+
+def decode_lease(data: bytes) -> Lease:
+    doc = _load(data, "lease", LEASE_VERSION)
+    try:
+        return Lease(
+            lease_id=str(doc["lease_id"]),
+            duration_ms=int(doc["duration_ms"]),
+            expires_at_ms=int(doc["expires_at_ms"]),
+            snapshots=tuple(SnapshotRef(str(a), int(g)) for a, g in doc["snapshots"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise Internal(f"stored lease is malformed: {e!r}") from e
+
+
+def encode_pins(holders: Mapping[str, int]) -> bytes:
+    """A snapshot's pin index: which leases hold it, with their expiry (so one read answers)."""
+    return _dump({"version": PINS_VERSION, "leases": dict(sorted(holders.items()))})
+
+
+def decode_pins(data: bytes) -> dict[str, int]:
+    doc = _load(data, "pin index", PINS_VERSION)
+    try:
+        return {str(k): int(v) for k, v in doc["leases"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise Internal(f"stored pin index is malformed: {e!r}") from e
