@@ -91,6 +91,7 @@ from snapcoord.coordinator.errors import (
     TransactionFailed,
 )
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, Delete, MetadataStore, Op, SetData
 
@@ -299,22 +300,19 @@ class BacklogRegistry:
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
         """Delete up to ``limit`` boundaries objects that no job record references and that are
         older than ``grace_ms`` (younger ones may belong to a mark still in flight)."""
-        cutoff = self._clock.now_ms() - grace_ms
-        deleted = 0
-        owners: dict[str, str | None] = {}  # job_id -> object key its record references
-        for info in self._blobs.list(OBJECT_PREFIX, modified_before_ms=cutoff):
-            if deleted >= limit:
-                break
-            job_id = job_of_object(info.key)
-            if job_id is None:
-                continue  # not ours to judge
-            if job_id not in owners:
-                current = self._read_job(job_id)
-                owners[job_id] = current.record.object_key if current else None
-            if owners[job_id] == info.key:
-                continue
-            self._blobs.delete(info.key)
-            deleted += 1
+
+        def referenced_by(job_id: str) -> set[str]:
+            current = self._read_job(job_id)
+            return {current.record.object_key} if current else set()
+
+        deleted = sweep_unreferenced(
+            self._blobs,
+            OBJECT_PREFIX,
+            modified_before_ms=self._clock.now_ms() - grace_ms,
+            limit=limit,
+            owner_of=job_of_object,
+            referenced_by=referenced_by,
+        )
         if deleted:
             self._metrics.orphans_deleted.labels("backlog").inc(deleted)
         return deleted

@@ -57,6 +57,7 @@ from snapcoord.coordinator.errors import (
 )
 from snapcoord.coordinator.expiry_index import ExpiryIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, Delete, MetadataStore, Op, SetData
 
@@ -236,22 +237,19 @@ class ProducerRegistry:
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
         """Delete up to ``limit`` payload objects that no record references and that are older than
         ``grace_ms`` (younger ones may belong to a registration still in flight)."""
-        cutoff = self._clock.now_ms() - grace_ms
-        deleted = 0
-        owners: dict[str, str | None] = {}  # producer_id -> object key its record references
-        for info in self._blobs.list(OBJECT_PREFIX, modified_before_ms=cutoff):
-            if deleted >= limit:
-                break
-            producer_id = producer_of_object(info.key)
-            if producer_id is None:
-                continue  # not ours to judge
-            if producer_id not in owners:
-                current = self._read(producer_id)
-                owners[producer_id] = current.record.object_key if current else None
-            if owners[producer_id] == info.key:
-                continue
-            self._blobs.delete(info.key)
-            deleted += 1
+
+        def referenced_by(producer_id: str) -> set[str]:
+            current = self._read(producer_id)
+            return {current.record.object_key} if current else set()
+
+        deleted = sweep_unreferenced(
+            self._blobs,
+            OBJECT_PREFIX,
+            modified_before_ms=self._clock.now_ms() - grace_ms,
+            limit=limit,
+            owner_of=producer_of_object,
+            referenced_by=referenced_by,
+        )
         if deleted:
             self._metrics.orphans_deleted.labels("producer").inc(deleted)
         return deleted

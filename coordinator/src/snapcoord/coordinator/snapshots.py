@@ -81,6 +81,7 @@ from snapcoord.coordinator.errors import (
 )
 from snapcoord.coordinator.expiry_index import ExpiryIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, MetadataStore, Op, SetData
 
@@ -541,24 +542,24 @@ class SnapshotRegistry:
 
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
         """Delete up to ``limit`` checkpoint objects older than ``grace_ms`` that no report references."""
-        cutoff = self._clock.now_ms() - grace_ms
-        deleted = 0
-        referenced: dict[tuple[str, str, str], frozenset[str]] = {}
-        for info in self._blobs.list(OBJECT_PREFIX, modified_before_ms=cutoff):
-            if deleted >= limit:
-                break
-            parts = info.key.split("/")
-            if len(parts) != 5 or not parts[2].isdigit():
-                continue
-            owner = (parts[1], parts[2], parts[3])
-            if owner not in referenced:
-                report = self._read_report(parts[1], int(parts[2]), parts[3])
-                referenced[owner] = (
-                    frozenset(c.object_key for c in report.checkpoints) if report else frozenset()
-                )
-            if info.key not in referenced[owner]:
-                self._blobs.delete(info.key)
-                deleted += 1
+
+        def owner_of(key: str) -> tuple[str, int, str] | None:
+            parts = key.split("/")  # snapshots/<app>/<generation>/<task>/<uuid>
+            return (parts[1], int(parts[2]), parts[3]) if len(parts) == 5 and parts[2].isdigit() else None
+
+        def referenced_by(owner: tuple[str, int, str]) -> frozenset[str]:
+            app_id, generation, task_id = owner
+            report = self._read_report(app_id, generation, task_id)
+            return frozenset(c.object_key for c in report.checkpoints) if report else frozenset()
+
+        deleted = sweep_unreferenced(
+            self._blobs,
+            OBJECT_PREFIX,
+            modified_before_ms=self._clock.now_ms() - grace_ms,
+            limit=limit,
+            owner_of=owner_of,
+            referenced_by=referenced_by,
+        )
         if deleted:
             self._metrics.orphans_deleted.labels("snapshot").inc(deleted)
         return deleted
