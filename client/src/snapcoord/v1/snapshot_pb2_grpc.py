@@ -88,14 +88,16 @@ class SnapshotServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetCurrentSnapshot(self, request, context):
-        """No snapshot yet: generation 0, state EMPTY, no tasks.
+        """No snapshot yet: generation 0, state EMPTY, no tasks. Answers with the header (state, task
+        set, times); GetSnapshot has the task reports.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSnapshot(self, request, context):
-        """NOT_FOUND when absent.
+        """NOT_FOUND when absent. Every task report; with include_checkpoints=false the checkpoint
+        values are empty (the keys still name each task's state stores).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
