@@ -1,11 +1,93 @@
-"""Thin Python client for the snapcoord coordinator: grpcio + protobuf only.
+"""Thin, typed Python client for the snapcoord coordinator: grpcio + protobuf only.
 
-This distribution ships the generated ``snapcoord.v1`` API modules (stubs and messages for the
-four services, regenerated from ``proto/`` by ``scripts/gen-proto``). The typed
-``CoordinatorClient`` with error mapping, retries and the lease helper follows (issue 7); until
-then, use the generated stubs on a ``grpc.Channel``.
+``CoordinatorClient`` has one method per RPC of the four ``snapcoord.v1`` services and returns
+frozen dataclasses; failed calls raise ``SnapcoordError`` subclasses (``snapcoord.client.errors``).
+``client.lease(...)`` keeps a snapshot lease alive for a ``with`` block. The generated protobuf
+modules stay in ``snapcoord.v1``; nothing exported here is a protobuf type.
+
+    from snapcoord.client import CoordinatorClient, TaskSnapshot, Offset
+
+    with CoordinatorClient("localhost:50051") as client:
+        snapshot = client.create_snapshot("orders-app", ["t0", "t1"])
+        client.report_task_snapshot("orders-app", snapshot.generation,
+                                    TaskSnapshot("t0", (Offset("orders", 0, 42),)))
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from snapcoord.client._channel import TlsConfig
+from snapcoord.client._retry import RetryPolicy
+from snapcoord.client._types import (
+    AcquireResult,
+    BacklogStatus,
+    Lease,
+    Offset,
+    Page,
+    PartitionBacklog,
+    ProducerSnapshot,
+    ProgressResult,
+    Registration,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotRef,
+    SnapshotState,
+    TaskSnapshot,
+)
+from snapcoord.client.client import CoordinatorClient
+from snapcoord.client.errors import (
+    Aborted,
+    AlreadyExists,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SnapcoordError,
+    SnapshotFenced,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+)
+from snapcoord.client.lease import LeaseKeeper, load_or_create_lease_id, save_lease_id
+
+# Pinned: tests/client/test_public_api.py fails when this list changes without the test.
+__all__ = [
+    "Aborted",
+    "AcquireResult",
+    "AlreadyExists",
+    "BacklogStatus",
+    "Cancelled",
+    "CoordinatorClient",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "Lease",
+    "LeaseKeeper",
+    "NotFound",
+    "Offset",
+    "Page",
+    "PartitionBacklog",
+    "PermissionDenied",
+    "ProducerSnapshot",
+    "ProgressResult",
+    "Registration",
+    "ResourceExhausted",
+    "RetentionPolicy",
+    "RetryPolicy",
+    "SnapcoordError",
+    "Snapshot",
+    "SnapshotFenced",
+    "SnapshotRef",
+    "SnapshotState",
+    "TaskSnapshot",
+    "TlsConfig",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "load_or_create_lease_id",
+    "save_lease_id",
+]

@@ -1,0 +1,140 @@
+"""Retries on UNAVAILABLE with exponential backoff and jitter, within one overall deadline.
+
+Only RPCs listed in ``IDEMPOTENT`` are retried: a reply can be lost after the coordinator committed
+the call, so a retry must be harmless when the first attempt took effect. ``NOT_RETRIED`` says for
+the others why not. Nothing else is retried: every other status means the same request would fail
+again, or (DEADLINE_EXCEEDED) that the call's whole time budget is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from snapcoord.client.errors import SnapcoordError, Unavailable
+
+T = TypeVar("T")
+
+_log = logging.getLogger("snapcoord.client")
+
+#: The least time worth starting another attempt with.
+MIN_ATTEMPT_S = 0.05
+
+#: RPC name -> why sending it again after a lost reply is safe.
+IDEMPOTENT: Mapping[str, str] = {
+    # ProducerOffsetService
+    "RegisterProducerOffsets": (
+        "create-if-absent: a retry after a lost reply answers registered=false with the stored record, "
+        "which is the caller's own when its offsets equal the ones it sent"
+    ),
+    "GetProducerOffsets": "read-only",
+    "DeleteProducerOffsets": "deleting twice is a no-op (a retry may answer deleted=false for its delete)",
+    "ListProducerOffsets": "read-only",
+    # SnapshotService
+    "CreateSnapshot": "while the current snapshot is CREATED it is returned unchanged, so a retry gets it",
+    "GetCurrentSnapshot": "read-only",
+    "GetSnapshot": "read-only",
+    "ListSnapshots": "read-only",
+    "ReportTaskSnapshot": "the same report twice is accepted as one, also after the snapshot completed",
+    "AbortSnapshot": "aborting an ABORTED snapshot returns it unchanged",
+    "DeleteSnapshot": "deleting twice is a no-op (a retry may answer deleted=false for its delete)",
+    "SetRetentionPolicy": "sets absolute values",
+    # LeaseService
+    "AcquireSnapshots": "creates the lease if absent, sets expiry to now+duration; pinning twice is a no-op",
+    "ReleaseSnapshots": "unpinning twice is a no-op",
+    "RenewLease": "sets expiry to now+duration",
+    "DropLease": "dropping twice is a no-op",
+    "GetLease": "read-only",
+    "ListLeases": "read-only",
+    # BacklogService
+    "MarkBacklog": (
+        "the first mark wins and a second one returns it; with reset=true a retry resets again to the "
+        "same boundaries, before the caller could report any progress"
+    ),
+    "GetBacklogStatus": "read-only",
+    "ClearBacklog": "clearing twice is a no-op",
+}
+
+#: RPC name -> why it is never retried.
+NOT_RETRIED: Mapping[str, str] = {
+    "ReportProgress": (
+        "newly_finished is returned exactly once: if the first attempt committed and its reply was lost, "
+        "a retry answers an empty newly_finished and the caller never learns those partitions finished"
+    ),
+}
+
+
+def is_idempotent(method: str) -> bool:
+    return method in IDEMPOTENT
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff between attempts of an idempotent call that failed with UNAVAILABLE.
+
+    The n-th wait is ``min(max_backoff_s, initial_backoff_s * multiplier**n)``, shortened by up to
+    ``jitter`` of itself at random so that many drivers that lost the coordinator together do not
+    come back in lockstep. Attempts stop at the call's deadline (its ``timeout_s``) or after
+    ``max_attempts`` (None = until the deadline; 1 = never retry).
+    """
+
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
+            raise ValueError(f"invalid backoff: {self}")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"jitter must be within [0, 1], got {self.jitter}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+
+    def backoff_s(self, retry: int) -> float:
+        """How long to wait before retry number ``retry`` (0-based)."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**retry)
+        # The random module reseeds itself in a forked child, so forked workers do not share jitter.
+        return base * (1 - self.jitter * random.random())
+
+
+def call_with_retry(
+    attempt: Callable[[float], T],
+    *,
+    method: str,
+    policy: RetryPolicy,
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run ``attempt(remaining_s)`` until it returns, retrying ``Unavailable`` for idempotent methods.
+
+    Each attempt gets the time left until the overall deadline as its own gRPC timeout, so the
+    whole call, retries and waits included, ends within ``timeout_s``. When the next wait would
+    leave less than ``MIN_ATTEMPT_S`` the last ``Unavailable`` is raised, with ``attempts`` set.
+    """
+    deadline = clock() + timeout_s
+    retryable = is_idempotent(method)
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return attempt(max(0.0, deadline - clock()))
+        except SnapcoordError as e:
+            e.attempts = attempts
+            if (
+                not isinstance(e, Unavailable)
+                or not retryable
+                or (policy.max_attempts is not None and attempts >= policy.max_attempts)
+            ):
+                raise
+            delay = policy.backoff_s(attempts - 1)
+            if clock() + delay + MIN_ATTEMPT_S >= deadline:
+                raise  # an attempt with almost no time left would only turn this into DEADLINE_EXCEEDED
+            _log.debug("%s: UNAVAILABLE (%s); retry %d in %.2fs", method, e.details, attempts, delay)
+            sleep(delay)

@@ -1,0 +1,391 @@
+"""``CoordinatorClient``: one method per RPC of the four snapcoord.v1 services.
+
+Each method converts its arguments to the request message, makes the call with a deadline (the
+client's ``timeout_s`` or the method's own), retries UNAVAILABLE for idempotent RPCs
+(``_retry.IDEMPOTENT``), turns a failed status into a ``SnapcoordError`` subclass, and returns a
+frozen dataclass. The channel is created on the first call in each process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from snapcoord.client import _convert as cv
+from snapcoord.client._channel import LazyChannel, MiB, TlsConfig
+from snapcoord.client._retry import RetryPolicy, call_with_retry
+from snapcoord.client._types import (
+    AcquireResult,
+    BacklogStatus,
+    Lease,
+    Offset,
+    Page,
+    ProducerSnapshot,
+    ProgressResult,
+    Registration,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotRef,
+    TaskSnapshot,
+)
+from snapcoord.client.errors import error_from_rpc
+from snapcoord.client.lease import LeaseKeeper
+
+R = TypeVar("R")
+
+#: Channel options the client sets unless ``grpc_options`` names them. The reconnect backoff is
+#: capped at 10 s (gRPC's default cap is 120 s) so that a client finds a restarted coordinator
+#: within a few of its own retries instead of failing fast for minutes.
+DEFAULT_GRPC_OPTIONS: Mapping[str, Any] = {
+    "grpc.initial_reconnect_backoff_ms": 250,
+    "grpc.max_reconnect_backoff_ms": 10_000,
+    "grpc.primary_user_agent": "snapcoord-python-client",
+}
+
+
+class CoordinatorClient:
+    """A thin, typed client for one coordinator address (or a load balancer in front of several).
+
+    ``target`` is a gRPC target (``host:port``, ``dns:///name:port``...). ``timeout_s`` bounds every
+    call, retries included, unless the call passes its own. ``tls`` switches to TLS (mutual with a
+    key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call credentials
+    over TLS, as plain metadata otherwise: use plaintext only on trusted paths). Message size limits
+    default to 128 MiB each way because checkpoints can be large.
+
+    The client is thread-safe and cheap to keep. It cannot be pickled: a Spark task builds its own
+    from the target. After a fork the child's first call opens the child's own channel.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = 30.0,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        max_receive_message_bytes: int = 128 * MiB,
+        max_send_message_bytes: int = 128 * MiB,
+        grpc_options: Mapping[str, Any] | Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        if not target:
+            raise ValueError("target must be a gRPC target such as 'localhost:50051'")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self._timeout_s = float(timeout_s)
+        self._retry = retry if retry is not None else RetryPolicy()
+        options: dict[str, Any] = {
+            **DEFAULT_GRPC_OPTIONS,
+            "grpc.max_receive_message_length": max_receive_message_bytes,
+            "grpc.max_send_message_length": max_send_message_bytes,
+        }
+        options.update(dict(grpc_options))
+        self._channel = LazyChannel(target, tls=tls, token=token, options=tuple(options.items()))
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    @property
+    def target(self) -> str:
+        return self._channel.target
+
+    @property
+    def timeout_s(self) -> float:
+        """The default deadline of a call, retries included."""
+        return self._timeout_s
+
+    def close(self) -> None:
+        """Close the channel of this process; later calls raise ValueError. Idempotent."""
+        self._channel.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CoordinatorClient({self.target!r}, timeout_s={self._timeout_s})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "CoordinatorClient cannot be pickled (it owns a gRPC channel): pass the target string to "
+            "the task and create a CoordinatorClient there"
+        )
+
+    def _call(self, method: str, request: Any, convert: Callable[[Any], R], timeout_s: float | None) -> R:
+        budget = self._timeout_s if timeout_s is None else timeout_s
+        if budget <= 0:
+            raise ValueError(f"timeout_s must be positive, got {budget}")
+
+        def attempt(remaining_s: float) -> Any:
+            rpc = self._channel.method(method)
+            try:
+                return rpc(request, timeout=remaining_s, metadata=self._channel.metadata)
+            except grpc.RpcError as e:
+                raise error_from_rpc(e, method) from e
+
+        return convert(call_with_retry(attempt, method=method, policy=self._retry, timeout_s=budget))
+
+    # -- ProducerOffsetService -------------------------------------------------------------------------
+    def register_producer_offsets(
+        self, producer_id: str, offsets: Iterable[Offset], *, ttl_ms: int = 0, timeout_s: float | None = None
+    ) -> Registration:
+        """Register the positions a sink starts from; the first registration wins (create-if-absent).
+
+        ``registered`` False means a record existed and ``snapshot`` is the stored one. This call is
+        retried on UNAVAILABLE, so when a reply was lost after the coordinator stored *this*
+        registration, the retry answers registered=False with it. Tell the two apart by comparing:
+        ``registration.snapshot.offsets == tuple(offsets)`` means the stored positions are the ones
+        sent (yours, or an identical registration: either way the right ones to roll back to).
+        ``ttl_ms`` 0 is the server default (24 h).
+        """
+        offsets = tuple(offsets)
+        return self._call(
+            "RegisterProducerOffsets",
+            cv.register_request(producer_id, offsets, ttl_ms),
+            cv.registration_from_pb,
+            timeout_s,
+        )
+
+    def get_producer_offsets(self, producer_id: str, *, timeout_s: float | None = None) -> ProducerSnapshot:
+        """The stored registration; ``NotFound`` when absent or expired."""
+        return self._call(
+            "GetProducerOffsets",
+            cv.get_producer_request(producer_id),
+            cv.producer_snapshot_from_pb,
+            timeout_s,
+        )
+
+    def delete_producer_offsets(self, producer_id: str, *, timeout_s: float | None = None) -> bool:
+        """Delete the registration; False when there was none (also after a retried call)."""
+        return self._call(
+            "DeleteProducerOffsets",
+            cv.delete_producer_request(producer_id),
+            cv.deleted_producer_from_pb,
+            timeout_s,
+        )
+
+    def list_producer_offsets(
+        self, *, page_size: int = 0, page_token: str = "", timeout_s: float | None = None
+    ) -> Page[ProducerSnapshot]:
+        """One page of registrations (``page_size`` 0 = the server's default)."""
+        return self._call(
+            "ListProducerOffsets",
+            cv.list_producers_request(page_size, page_token),
+            cv.producer_page_from_pb,
+            timeout_s,
+        )
+
+    # -- SnapshotService -------------------------------------------------------------------------------
+    def create_snapshot(
+        self,
+        app_id: str,
+        task_ids: Iterable[str],
+        *,
+        ttl_ms: int = 0,
+        timeout_ms: int = 0,
+        labels: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Snapshot:
+        """Start generation+1 in state CREATED; if the current snapshot is still CREATED, return it
+        unchanged (so a retry is safe: check ``task_ids`` if several drivers may create).
+        ``timeout_ms`` (0 = server default) is how long it may stay CREATED before it is aborted."""
+        return self._call(
+            "CreateSnapshot",
+            cv.create_snapshot_request(app_id, task_ids, ttl_ms, timeout_ms, labels or {}),
+            cv.snapshot_from_pb,
+            timeout_s,
+        )
+
+    def get_current_snapshot(
+        self, app_id: str, *, consistent: bool = False, timeout_s: float | None = None
+    ) -> Snapshot:
+        """The current snapshot header (generation 0, state EMPTY before the first one).
+        ``consistent`` reads through to ZooKeeper instead of the coordinator's watch-fed cache."""
+        return self._call(
+            "GetCurrentSnapshot", cv.get_current_request(app_id, consistent), cv.snapshot_from_pb, timeout_s
+        )
+
+    def get_snapshot(
+        self,
+        app_id: str,
+        generation: int,
+        *,
+        include_checkpoints: bool = False,
+        timeout_s: float | None = None,
+    ) -> Snapshot:
+        """One snapshot with every task's report; checkpoint payloads only with
+        ``include_checkpoints``. ``NotFound`` when absent."""
+        return self._call(
+            "GetSnapshot",
+            cv.get_snapshot_request(app_id, generation, include_checkpoints),
+            cv.snapshot_from_pb,
+            timeout_s,
+        )
+
+    def list_snapshots(
+        self, app_id: str, *, page_size: int = 0, page_token: str = "", timeout_s: float | None = None
+    ) -> Page[Snapshot]:
+        """One page of the app's snapshot headers, newest first."""
+        return self._call(
+            "ListSnapshots",
+            cv.list_snapshots_request(app_id, page_size, page_token),
+            cv.snapshot_page_from_pb,
+            timeout_s,
+        )
+
+    def report_task_snapshot(
+        self, app_id: str, generation: int, task: TaskSnapshot, *, timeout_s: float | None = None
+    ) -> Snapshot:
+        """Report one task's offsets and checkpoints for ``generation``; returns the header with
+        this task's report (state COMPLETED when it was the last one).
+
+        ``SnapshotFenced`` when the generation is not current, the snapshot is no longer CREATED, or
+        the task already reported something different; ``InvalidArgument`` when the task is not in
+        the snapshot's task set. The same report twice is accepted, so this call is retried.
+        """
+        return self._call(
+            "ReportTaskSnapshot", cv.report_request(app_id, generation, task), cv.snapshot_from_pb, timeout_s
+        )
+
+    def abort_snapshot(
+        self, app_id: str, generation: int, reason: str = "", *, timeout_s: float | None = None
+    ) -> Snapshot:
+        """CREATED -> ABORTED (idempotent); the next ``create_snapshot`` starts generation+1."""
+        return self._call(
+            "AbortSnapshot", cv.abort_request(app_id, generation, reason), cv.snapshot_from_pb, timeout_s
+        )
+
+    def delete_snapshot(self, app_id: str, generation: int, *, timeout_s: float | None = None) -> bool:
+        """Delete an ended snapshot; False when there was none. ``FailedPrecondition`` while a lease
+        holds it or while it is still CREATED."""
+        return self._call(
+            "DeleteSnapshot",
+            cv.delete_snapshot_request(app_id, generation),
+            cv.deleted_snapshot_from_pb,
+            timeout_s,
+        )
+
+    def set_retention_policy(
+        self,
+        app_id: str,
+        *,
+        keep_last_completed: int,
+        completed_ttl_ms: int,
+        timeout_s: float | None = None,
+    ) -> RetentionPolicy:
+        """Override the server's retention defaults for one app."""
+        return self._call(
+            "SetRetentionPolicy",
+            cv.retention_request(app_id, keep_last_completed, completed_ttl_ms),
+            cv.retention_from_pb,
+            timeout_s,
+        )
+
+    # -- LeaseService ----------------------------------------------------------------------------------
+    def acquire_snapshots(
+        self,
+        lease_id: str,
+        snapshots: Iterable[SnapshotRef],
+        *,
+        duration_ms: int,
+        timeout_s: float | None = None,
+    ) -> AcquireResult:
+        """Create the lease if absent, renew it to now+duration and pin every snapshot that exists;
+        the others come back in ``unavailable``. See ``lease()`` for a lease kept alive for you."""
+        return self._call(
+            "AcquireSnapshots",
+            cv.acquire_request(lease_id, duration_ms, snapshots),
+            cv.acquire_from_pb,
+            timeout_s,
+        )
+
+    def release_snapshots(
+        self, lease_id: str, snapshots: Iterable[SnapshotRef], *, timeout_s: float | None = None
+    ) -> Lease:
+        """Unpin; ``NotFound`` for an unknown or expired lease."""
+        return self._call(
+            "ReleaseSnapshots", cv.release_request(lease_id, snapshots), cv.lease_of_pb, timeout_s
+        )
+
+    def renew_lease(self, lease_id: str, *, duration_ms: int, timeout_s: float | None = None) -> Lease:
+        """Set the lease's expiry to now+duration; ``NotFound`` for an unknown or expired lease."""
+        return self._call("RenewLease", cv.renew_request(lease_id, duration_ms), cv.lease_of_pb, timeout_s)
+
+    def drop_lease(self, lease_id: str, *, timeout_s: float | None = None) -> bool:
+        """Release everything and delete the lease; False when there was none."""
+        return self._call("DropLease", cv.drop_request(lease_id), cv.dropped_from_pb, timeout_s)
+
+    def get_lease(self, lease_id: str, *, timeout_s: float | None = None) -> Lease:
+        """The lease; ``NotFound`` when unknown or expired."""
+        return self._call("GetLease", cv.get_lease_request(lease_id), cv.lease_from_pb, timeout_s)
+
+    def list_leases(
+        self, *, page_size: int = 0, page_token: str = "", timeout_s: float | None = None
+    ) -> Page[Lease]:
+        """One page of leases."""
+        return self._call(
+            "ListLeases", cv.list_leases_request(page_size, page_token), cv.lease_page_from_pb, timeout_s
+        )
+
+    def lease(
+        self,
+        lease_id: str,
+        snapshots: Iterable[SnapshotRef],
+        duration_s: float,
+        *,
+        renew_every_s: float | None = None,
+        drop_on_exit: bool = True,
+    ) -> LeaseKeeper:
+        """``with client.lease(lease_id, refs, duration_s) as lease:`` pins ``refs`` for the block,
+        renewing from a background thread every ``duration_s / 3``, and drops the lease on exit.
+
+        Use ``load_or_create_lease_id(path, prefix)`` for ``lease_id`` so that a restarted driver
+        takes its old lease over instead of leaking it until expiry.
+        """
+        return LeaseKeeper(
+            self, lease_id, snapshots, duration_s, renew_every_s=renew_every_s, drop_on_exit=drop_on_exit
+        )
+
+    # -- BacklogService --------------------------------------------------------------------------------
+    def mark_backlog(
+        self,
+        job_id: str,
+        boundaries: Iterable[Offset],
+        *,
+        reset: bool = False,
+        timeout_s: float | None = None,
+    ) -> BacklogStatus:
+        """Mark the backlog boundary of each partition; the first mark wins (kept across driver
+        restarts) and later ones return it, unless ``reset``."""
+        return self._call(
+            "MarkBacklog", cv.mark_request(job_id, boundaries, reset), cv.backlog_status_from_pb, timeout_s
+        )
+
+    def report_progress(
+        self, job_id: str, positions: Iterable[Offset], *, timeout_s: float | None = None
+    ) -> ProgressResult:
+        """Report positions; ``newly_finished`` holds the partitions this call finished.
+
+        Never retried: each partition is returned in ``newly_finished`` exactly once, so a retry of
+        a call whose reply was lost would answer an empty ``newly_finished``. On ``Unavailable`` or
+        ``DeadlineExceeded`` the report may or may not have landed; reporting again is safe for the
+        positions, and ``get_backlog_status`` tells which partitions are finished.
+        """
+        return self._call(
+            "ReportProgress", cv.progress_request(job_id, positions), cv.progress_from_pb, timeout_s
+        )
+
+    def get_backlog_status(self, job_id: str, *, timeout_s: float | None = None) -> BacklogStatus:
+        """The job's boundaries and progress; ``NotFound`` when never marked."""
+        return self._call(
+            "GetBacklogStatus", cv.get_backlog_request(job_id), cv.backlog_status_from_pb, timeout_s
+        )
+
+    def clear_backlog(self, job_id: str, *, timeout_s: float | None = None) -> bool:
+        """Forget the job's mark and progress; False when there was none."""
+        return self._call("ClearBacklog", cv.clear_backlog_request(job_id), cv.cleared_from_pb, timeout_s)

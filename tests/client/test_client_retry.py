@@ -1,0 +1,106 @@
+"""Retries and deadlines over a real network path: a TcpProxy in front of the coordinator is cut and
+restored, and a socket that never answers stands in for a hung server."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harness.coordinator import InProcessCoordinator
+from harness.faults import TcpProxy
+from snapcoord.client import CoordinatorClient, DeadlineExceeded, Offset, Unavailable
+
+
+@pytest.fixture
+def proxy(coordinator: InProcessCoordinator) -> Iterator[TcpProxy]:
+    p = TcpProxy("127.0.0.1", coordinator.port)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def proxied(proxy: TcpProxy) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(proxy.address, timeout_s=30) as c:
+        yield c
+
+
+def restore_later(proxy: TcpProxy, delay_s: float) -> threading.Timer:
+    timer = threading.Timer(delay_s, proxy.restore)
+    timer.start()
+    return timer
+
+
+def test_idempotent_calls_retry_until_the_coordinator_is_back(
+    proxied: CoordinatorClient, proxy: TcpProxy, uid: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="snapcoord.client")
+    assert proxied.get_current_snapshot(uid).generation == 0  # connected through the proxy
+    proxy.cut()
+    timer = restore_later(proxy, 1.5)
+    created = proxied.create_snapshot(uid, ["t"])  # starts while the path is cut
+    timer.join()
+    assert created.generation == 1
+    retries = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("CreateSnapshot: UNAVAILABLE")
+    ]
+    assert retries, "the call succeeded without ever being refused: the test did not test anything"
+    # Retrying CreateSnapshot returned the one snapshot it created, nothing more.
+    assert proxied.get_current_snapshot(uid, consistent=True) == created
+
+
+def test_report_progress_is_not_retried(
+    proxied: CoordinatorClient, proxy: TcpProxy, uid: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="snapcoord.client")
+    proxied.mark_backlog(uid, [Offset("in", 0, 10)])
+    proxy.cut()
+    timer = restore_later(proxy, 1.0)
+    # The path comes back long before the 30 s deadline, yet the call does not wait for it.
+    with pytest.raises(Unavailable) as e:
+        proxied.report_progress(uid, [Offset("in", 0, 10)])
+    assert e.value.attempts == 1
+    assert e.value.method == "ReportProgress"
+    assert not [r for r in caplog.records if r.getMessage().startswith("ReportProgress")]
+    timer.join()
+    # The report never reached the coordinator; sent again it finishes the partition, once.
+    assert not proxied.get_backlog_status(uid).partitions[0].finished
+    assert proxied.report_progress(uid, [Offset("in", 0, 10)]).newly_finished == (Offset("in", 0, 10),)
+
+
+def test_retries_stop_at_the_deadline(proxied: CoordinatorClient, proxy: TcpProxy, uid: str) -> None:
+    proxied.get_current_snapshot(uid)
+    proxy.cut()
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as e:
+        proxied.get_current_snapshot(uid, timeout_s=1.5)
+    elapsed = time.monotonic() - started
+    assert e.value.attempts > 1  # it did retry
+    assert elapsed < 15  # and gave up around its 1.5 s deadline (generous bound for a loaded machine)
+
+
+@pytest.fixture
+def hung_target() -> Iterator[str]:
+    """A port that accepts TCP connections (the kernel's backlog) but never speaks HTTP/2."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("rpc", ["get_lease", "report_progress"])
+def test_every_call_has_a_deadline(hung_target: str, rpc: str) -> None:
+    with CoordinatorClient(hung_target, timeout_s=1.0) as client:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as e:
+            if rpc == "get_lease":
+                client.get_lease("lease")
+            else:
+                client.report_progress("job", [Offset("in", 0, 1)])
+        elapsed = time.monotonic() - started
+    assert e.value.code == "DEADLINE_EXCEEDED"
+    assert elapsed < 15  # ended at its 1 s deadline, not whenever the server might answer
