@@ -1,0 +1,245 @@
+"""Consistent snapshots of a two-query Spark app, and a restore from one (real local Spark)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.listener import QueryProgressEvent
+from pyspark.sql.streaming.query import StreamingQuery
+
+from harness.coordinator import embedded_deps, serve_in_process
+from snapcoord.client import CoordinatorClient, Offset, SnapshotState, TaskSnapshot
+from snapcoord.spark_connector.app_snapshots import (
+    materialize_checkpoint,
+    restore_plan,
+    take_snapshot,
+)
+from snapcoord.spark_connector.listener import SnapcoordListener, default_stream_name, parse_end_offset
+
+SCHEMA = "id INT"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorClient]:
+    with (
+        embedded_deps(tmp_path_factory.mktemp("coordinator")) as deps,
+        serve_in_process(deps) as server,
+        CoordinatorClient(server.target, timeout_s=10) as c,
+    ):
+        yield c
+
+
+def write_rows(directory: Path, name: str, ids: list[int]) -> None:
+    """Publish one JSON file atomically (the file source must never see a partial file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}-{name}.tmp"
+    staging.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
+    os.replace(staging, directory / f"{name}.json")
+
+
+class CollectSink:
+    """foreachBatch sink (runs on the driver): keeps (batch_id, ids) of every batch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches: list[tuple[int, list[int]]] = []
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        ids = sorted(int(r["id"]) for r in df.collect())
+        with self._lock:
+            self.batches.append((batch_id, ids))
+
+    def ids(self, *, up_to_batch: int | None = None) -> list[int]:
+        with self._lock:
+            return sorted(
+                i for b, ids in self.batches if up_to_batch is None or b <= up_to_batch for i in ids
+            )
+
+
+def start_query(
+    spark: SparkSession, name: str, source: Path, checkpoint: Path, sink: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
+    return (
+        spark.readStream.schema(SCHEMA)
+        .json(str(source))
+        .writeStream.queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(sink)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+
+
+def committed_log_offset(checkpoint: Path, batch_id: int) -> int:
+    """The file source's offset of ``batch_id`` in Spark's own offsets log (line 3: source 0)."""
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    return int(json.loads(lines[2])["logOffset"])
+
+
+def last_commit(checkpoint: Path) -> int:
+    return max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+# -- offset mapping and error handling, without Spark -------------------------------------------
+
+
+def test_offset_mapping() -> None:
+    assert parse_end_offset("files", '{"logOffset":3}') == (Offset("files", 0, 3),)
+    assert parse_end_offset("rate", "17") == (Offset("rate", 0, 17),)
+    assert parse_end_offset("kafka", '{"orders":{"1":7,"0":12},"audit":{"0":0}}') == (
+        Offset("audit", 0, 0),
+        Offset("orders", 0, 12),
+        Offset("orders", 1, 7),
+    )
+    assert parse_end_offset("k", '{"orders":{"0":12}}', alias=True) == (Offset("k:orders", 0, 12),)
+    assert parse_end_offset("files", None) == ()
+    assert parse_end_offset("files", "null") == ()
+    assert parse_end_offset("files", "None") == ()
+    assert default_stream_name("orders", 0) == "orders.0"
+    assert default_stream_name("my orders/v2", 1) == "my_orders_v2.1"
+    assert parse_end_offset("x", '{"orders":{"0":"a"}}') is None
+    assert parse_end_offset("x", "[1,2]") is None
+    assert parse_end_offset("x", "not json") is None
+
+
+def progress_event(
+    name: str, batch_id: int, end_offset: str, latest: str | None = None
+) -> QueryProgressEvent:
+    source = {
+        "description": "FileStreamSource[file:/in]",
+        "startOffset": None,
+        "endOffset": end_offset,
+        "latestOffset": latest,
+        "numInputRows": 1,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 0.0,
+    }
+    progress: dict[str, Any] = {
+        "id": str(uuid.uuid4()),
+        "runId": str(uuid.uuid4()),
+        "name": name,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+        "batchId": batch_id,
+        "batchDuration": 1,
+        "stateOperators": [],
+        "sources": [source],
+        "sink": {"description": "ForeachBatchSink", "numOutputRows": -1},
+    }
+    return QueryProgressEvent.fromJson({"progress": progress})
+
+
+def test_fenced_report_is_logged_and_ignored(
+    client: CoordinatorClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = f"fence-{uuid.uuid4().hex[:8]}"
+    created = client.create_snapshot(app, ["q", "other"])
+    # Someone else (a previous driver) already reported q differently: the listener's report is fenced.
+    client.report_task_snapshot(app, created.generation, TaskSnapshot("q", (Offset("s", 0, 1),)))
+    listener = SnapcoordListener(client, app, {"q": "/cp/q"}, stream_names={"q": ["s"]})
+    with caplog.at_level(logging.INFO, logger="snapcoord.spark_connector.listener"):
+        listener.onQueryProgress(progress_event("q", 4, '{"logOffset":4}'))
+        listener.onQueryProgress(progress_event("q", 5, '{"logOffset":5}'))
+    fenced = [r for r in caplog.records if " fenced (" in r.getMessage()]
+    assert len(fenced) == 1  # logged once, not reported again for the same generation
+    assert listener.errors == 0
+    stored = client.get_snapshot(app, created.generation)
+    assert stored.state is SnapshotState.CREATED
+    assert [t.committed_offsets for t in stored.tasks if t.task_id == "q"] == [(Offset("s", 0, 1),)]
+
+
+def test_unreachable_coordinator_is_swallowed() -> None:
+    with CoordinatorClient("127.0.0.1:1", timeout_s=1) as dead:
+        listener = SnapcoordListener(
+            dead, "app", {"q": "/cp/q"}, backlog_jobs={"q": "job"}, call_timeout_s=0.3
+        )
+        listener.onQueryProgress(progress_event("q", 0, '{"logOffset":0}'))  # must not raise
+    assert listener.errors >= 2  # get_current_snapshot and mark_backlog both failed, logged
+    assert listener.backlog_mark("job") is None
+    batch = listener.last_committed("q")
+    assert batch is not None and batch.batch_id == 0
+
+
+# -- a two-query app on a real local Spark ------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_two_queries_snapshot_and_restore(
+    spark: SparkSession, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    app = f"shop-{uuid.uuid4().hex[:8]}"
+    names = ["orders", "payments"]
+    inputs = {n: tmp_path / "in" / n for n in names}
+    checkpoints = {n: tmp_path / "cp" / n for n in names}
+    base = {"orders": 0, "payments": 1000}
+    for n in names:  # before the snapshot: data set A
+        write_rows(inputs[n], "a1", [base[n] + i for i in range(0, 3)])
+        write_rows(inputs[n], "a2", [base[n] + i for i in range(3, 5)])
+    listener = SnapcoordListener(
+        client,
+        app,
+        {n: str(checkpoints[n]) for n in names},
+        stream_names={n: [f"{n}-files"] for n in names},
+    )
+    spark.streams.addListener(listener)
+    sinks = {n: CollectSink() for n in names}
+    queries: dict[str, StreamingQuery] = {}
+    try:
+        for n in names:
+            queries[n] = start_query(spark, n, inputs[n], checkpoints[n], sinks[n])
+        for n in names:
+            queries[n].processAllAvailable()
+
+        snapshot = take_snapshot(client, app, names, timeout_s=60)
+
+        assert snapshot.state is SnapshotState.COMPLETED
+        assert sorted(snapshot.task_ids) == names
+        plan = restore_plan(snapshot)
+        assert sorted(plan) == names
+        for n in names:
+            point = plan[n]
+            assert point.checkpoint_location == str(checkpoints[n])
+            # The offsets are the ones Spark committed for that batch, in its own checkpoint.
+            assert (checkpoints[n] / "commits" / str(point.batch_id)).exists()
+            assert last_commit(checkpoints[n]) == point.batch_id  # nothing newer was committed yet
+            log_offset = committed_log_offset(checkpoints[n], point.batch_id)
+            assert point.offsets == (Offset(f"{n}-files", 0, log_offset),)
+            assert sinks[n].ids(up_to_batch=point.batch_id) == [base[n] + i for i in range(5)]
+
+        for n in names:  # after the snapshot: data set B
+            write_rows(inputs[n], "b1", [base[n] + i for i in range(5, 8)])
+            write_rows(inputs[n], "b2", [base[n] + i for i in range(8, 10)])
+        for n in names:
+            queries[n].processAllAvailable()
+            assert sinks[n].ids() == [base[n] + i for i in range(10)]
+            assert queries[n].exception() is None
+            queries[n].stop()
+
+        # Restore: each query resumes from its snapshot point on a copy of its checkpoint.
+        for n in names:
+            point = plan[n]
+            restored_cp = Path(materialize_checkpoint(point, tmp_path / "restored" / n))
+            sink = CollectSink()
+            restored = start_query(spark, f"{n}-restore", inputs[n], restored_cp, sink)
+            try:
+                restored.processAllAvailable()
+                assert restored.exception() is None
+            finally:
+                restored.stop()
+            # No loss (all of B), no duplication (nothing of A, B once).
+            assert sink.ids() == [base[n] + i for i in range(5, 10)]
+            assert min(b for b, _ in sink.batches) == point.batch_id + 1
+    finally:
+        for q in queries.values():
+            q.stop()
+        spark.streams.removeListener(listener)
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
