@@ -3,7 +3,8 @@
     bench/run spark_wrapper_overhead [--files 20] [--records 200] [--rounds 3] [--embedded]
 
 One local[2] SparkSession runs the same file-source -> ``PartitionedFileSink`` job (trigger
-availableNow, one input file per micro-batch) alternately without and with ``exactly_once``, each
+availableNow, one input file per micro-batch) alternately without ``exactly_once``, with it, and
+with it plus a ``SnapcoordListener`` reporting snapshots and backlog progress, each
 round on a fresh checkpoint and table, against a real ``snapcoord serve`` on ZooKeeper + SeaweedFS
 (``--embedded``: on the embedded stores). It reports the median ``triggerExecution`` of the batches
 (Spark's own progress; the first batch of every query is left out as warm-up) and, measured inside
@@ -28,7 +29,9 @@ from typing import Any
 from common import real_servers
 
 from harness.coordinator import CoordinatorProcess
+from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.exactly_once import exactly_once
+from snapcoord.spark_connector.listener import SnapcoordListener
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 
@@ -41,7 +44,7 @@ def make_input(directory: Path, files: int, records: int) -> None:
         os.replace(tmp, directory / f"in-{i:04d}.json")
 
 
-def run_query(spark: Any, input_dir: Path, root: Path, batch_fn: Any) -> list[float]:
+def run_query(spark: Any, input_dir: Path, root: Path, batch_fn: Any, name: str | None = None) -> list[float]:
     """Batch durations (ms) of one availableNow query, the first (warm-up) batch left out."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -50,7 +53,8 @@ def run_query(spark: Any, input_dir: Path, root: Path, batch_fn: Any) -> list[fl
         spark.readStream.schema(schema)
         .option("maxFilesPerTrigger", 1)
         .json(str(input_dir))
-        .writeStream.foreachBatch(batch_fn)
+        .writeStream.queryName(name or f"q-{uuid.uuid4().hex[:8]}")
+        .foreachBatch(batch_fn)
         .option("checkpointLocation", str(root / "chk"))
         .trigger(availableNow=True)
         .start()
@@ -93,6 +97,8 @@ def main() -> None:
             ]
             backend = f"ZooKeeper {zk.hosts} + S3 {s3.endpoint_url}"
         coord = stack.enter_context(CoordinatorProcess(tmp / "coordinator", args=coord_args))
+        client = CoordinatorClient(coord.target)  # the listener's; closed after Spark stops
+        stack.callback(client.close)
         spark = (
             SparkSession.builder.master("local[2]")
             .appName("snapcoord-bench-wrapper")
@@ -112,6 +118,7 @@ def main() -> None:
 
         plain: list[float] = []
         wrapped: list[float] = []
+        listened: list[float] = []
         wrapper_own_ms: list[float] = []
         for r in range(args.rounds):
             sink = PartitionedFileSink(tmp / f"plain-{r}" / "table", partition_by=["bucket"])
@@ -139,12 +146,31 @@ def main() -> None:
             wrapped += run_query(spark, input_dir, tmp / f"wrapped-{r}", timed)
             writer.close()
 
+            # The wrapper plus the listener (snapshot reports and backlog progress on every batch).
+            lsink = PartitionedFileSink(tmp / f"listened-{r}" / "table", partition_by=["bucket"])
+            name = f"listened-{r}"
+            listener = SnapcoordListener(
+                client,
+                f"bench-app-{r}",
+                {name: str(tmp / name / "chk")},
+                backlog_jobs={name: f"bench-job-{r}"},
+            )
+            spark.streams.addListener(listener)
+            lwriter = exactly_once(lsink, coord.target, query_name=name)
+            listened += run_query(spark, input_dir, tmp / name, lwriter, name=name)
+            spark.streams.removeListener(listener)
+            lwriter.close()
+
         p_med, w_med = statistics.median(plain), statistics.median(wrapped)
         print(f"\n{'micro-batch triggerExecution':<36} {'n':>4} {'median ms':>10}")
         print(f"{'without the wrapper':<36} {len(plain):>4} {p_med:>10.1f}")
         print(f"{'with exactly_once':<36} {len(wrapped):>4} {w_med:>10.1f}")
         change = f"({(w_med / p_med - 1) * 100:+.1f}%)"
         print(f"{'difference of medians':<36} {'':>4} {w_med - p_med:>10.1f}  {change}")
+        l_med = statistics.median(listened)
+        print(f"{'with exactly_once + SnapcoordListener':<36} {len(listened):>4} {l_med:>10.1f}")
+        change = f"({(l_med / p_med - 1) * 100:+.1f}%)"
+        print(f"{'difference of medians':<36} {'':>4} {l_med - p_med:>10.1f}  {change}")
         own = statistics.median(wrapper_own_ms)
         print(f"{'wrapper own time per batch (median)':<36} {len(wrapper_own_ms):>4} {own:>10.1f}")
 
