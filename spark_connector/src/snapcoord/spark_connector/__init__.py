@@ -4,8 +4,12 @@ Executors never talk to the coordinator: every call goes through the thin client
 driver process. This package depends on ``snapcoord-client`` (and the driver's own ``pyspark``)
 only, never on the coordinator.
 
-Available now: the driver-only guards every connector piece is built on. The exactly-once
-foreachBatch wrapper, the snapshot listener and the backlog-aware runner follow (issue 7).
+Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transactions) with
+``sinks`` (the sink protocol and ``PartitionedFileSink``), ``listener`` (snapshot reports and
+backlog progress from Spark's progress events), ``app_snapshots`` (take a snapshot of an app's
+queries, plan a restore from it) and ``backlog_runner`` (switch from a catch-up trigger to a
+low-latency one when the backlog is done). They import pyspark, so this package root exports only
+the driver-only guards they are built on; import the pieces from their modules.
 """
 
 from __future__ import annotations
