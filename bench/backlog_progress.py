@@ -20,13 +20,9 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
-from common import Sample, measure_pair, print_table, real_servers
+from common import Sample, in_process_coordinator, measure_pair, print_table, real_servers
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator import config as coordinator_config
-from snapcoord.coordinator.server import build_server
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import backlog_pb2, backlog_pb2_grpc, common_pb2
 
 BOUNDARY = 10**12  # never reached: every report is a backlog report
@@ -65,20 +61,17 @@ def run(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample | None]
     raw_zk = KazooClient(hosts=zk_hosts)
     raw_zk.start()
     raw_zk.ensure_path(f"{chroot}/raw")
-    deps = Deps(
-        metadata=open_metadata_store(f"zk://{zk_hosts}{chroot}/coordinator"),
-        blobs=open_blob_store(f"s3://{bucket}/bench-{run_id}/coordinator"),
+    coordinator = in_process_coordinator(
+        f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}/coordinator"
     )
-    config = coordinator_config.load(
-        {"host": "127.0.0.1", "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}, {}
-    )
-    server, port = build_server(config, deps)
-    server.start()
     rows: list[tuple[Sample, Sample | None]] = []
     try:
-        with grpc.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        ) as channel:
+        with (
+            coordinator as port,
+            grpc.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            ) as channel,
+        ):
             stub = backlog_pb2_grpc.BacklogServiceStub(channel)
             cases = [
                 (10, 10, n),
@@ -112,9 +105,6 @@ def run(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample | None]
                 )
                 rows += [(raw_sample, None), (our_sample, raw_sample)]
     finally:
-        server.shutdown(None)
-        deps.blobs.close()
-        deps.metadata.close()
         raw_zk.delete(chroot, recursive=True)
         raw_zk.stop()
         raw_zk.close()

@@ -21,25 +21,10 @@ import time
 import uuid
 
 import grpc
-from common import Sample, measure_pair, print_table, real_servers
+from common import Sample, in_process_coordinator, measure_pair, print_table, real_servers
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator import config as coordinator_config
-from snapcoord.coordinator.server import CoordinatorServer, build_server
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import common_pb2, lease_pb2, lease_pb2_grpc, snapshot_pb2, snapshot_pb2_grpc
-
-
-def serve(zk_hosts: str, bucket: str, chroot: str, **flags: str) -> tuple[CoordinatorServer, int, Deps]:
-    deps = Deps(
-        metadata=open_metadata_store(f"zk://{zk_hosts}{chroot}"),
-        blobs=open_blob_store(f"s3://{bucket}{chroot}"),
-    )
-    config = coordinator_config.load({"host": "127.0.0.1", "port": "0", "metrics_port": "-1", **flags}, {})
-    server, port = build_server(config, deps)
-    server.start()
-    return server, port, deps
 
 
 def acquire_latency(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample | None]]:
@@ -48,10 +33,10 @@ def acquire_latency(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sa
     raw = KazooClient(hosts=zk_hosts)
     raw.start()
     raw.ensure_path(f"{chroot}/raw/pins")
-    server, port, deps = serve(zk_hosts, bucket, chroot + "/coordinator", cleanup_interval="0s")
+    coordinator = in_process_coordinator(f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}{chroot}")
     rows: list[tuple[Sample, Sample | None]] = []
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with coordinator as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             snapshots = snapshot_pb2_grpc.SnapshotServiceStub(channel)
             leases = lease_pb2_grpc.LeaseServiceStub(channel)
             for generation in range(1, 101):
@@ -93,9 +78,6 @@ def acquire_latency(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sa
                 )
                 rows += [(base, None), (mine, base)]
     finally:
-        server.shutdown(None)
-        deps.blobs.close()
-        deps.metadata.close()
         raw.delete(chroot, recursive=True)
         raw.stop()
         raw.close()
@@ -108,10 +90,13 @@ def expiry_lag(zk_hosts: str, bucket: str, samples: int) -> list[float]:
     chroot = f"/bench-{run_id}"
     raw = KazooClient(hosts=zk_hosts)
     raw.start()
-    server, port, deps = serve(zk_hosts, bucket, chroot)  # default --cleanup-interval and skew
+    # The default janitor interval and clock-skew margin, spelled out: the lag depends on them.
+    coordinator = in_process_coordinator(
+        f"zk://{zk_hosts}{chroot}", f"s3://{bucket}{chroot}", cleanup_interval="60s", max_clock_skew="5s"
+    )
     lags: list[float] = []
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with coordinator as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             leases = lease_pb2_grpc.LeaseServiceStub(channel)
             pending: dict[str, int] = {}
             for i in range(samples):  # staggered over one interval, so the lags spread over it
@@ -128,9 +113,6 @@ def expiry_lag(zk_hosts: str, bucket: str, samples: int) -> list[float]:
                         del pending[lease_id]
                 time.sleep(0.1)
     finally:
-        server.shutdown(None)
-        deps.blobs.close()
-        deps.metadata.close()
         raw.delete(chroot, recursive=True)
         raw.stop()
         raw.close()

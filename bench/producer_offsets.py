@@ -16,13 +16,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 import grpc
-from common import Sample, measure_pair, print_table, real_servers
+from common import Sample, in_process_coordinator, measure_pair, print_table, real_servers
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator import config as coordinator_config
-from snapcoord.coordinator.server import build_server
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
 if TYPE_CHECKING:
@@ -37,21 +33,15 @@ def run(
     raw_zk = KazooClient(hosts=zk_hosts)
     raw_zk.start()
     raw_zk.ensure_path(f"{chroot}/raw")
-    deps = Deps(
-        metadata=open_metadata_store(f"zk://{zk_hosts}{chroot}/coordinator"),
-        blobs=open_blob_store(f"s3://{bucket}/bench-{run_id}/coordinator"),
+    coordinator = in_process_coordinator(
+        f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}/coordinator"
     )
-    config = coordinator_config.load(
-        {"host": "127.0.0.1", "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}, {}
-    )
-    server, port = build_server(config, deps)
-    server.start()
     offsets = [
         common_pb2.Offset(stream="orders", partition=p, offset=1_000_000 + p) for p in range(n_offsets)
     ]
     payload = producer_pb2.ProducerSnapshot(offsets=offsets).SerializeToString()  # a same-size raw payload
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with coordinator as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = producer_pb2_grpc.ProducerOffsetServiceStub(channel)
 
             def raw_register(i: int) -> None:
@@ -82,9 +72,6 @@ def run(
                 "raw kazoo get + boto3 get", raw_get, "GetProducerOffsets (gRPC)", our_get, n
             )
     finally:
-        server.shutdown(None)
-        deps.blobs.close()
-        deps.metadata.close()
         raw_zk.delete(chroot, recursive=True)
         raw_zk.stop()
         raw_zk.close()

@@ -18,13 +18,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 import grpc
-from common import Sample, measure_pair, print_table, real_servers
+from common import Sample, in_process_coordinator, measure_pair, print_table, real_servers
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator import config as coordinator_config
-from snapcoord.coordinator.server import build_server
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import common_pb2, snapshot_pb2, snapshot_pb2_grpc
 
 if TYPE_CHECKING:
@@ -67,15 +63,11 @@ def run(zk_hosts: str, s3: S3Client, bucket: str, n: int, task_counts: list[int]
     raw.start()
     raw.ensure_path(f"{chroot}/raw")
     raw.create(f"{chroot}/raw/header", b"{}")
-    deps = Deps(
-        metadata=open_metadata_store(f"zk://{zk_hosts}{chroot}/coordinator"),
-        blobs=open_blob_store(f"s3://{bucket}/bench-{run_id}"),
+    coordinator = in_process_coordinator(
+        f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}"
     )
-    flags = {"host": "127.0.0.1", "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
-    server, port = build_server(coordinator_config.load(flags, {}), deps)
-    server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with coordinator as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = snapshot_pb2_grpc.SnapshotServiceStub(channel)
             rows: list[tuple[Sample, Sample | None]] = []
 
@@ -148,9 +140,6 @@ def run(zk_hosts: str, s3: S3Client, bucket: str, n: int, task_counts: list[int]
                 stats = f"{sample.median_ms:10.2f} {sample.p99_ms:8.2f}"
                 print(f"{count:>6} {total:9.2f} {per_report:14.2f} {stats}")
     finally:
-        server.shutdown(None)
-        deps.blobs.close()
-        deps.metadata.close()
         raw.delete(chroot, recursive=True)
         raw.stop()
         raw.close()

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from common import Sample, measure, measure_pair, print_table, real_servers
+from common import Sample, in_process_coordinator, measure, measure_pair, print_table, real_servers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator import config as coordinator_config
-from snapcoord.coordinator.domain.clock import SystemClock
-from snapcoord.coordinator.server import build_server
-from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import Create, SetData
@@ -141,16 +137,9 @@ def bench_grpc(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample 
     raw_server.start()
 
     chroot = f"/bench-{uuid.uuid4().hex[:8]}"
-    deps = Deps(
-        metadata=open_metadata_store(f"zk://{zk_hosts}{chroot}"),
-        blobs=open_blob_store(f"s3://{bucket}/{chroot.strip('/')}"),
-        clock=SystemClock(),
-    )
-    config = coordinator_config.load({"host": "127.0.0.1", "port": "0", "metrics_port": "-1"}, {})
-    server, port = build_server(config, deps)
-    server.start()
     try:
         with (
+            in_process_coordinator(f"zk://{zk_hosts}{chroot}", f"s3://{bucket}/{chroot.strip('/')}") as port,
             grpc.insecure_channel(f"127.0.0.1:{raw_port}") as raw_ch,
             grpc.insecure_channel(f"127.0.0.1:{port}") as ch,
         ):
@@ -165,10 +154,7 @@ def bench_grpc(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample 
                 n,
             )
     finally:
-        server.shutdown(None)
         raw_server.stop(None).wait()
-        deps.metadata.close()
-        deps.blobs.close()
     return [(raw, None), (ours, raw)]
 
 
