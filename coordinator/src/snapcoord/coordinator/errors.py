@@ -5,45 +5,115 @@ one outcome a caller can act on; the gRPC layer maps them to status codes in one
 (``snapcoord.coordinator.status``), so domain and storage code never import grpc. Storage errors
 subclass the outcome they mean (a version conflict is an ``Aborted``: retry after re-reading), so
 one that escapes a domain operation still reaches the caller with a sensible status.
+
+Besides the status code, every error carries a stable machine-readable ``reason`` (an UPPER_SNAKE
+string from ``Reason``; each outcome class has a default) and string ``metadata`` (resource ids, the
+current generation...). The transport sends both as a ``google.rpc.ErrorInfo`` detail, so clients
+act on them without parsing the message text. docs/api.md lists every reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import ClassVar
+
+
+class Reason(StrEnum):
+    """Every ``ErrorInfo.reason`` the coordinator sends; the values are part of the public API."""
+
+    # One default per outcome class.
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    CONTENDED = "CONTENDED"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    INTERNAL = "INTERNAL"
+    # Specific outcomes a caller branches on.
+    #: ReportTaskSnapshot for a generation that is not current; metadata: app_id, generation,
+    #: current_generation.
+    SNAPSHOT_FENCED = "SNAPSHOT_FENCED"
+    #: The snapshot is no longer CREATED (completed or aborted); metadata: app_id, generation, state.
+    SNAPSHOT_NOT_CREATED = "SNAPSHOT_NOT_CREATED"
+    #: A task reported something different for a generation it already reported; metadata: app_id,
+    #: generation, task_id.
+    REPORT_CONFLICT = "REPORT_CONFLICT"
+    #: A snapshot cannot be deleted while a live lease pins it; metadata: app_id, generation.
+    LEASE_HELD = "LEASE_HELD"
+    #: A CREATED snapshot must be aborted (or complete) before it is deleted; metadata: app_id,
+    #: generation.
+    SNAPSHOT_IN_PROGRESS = "SNAPSHOT_IN_PROGRESS"
+    #: A record expired (TTL or lease expiry); metadata names it.
+    EXPIRED = "EXPIRED"
+    #: A payload exceeds a configured size or count limit; metadata: field, limit.
+    TOO_LARGE = "TOO_LARGE"
+
 
 class SnapcoordError(Exception):
-    """Root of every error the coordinator raises deliberately."""
+    """Root of every error the coordinator raises deliberately.
+
+    ``reason`` defaults to the outcome class's own; ``metadata`` values are strings (ErrorInfo's
+    map is string to string) and never carry payloads or secrets.
+    """
+
+    default_reason: ClassVar[Reason] = Reason.INTERNAL
+
+    def __init__(
+        self, message: str = "", *, reason: Reason | None = None, metadata: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason: Reason = reason or self.default_reason
+        self.metadata: dict[str, str] = {k: str(v) for k, v in (metadata or {}).items()}
 
 
 class InvalidArgument(SnapcoordError):
     """The request is malformed; retrying it unchanged will fail again."""
 
+    default_reason = Reason.INVALID_ARGUMENT
+
 
 class NotFound(SnapcoordError):
     """The named record does not exist (or has expired)."""
+
+    default_reason = Reason.NOT_FOUND
 
 
 class AlreadyExists(SnapcoordError):
     """A record the caller asked to create exists already."""
 
+    default_reason = Reason.ALREADY_EXISTS
+
 
 class FailedPrecondition(SnapcoordError):
     """The system is not in a state that allows the operation (fenced, pinned, not aborted...)."""
+
+    default_reason = Reason.FAILED_PRECONDITION
 
 
 class Aborted(SnapcoordError):
     """A concurrent change won; re-read and retry."""
 
+    default_reason = Reason.CONTENDED
+
 
 class Unavailable(SnapcoordError):
     """A backend (ZooKeeper, S3) cannot be reached right now; retry later."""
+
+    default_reason = Reason.UNAVAILABLE
 
 
 class Unimplemented(SnapcoordError):
     """The operation exists in the API but this coordinator does not provide it yet."""
 
+    default_reason = Reason.UNIMPLEMENTED
+
 
 class Internal(SnapcoordError):
     """An invariant is broken; this is a bug or corrupted stored data."""
+
+    default_reason = Reason.INTERNAL
 
 
 # --- storage errors: raised at the backend edge, translated from kazoo/botocore/sqlite ---------
@@ -73,7 +143,7 @@ class TransactionFailed(Aborted):
     """
 
     def __init__(self, message: str, *, index: int, cause: SnapcoordError) -> None:
-        super().__init__(message)
+        super().__init__(message, reason=cause.reason)
         self.index = index
         self.cause = cause
 
