@@ -39,6 +39,7 @@ from snapcoord.coordinator.errors import (
     InvalidArgument,
     NoNodeError,
     NotFound,
+    Reason,
     TransactionFailed,
 )
 from snapcoord.coordinator.expiry_index import ExpiryIndex
@@ -258,7 +259,11 @@ class LeaseRegistry:
         if stored is None:
             raise NotFound(f"no lease {lease_id!r}")
         if not self._alive(stored.lease, now):
-            raise NotFound(f"lease {lease_id!r} expired at {stored.lease.expires_at_ms} (now {now})")
+            raise NotFound(
+                f"lease {lease_id!r} expired at {stored.lease.expires_at_ms} (now {now})",
+                reason=Reason.EXPIRED,
+                metadata={"lease_id": lease_id, "expires_at_ms": stored.lease.expires_at_ms},
+            )
         return stored
 
     def _record_ops(self, stored: _Stored | None, lease: Lease) -> list[Op]:

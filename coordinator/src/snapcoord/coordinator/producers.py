@@ -52,6 +52,7 @@ from snapcoord.coordinator.errors import (
     InvalidArgument,
     NoNodeError,
     NotFound,
+    Reason,
     StoreUnavailable,
     TransactionFailed,
 )
@@ -173,7 +174,9 @@ class ProducerRegistry:
         if current.record.is_expired(now):
             raise NotFound(
                 f"the producer offsets of producer_id {producer_id!r} expired at "
-                f"{current.record.expires_at_ms} (now {now})"
+                f"{current.record.expires_at_ms} (now {now})",
+                reason=Reason.EXPIRED,
+                metadata={"producer_id": producer_id, "expires_at_ms": current.record.expires_at_ms},
             )
         return self._snapshot(current.record)
 

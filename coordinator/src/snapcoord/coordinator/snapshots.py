@@ -76,6 +76,7 @@ from snapcoord.coordinator.errors import (
     NodeExistsError,
     NoNodeError,
     NotFound,
+    Reason,
     StoreUnavailable,
     TransactionFailed,
 )
@@ -325,7 +326,9 @@ class SnapshotRegistry:
                 if existing is not None:
                     raise FailedPrecondition(
                         f"task {task_id!r} already reported a different snapshot for generation "
-                        f"{generation} of app {app_id!r}; a report cannot be changed"
+                        f"{generation} of app {app_id!r}; a report cannot be changed",
+                        reason=Reason.REPORT_CONFLICT,
+                        metadata={"app_id": app_id, "generation": generation, "task_id": task_id},
                     )
                 if task_id not in stored.record.task_ids:
                     raise InvalidArgument(
@@ -381,7 +384,9 @@ class SnapshotRegistry:
             if stored.record.state is State.COMPLETED:
                 raise FailedPrecondition(
                     f"app {app_id!r} generation {generation} is COMPLETED; "
-                    "only a CREATED snapshot can be aborted"
+                    "only a CREATED snapshot can be aborted",
+                    reason=Reason.SNAPSHOT_NOT_CREATED,
+                    metadata={"app_id": app_id, "generation": generation, "state": "COMPLETED"},
                 )
             now = self._clock.now_ms()
             header = replace(
@@ -414,12 +419,16 @@ class SnapshotRegistry:
                 return False
             if stored.record.state is State.CREATED:
                 raise FailedPrecondition(
-                    f"app {app_id!r} generation {generation} is still CREATED: abort it before deleting it"
+                    f"app {app_id!r} generation {generation} is still CREATED: abort it before deleting it",
+                    reason=Reason.SNAPSHOT_IN_PROGRESS,
+                    metadata={"app_id": app_id, "generation": generation},
                 )
             pinned, guard = self.pin_state(app_id, generation)
             if pinned:
                 raise FailedPrecondition(
-                    f"app {app_id!r} generation {generation} is held by a lease; release the lease first"
+                    f"app {app_id!r} generation {generation} is held by a lease; release the lease first",
+                    reason=Reason.LEASE_HELD,
+                    metadata={"app_id": app_id, "generation": generation},
                 )
             try:
                 self._delete_snapshot(stored, guard)
@@ -598,18 +607,25 @@ class SnapshotRegistry:
             return  # only the current generation can be CREATED: no need to read the pointer
         node = self._metadata.get(_app_path(app_id))
         current = decode_app(node.data) if node is not None else 0
+        where = {"app_id": app_id, "generation": generation, "current_generation": current}
         if stored is None or generation != current:
             if generation > current:
                 raise FailedPrecondition(
                     f"generation {generation} of app {app_id!r} does not exist; "
-                    f"the current generation is {current}"
+                    f"the current generation is {current}",
+                    reason=Reason.SNAPSHOT_FENCED,
+                    metadata=where,
                 )
             raise FailedPrecondition(
-                f"generation {generation} of app {app_id!r} is fenced: the current generation is {current}"
+                f"generation {generation} of app {app_id!r} is fenced: the current generation is {current}",
+                reason=Reason.SNAPSHOT_FENCED,
+                metadata=where,
             )
         raise FailedPrecondition(
             f"generation {generation} of app {app_id!r} is {stored.record.state.value}, no longer accepting "
-            f"reports; the current generation is {current}"
+            f"reports; the current generation is {current}",
+            reason=Reason.SNAPSHOT_NOT_CREATED,
+            metadata={**where, "state": stored.record.state.value},
         )
 
     def _after_report(self, record: SnapshotRecord) -> SnapshotRecord:
