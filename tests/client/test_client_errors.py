@@ -1,27 +1,44 @@
-"""The status-code table and the retry loop, without a network (a fake clock drives the backoff)."""
+"""The status-code and reason tables, the details decoder and the retry loop, without a network
+(a fake clock drives the backoff). test_error_details.py has the round trips through a server."""
 
 from __future__ import annotations
 
 import itertools
 import pickle
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
 
 from snapcoord.client import (
     DeadlineExceeded,
+    Expired,
     FailedPrecondition,
     Internal,
     InvalidArgument,
+    LeaseHeld,
     NotFound,
     RetryPolicy,
     SnapcoordError,
     SnapshotFenced,
+    SnapshotInProgress,
     Unavailable,
 )
-from snapcoord.client._retry import IDEMPOTENT, NOT_RETRIED, call_with_retry
-from snapcoord.client.errors import ERROR_BY_CODE, error_for_status
+from snapcoord.client._retry import IDEMPOTENT, NOT_RETRIED, RETRIED_LEVELS, call_with_retry
+from snapcoord.client.errors import (
+    DETAILS_KEY,
+    DOMAIN,
+    ERROR_BY_CODE,
+    ERROR_BY_REASON,
+    error_for_status,
+    error_info,
+)
+from snapcoord.v1 import error_details_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+FP = grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_every_status_code_but_ok_maps_to_a_class_that_keeps_code_and_details() -> None:
@@ -36,15 +53,74 @@ def test_every_status_code_but_ok_maps_to_a_class_that_keeps_code_and_details() 
     assert type(error_for_status(grpc.StatusCode.UNKNOWN, "x")) is Internal
 
 
-def test_fenced_only_for_report_task_snapshot() -> None:
-    message = "generation 3 of app 'a' is fenced: the current generation is 5"
-    fenced = error_for_status(grpc.StatusCode.FAILED_PRECONDITION, message, "ReportTaskSnapshot")
-    assert isinstance(fenced, SnapshotFenced)
-    assert fenced.current_generation == 5
-    other = error_for_status(grpc.StatusCode.FAILED_PRECONDITION, message, "DeleteSnapshot")
-    assert type(other) is FailedPrecondition
-    unnamed = error_for_status(grpc.StatusCode.FAILED_PRECONDITION, "changed", "ReportTaskSnapshot")
+@pytest.mark.parametrize(
+    ("reason", "code", "cls"),
+    [
+        ("SNAPSHOT_FENCED", FP, SnapshotFenced),
+        ("SNAPSHOT_NOT_CREATED", FP, SnapshotFenced),
+        ("REPORT_CONFLICT", FP, SnapshotFenced),
+        ("LEASE_HELD", FP, LeaseHeld),
+        ("SNAPSHOT_IN_PROGRESS", FP, SnapshotInProgress),
+        ("EXPIRED", grpc.StatusCode.NOT_FOUND, Expired),
+    ],
+)
+def test_the_reason_picks_a_subclass_of_the_codes_class(
+    reason: str, code: grpc.StatusCode, cls: type[SnapcoordError]
+) -> None:
+    error = error_for_status(code, "msg", "AnyRpc", reason=reason, metadata={"app_id": "a"})
+    assert type(error) is cls
+    assert isinstance(error, ERROR_BY_CODE[code])
+    assert (error.reason, error.metadata, error.code) == (reason, {"app_id": "a"}, code.name)
+    assert ERROR_BY_REASON[reason] is cls
+
+
+def test_fenced_current_generation_comes_from_metadata_not_the_message() -> None:
+    fenced = error_for_status(
+        FP, "the current generation is 9", reason="SNAPSHOT_FENCED", metadata={"current_generation": "5"}
+    )
+    assert isinstance(fenced, SnapshotFenced) and fenced.current_generation == 5
+    unnamed = error_for_status(FP, "the current generation is 9", reason="REPORT_CONFLICT")
     assert isinstance(unnamed, SnapshotFenced) and unnamed.current_generation is None
+    # Without details the message is not parsed: a plain FailedPrecondition, as ERROR_BY_CODE says.
+    bare = error_for_status(FP, "generation 3 is fenced: the current generation is 5", "ReportTaskSnapshot")
+    assert type(bare) is FailedPrecondition
+    assert (bare.reason, bare.metadata) == (None, {})
+
+
+def test_a_reason_never_changes_the_kind_of_error() -> None:
+    # LEASE_HELD's class is a FailedPrecondition: with another code the code's class wins.
+    odd = error_for_status(grpc.StatusCode.NOT_FOUND, "x", reason="LEASE_HELD")
+    assert type(odd) is NotFound and odd.reason == "LEASE_HELD"
+    # A reason this client does not know (a newer server) is kept, on the code's class.
+    new = error_for_status(grpc.StatusCode.INVALID_ARGUMENT, "x", reason="SOMETHING_NEW", metadata={"k": "v"})
+    assert type(new) is InvalidArgument and (new.reason, new.metadata) == ("SOMETHING_NEW", {"k": "v"})
+
+
+def _trailer(*details: tuple[str, bytes], code: int = 9, message: str = "m") -> list[tuple[str, bytes]]:
+    status = error_details_pb2.Status(code=code, message=message)
+    for type_url, value in details:
+        any_ = status.details.add()
+        any_.type_url, any_.value = type_url, value
+    return [("other-bin", b"\x00"), (DETAILS_KEY, status.SerializeToString())]
+
+
+def _info(domain: str = DOMAIN) -> bytes:
+    info = error_details_pb2.ErrorInfo(reason="LEASE_HELD", domain=domain, metadata={"generation": "2"})
+    return info.SerializeToString()
+
+
+def test_error_info_is_read_by_type_url_and_domain() -> None:
+    info = error_info(_trailer(("type.googleapis.com/google.rpc.ErrorInfo", _info())))
+    assert info is not None and (info.reason, dict(info.metadata)) == ("LEASE_HELD", {"generation": "2"})
+    # Another detail first, then ours.
+    info = error_info(
+        _trailer(("type.googleapis.com/google.rpc.RetryInfo", b"\x0a\x02\x08\x01"), ("x/google.rpc.ErrorInfo", _info()))
+    )
+    assert info is not None and info.reason == "LEASE_HELD"
+    assert error_info(_trailer(("type.googleapis.com/google.rpc.ErrorInfo", _info("envoy.proxy")))) is None
+    assert error_info(_trailer(("type.googleapis.com/google.rpc.DebugInfo", _info()))) is None
+    assert error_info([(DETAILS_KEY, b"\xff\xff\xff garbage")]) is None
+    assert error_info(None) is None and error_info(()) is None
 
 
 def test_errors_pickle_with_their_attributes() -> None:
@@ -59,6 +135,13 @@ def test_errors_pickle_with_their_attributes() -> None:
         3,
     )
     assert str(copy) == str(error) == "NOT_FOUND: no lease 'x' (GetLease, 3 attempts)"
+
+    fenced = error_for_status(FP, "fenced", "ReportTaskSnapshot", reason="SNAPSHOT_FENCED",
+                              metadata={"current_generation": "4"})  # fmt: skip
+    copy = pickle.loads(pickle.dumps(fenced))
+    assert type(copy) is SnapshotFenced
+    assert (copy.reason, copy.metadata, copy.current_generation) == ("SNAPSHOT_FENCED", fenced.metadata, 4)
+    assert str(copy) == "FAILED_PRECONDITION [SNAPSHOT_FENCED]: fenced (ReportTaskSnapshot)"
 
 
 class FakeClock:
@@ -165,6 +248,25 @@ def test_retry_policy_rejects_nonsense() -> None:
         RetryPolicy(multiplier=0.5)
 
 
-def test_the_retry_tables_do_not_overlap() -> None:
+def test_the_retry_tables_come_from_the_protos_idempotency_levels() -> None:
     assert not set(IDEMPOTENT) & set(NOT_RETRIED)
-    assert "ReportProgress" in NOT_RETRIED
+    assert NOT_RETRIED == {"ReportProgress": "IDEMPOTENCY_UNKNOWN"}
+    assert set(IDEMPOTENT.values()) <= RETRIED_LEVELS
+    for rpc, level in IDEMPOTENT.items():  # reads are NO_SIDE_EFFECTS, and only reads
+        assert (level == "NO_SIDE_EFFECTS") == rpc.startswith(("Get", "List")), rpc
+
+
+def test_every_idempotent_rpc_says_why_in_the_proto() -> None:
+    """The "why" lives next to the option: each IDEMPOTENT is preceded by a comment, and an RPC
+    left without a level explains that too."""
+    protos = sorted((ROOT / "proto" / "snapcoord" / "v1").glob("*.proto"))
+    marked = 0
+    for proto in protos:
+        lines = proto.read_text().splitlines()
+        for n, line in enumerate(lines):
+            if line.strip() == "option idempotency_level = IDEMPOTENT;":
+                marked += 1
+                assert lines[n - 1].strip().startswith("//"), f"{proto.name}:{n + 1} has no comment above"
+    assert marked == sum(level == "IDEMPOTENT" for level in IDEMPOTENT.values())
+    backlog = (ROOT / "proto" / "snapcoord" / "v1" / "backlog.proto").read_text()
+    assert re.search(r"// Not idempotent.*\n(\s*//.*\n)*\s*rpc ReportProgress\(", backlog)

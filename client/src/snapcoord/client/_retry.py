@@ -1,9 +1,12 @@
 """Retries on UNAVAILABLE with exponential backoff and jitter, within one overall deadline.
 
-Only RPCs listed in ``IDEMPOTENT`` are retried: a reply can be lost after the coordinator committed
-the call, so a retry must be harmless when the first attempt took effect. ``NOT_RETRIED`` says for
-the others why not. Nothing else is retried: every other status means the same request would fail
-again, or (DEADLINE_EXCEEDED) that the call's whole time budget is spent.
+Only idempotent RPCs are retried: a reply can be lost after the coordinator committed the call, so
+a retry must be harmless when the first attempt took effect. The proto is the one source of truth:
+each RPC's ``idempotency_level`` option (IDEMPOTENT, or NO_SIDE_EFFECTS for reads) puts it in
+``IDEMPOTENT``, and the comment next to it in ``proto/snapcoord/v1`` says why it is safe; an RPC
+without one (ReportProgress) is in ``NOT_RETRIED``. Nothing else is retried: every other status
+means the same request would fail again, or (DEADLINE_EXCEEDED) that the call's whole time budget
+is spent.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from google.protobuf import descriptor_pb2
+
 from snapcoord.client.errors import SnapcoordError, Unavailable
+from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 T = TypeVar("T")
 
@@ -24,48 +30,31 @@ _log = logging.getLogger("snapcoord.client")
 #: The least time worth starting another attempt with.
 MIN_ATTEMPT_S = 0.05
 
-#: RPC name -> why sending it again after a lost reply is safe.
-IDEMPOTENT: Mapping[str, str] = {
-    # ProducerOffsetService
-    "RegisterProducerOffsets": (
-        "create-if-absent: a retry after a lost reply answers registered=false with the stored record, "
-        "which is the caller's own when its offsets equal the ones it sent"
-    ),
-    "GetProducerOffsets": "read-only",
-    "DeleteProducerOffsets": "deleting twice is a no-op (a retry may answer deleted=false for its delete)",
-    "ListProducerOffsets": "read-only",
-    # SnapshotService
-    "CreateSnapshot": "while the current snapshot is CREATED it is returned unchanged, so a retry gets it",
-    "GetCurrentSnapshot": "read-only",
-    "GetSnapshot": "read-only",
-    "ListSnapshots": "read-only",
-    "ReportTaskSnapshot": "the same report twice is accepted as one, also after the snapshot completed",
-    "AbortSnapshot": "aborting an ABORTED snapshot returns it unchanged",
-    "DeleteSnapshot": "deleting twice is a no-op (a retry may answer deleted=false for its delete)",
-    "SetRetentionPolicy": "sets absolute values",
-    # LeaseService
-    "AcquireSnapshots": "creates the lease if absent, sets expiry to now+duration; pinning twice is a no-op",
-    "ReleaseSnapshots": "unpinning twice is a no-op",
-    "RenewLease": "sets expiry to now+duration",
-    "DropLease": "dropping twice is a no-op",
-    "GetLease": "read-only",
-    "ListLeases": "read-only",
-    # BacklogService
-    "MarkBacklog": (
-        "the first mark wins and a second one returns it; with reset=true a retry resets again to the "
-        "same boundaries, before the caller could report any progress"
-    ),
-    "GetBacklogStatus": "read-only",
-    "ClearBacklog": "clearing twice is a no-op",
-}
+_Level = descriptor_pb2.MethodOptions.IdempotencyLevel
+#: The levels that make an RPC safe to send again.
+RETRIED_LEVELS = frozenset({"IDEMPOTENT", "NO_SIDE_EFFECTS"})
 
-#: RPC name -> why it is never retried.
-NOT_RETRIED: Mapping[str, str] = {
-    "ReportProgress": (
-        "newly_finished is returned exactly once: if the first attempt committed and its reply was lost, "
-        "a retry answers an empty newly_finished and the caller never learns those partitions finished"
-    ),
-}
+
+def idempotency_levels() -> dict[str, str]:
+    """RPC name -> its ``idempotency_level`` name, for every RPC of the four services.
+
+    Keyed by the bare RPC name, as the client calls them; the names are unique across services.
+    """
+    levels: dict[str, str] = {}
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                if method.name in levels:
+                    raise RuntimeError(f"RPC name {method.name} is not unique across the services")
+                levels[method.name] = _Level.Name(method.GetOptions().idempotency_level)
+    return levels
+
+
+_LEVELS = idempotency_levels()
+#: RPC name -> its idempotency level (IDEMPOTENT or NO_SIDE_EFFECTS): retried on UNAVAILABLE.
+IDEMPOTENT: Mapping[str, str] = {rpc: level for rpc, level in _LEVELS.items() if level in RETRIED_LEVELS}
+#: RPC name -> its idempotency level (IDEMPOTENCY_UNKNOWN): never retried.
+NOT_RETRIED: Mapping[str, str] = {rpc: level for rpc, level in _LEVELS.items() if level not in RETRIED_LEVELS}
 
 
 def is_idempotent(method: str) -> bool:

@@ -2,7 +2,7 @@
 
 Each method converts its arguments to the request message, makes the call with a deadline (the
 client's ``timeout_s`` or the method's own), retries UNAVAILABLE for idempotent RPCs
-(``_retry.IDEMPOTENT``), turns a failed status into a ``SnapcoordError`` subclass, and returns a
+(their ``idempotency_level`` in the proto: ``_retry.IDEMPOTENT``), turns a failed status into a ``SnapcoordError`` subclass, and returns a
 frozen dataclass. The channel is created on the first call in each process.
 """
 
@@ -152,7 +152,7 @@ class CoordinatorClient:
         )
 
     def get_producer_offsets(self, producer_id: str, *, timeout_s: float | None = None) -> ProducerSnapshot:
-        """The stored registration; ``NotFound`` when absent or expired."""
+        """The stored registration; ``NotFound`` when absent (``Expired``, a subclass, when expired)."""
         return self._call(
             "GetProducerOffsets",
             cv.get_producer_request(producer_id),
@@ -261,8 +261,8 @@ class CoordinatorClient:
         )
 
     def delete_snapshot(self, app_id: str, generation: int, *, timeout_s: float | None = None) -> bool:
-        """Delete an ended snapshot; False when there was none. ``FailedPrecondition`` while a lease
-        holds it or while it is still CREATED."""
+        """Delete an ended snapshot; False when there was none. ``LeaseHeld`` while a lease holds it,
+        ``SnapshotInProgress`` while it is still CREATED (both ``FailedPrecondition``)."""
         return self._call(
             "DeleteSnapshot",
             cv.delete_snapshot_request(app_id, generation),
@@ -307,13 +307,14 @@ class CoordinatorClient:
     def release_snapshots(
         self, lease_id: str, snapshots: Iterable[SnapshotRef], *, timeout_s: float | None = None
     ) -> Lease:
-        """Unpin; ``NotFound`` for an unknown or expired lease."""
+        """Unpin; ``NotFound`` for an unknown lease, ``Expired`` (a ``NotFound``) for an expired one."""
         return self._call(
             "ReleaseSnapshots", cv.release_request(lease_id, snapshots), cv.lease_of_pb, timeout_s
         )
 
     def renew_lease(self, lease_id: str, *, duration_ms: int, timeout_s: float | None = None) -> Lease:
-        """Set the lease's expiry to now+duration; ``NotFound`` for an unknown or expired lease."""
+        """Set the lease's expiry to now+duration; ``NotFound`` for an unknown lease, ``Expired`` (a
+        ``NotFound``) for an expired one."""
         return self._call("RenewLease", cv.renew_request(lease_id, duration_ms), cv.lease_of_pb, timeout_s)
 
     def drop_lease(self, lease_id: str, *, timeout_s: float | None = None) -> bool:
@@ -321,7 +322,7 @@ class CoordinatorClient:
         return self._call("DropLease", cv.drop_request(lease_id), cv.dropped_from_pb, timeout_s)
 
     def get_lease(self, lease_id: str, *, timeout_s: float | None = None) -> Lease:
-        """The lease; ``NotFound`` when unknown or expired."""
+        """The lease; ``NotFound`` when unknown, ``Expired`` (a ``NotFound``) when expired."""
         return self._call("GetLease", cv.get_lease_request(lease_id), cv.lease_from_pb, timeout_s)
 
     def list_leases(

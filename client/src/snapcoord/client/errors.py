@@ -1,18 +1,36 @@
-"""The client's one exception root, and the one table from gRPC status codes to it.
+"""The client's one exception root, and the tables from gRPC statuses to it.
 
 Every failed call raises a ``SnapcoordError`` subclass named after the outcome a caller can act
 on, mirroring the coordinator's own exception classes. Each keeps the status code's name
-(``.code``), the server's message (``.details``), the RPC (``.method``) and how many times the
-client sent the call (``.attempts``, more than 1 after retries on UNAVAILABLE).
+(``.code``), the server's message (``.details``), the RPC (``.method``), how many times the
+client sent the call (``.attempts``, more than 1 after retries on UNAVAILABLE), and the
+coordinator's ``google.rpc.ErrorInfo``: ``.reason`` (e.g. "SNAPSHOT_FENCED") and ``.metadata``
+(e.g. ``{"current_generation": "5"}``). docs/api.md lists every reason and its metadata keys.
+
+The class comes from the reason where ``ERROR_BY_REASON`` names one (``SnapshotFenced``,
+``LeaseHeld``...; always a subclass of the code's class), otherwise from the code
+(``ERROR_BY_CODE``), which is all there is for a status without details (raised by grpc itself,
+e.g. DEADLINE_EXCEEDED, or by a proxy). Nothing is parsed out of message text.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import grpc
+from google.protobuf.message import DecodeError
+
+from snapcoord.v1 import error_details_pb2
+
+#: ``ErrorInfo.domain`` of the coordinator's errors; an ErrorInfo from another domain (a proxy's)
+#: is ignored.
+DOMAIN = "snapcoord.dev"
+#: The trailer that carries a serialized ``google.rpc.Status``.
+DETAILS_KEY = "grpc-status-details-bin"
+#: The full name an ``Any`` gives the ErrorInfo detail (read from its type_url; the client decodes
+#: it with its own wire-compatible copy, ``snapcoord.v1.ErrorInfo``).
+ERROR_INFO_TYPE = "google.rpc.ErrorInfo"
 
 
 class SnapcoordError(Exception):
@@ -22,17 +40,29 @@ class SnapcoordError(Exception):
     default_code: ClassVar[str] = "UNKNOWN"
 
     def __init__(
-        self, details: str = "", *, code: str | None = None, method: str | None = None, attempts: int = 1
+        self,
+        details: str = "",
+        *,
+        code: str | None = None,
+        method: str | None = None,
+        attempts: int = 1,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(details)
         self.details = details
         self.code = code or self.default_code
         self.method = method
         self.attempts = attempts
+        #: The coordinator's ErrorInfo reason; None when the status carried none (see module doc).
+        self.reason = reason
+        #: The ErrorInfo metadata (strings); empty when there was none.
+        self.metadata: dict[str, str] = dict(metadata or {})
 
     def __str__(self) -> str:
         where = f" ({self.method}" + (f", {self.attempts} attempts)" if self.attempts > 1 else ")")
-        return f"{self.code}: {self.details}{where if self.method else ''}"
+        why = f" [{self.reason}]" if self.reason and self.reason != self.code else ""
+        return f"{self.code}{why}: {self.details}{where if self.method else ''}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only attributes survive pickling (errors travel from Spark tasks to the driver).
@@ -52,6 +82,11 @@ class NotFound(SnapcoordError):
     default_code = "NOT_FOUND"
 
 
+class Expired(NotFound):
+    """The named record existed but its time is up (reason EXPIRED): a lease that was not renewed,
+    producer offsets past their TTL. ``metadata`` names it and has ``expires_at_ms``."""
+
+
 class AlreadyExists(SnapcoordError):
     default_code = "ALREADY_EXISTS"
 
@@ -63,22 +98,31 @@ class FailedPrecondition(SnapcoordError):
     default_code = "FAILED_PRECONDITION"
 
 
-_CURRENT_GENERATION_RE = re.compile(r"the current generation is (\d+)")
-
-
 class SnapshotFenced(FailedPrecondition):
-    """ReportTaskSnapshot was refused for good: the generation is not the current one, or the
-    snapshot is no longer CREATED, or this task already reported something different for it.
+    """The snapshot is not, or no longer, the CREATED current generation, so the call can never
+    succeed for it: reasons SNAPSHOT_FENCED (a newer generation exists, or the generation does not
+    exist yet), SNAPSHOT_NOT_CREATED (completed or aborted) and REPORT_CONFLICT (this task already
+    reported something different for it).
 
-    A task that gets this must not report again for that generation; ``current_generation`` is the
-    one the coordinator named in its message (None when it named none).
+    A task that gets this from ReportTaskSnapshot must not report again for that generation.
+    ``current_generation`` is the application's current generation as the coordinator saw it (None
+    when it sent none).
     """
 
     @property
     def current_generation(self) -> int | None:
-        # The coordinator puts it in the message only; parsed best-effort for logs and decisions.
-        m = _CURRENT_GENERATION_RE.search(self.details)
-        return int(m.group(1)) if m else None
+        value = self.metadata.get("current_generation", "")
+        return int(value) if value.lstrip("-").isdigit() else None
+
+
+class LeaseHeld(FailedPrecondition):
+    """DeleteSnapshot refused: an unexpired lease pins the snapshot (reason LEASE_HELD). It can be
+    deleted once every lease on it is released or expired."""
+
+
+class SnapshotInProgress(FailedPrecondition):
+    """DeleteSnapshot refused: the snapshot is still CREATED (reason SNAPSHOT_IN_PROGRESS); abort
+    it first (or let it complete)."""
 
 
 class Aborted(SnapcoordError):
@@ -155,45 +199,88 @@ ERROR_BY_CODE: Mapping[grpc.StatusCode, type[SnapcoordError]] = {
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
-#: Where one RPC gives a code a more precise meaning than the table above.
-ERROR_BY_METHOD_AND_CODE: Mapping[tuple[str, grpc.StatusCode], type[SnapcoordError]] = {
-    # API.md: a report for another generation, or for a snapshot no longer CREATED, is fenced;
-    # so is a different report from a task that already reported (it can never be accepted).
-    ("ReportTaskSnapshot", grpc.StatusCode.FAILED_PRECONDITION): SnapshotFenced,
+#: Reasons that name a more precise class than their code's. A class is used only when it
+#: subclasses the code's own (``ERROR_BY_CODE``), so a reason can never make an error change kind.
+ERROR_BY_REASON: Mapping[str, type[SnapcoordError]] = {
+    "SNAPSHOT_FENCED": SnapshotFenced,
+    "SNAPSHOT_NOT_CREATED": SnapshotFenced,
+    "REPORT_CONFLICT": SnapshotFenced,
+    "LEASE_HELD": LeaseHeld,
+    "SNAPSHOT_IN_PROGRESS": SnapshotInProgress,
+    "EXPIRED": Expired,
 }
 
 
-def error_for_status(code: grpc.StatusCode, details: str, method: str | None = None) -> SnapcoordError:
-    """The exception for a call to ``method`` (an RPC name such as "GetLease") that ended with ``code``."""
-    cls = ERROR_BY_METHOD_AND_CODE.get((method or "", code)) or ERROR_BY_CODE.get(code, SnapcoordError)
-    return cls(details, code=code.name, method=method)
+def error_for_status(
+    code: grpc.StatusCode,
+    details: str,
+    method: str | None = None,
+    *,
+    reason: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> SnapcoordError:
+    """The exception for a call to ``method`` (an RPC name such as "GetLease") that ended with
+    ``code`` and, when the coordinator sent an ErrorInfo, ``reason`` and ``metadata``."""
+    cls = ERROR_BY_CODE.get(code, SnapcoordError)
+    specific = ERROR_BY_REASON.get(reason or "")
+    if specific is not None and issubclass(specific, cls):
+        cls = specific
+    return cls(details, code=code.name, method=method, reason=reason, metadata=metadata)
+
+
+def error_info(trailing_metadata: Any) -> error_details_pb2.ErrorInfo | None:
+    """The coordinator's ErrorInfo in a call's trailers, or None (no details, undecodable, another
+    domain's). ``trailing_metadata`` is what ``grpc.Call.trailing_metadata()`` returns."""
+    for key, value in trailing_metadata or ():
+        if key != DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = error_details_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.type_url.rpartition("/")[2] != ERROR_INFO_TYPE:
+                    continue
+                info = error_details_pb2.ErrorInfo.FromString(detail.value)
+                if info.domain == DOMAIN:
+                    return info
+        except DecodeError:
+            return None  # garbage from something in between: fall back to the code alone
+    return None
 
 
 def error_from_rpc(error: grpc.RpcError, method: str | None = None) -> SnapcoordError:
     """Translate what grpcio raised; ``raise error_from_rpc(e, name) from e`` keeps the cause."""
-    if isinstance(error, grpc.Call):
+    if not isinstance(error, grpc.Call):
+        return error_for_status(grpc.StatusCode.UNKNOWN, str(error), method)
+    info = error_info(error.trailing_metadata())
+    if info is None:
         return error_for_status(error.code(), error.details() or "", method)
-    return error_for_status(grpc.StatusCode.UNKNOWN, str(error), method)
+    return error_for_status(
+        error.code(), error.details() or "", method, reason=info.reason, metadata=dict(info.metadata)
+    )
 
 
 __all__ = [
     "ERROR_BY_CODE",
-    "ERROR_BY_METHOD_AND_CODE",
+    "ERROR_BY_REASON",
     "Aborted",
     "AlreadyExists",
     "Cancelled",
     "DeadlineExceeded",
+    "Expired",
     "FailedPrecondition",
     "Internal",
     "InvalidArgument",
+    "LeaseHeld",
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",
     "SnapcoordError",
     "SnapshotFenced",
+    "SnapshotInProgress",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
     "error_for_status",
     "error_from_rpc",
+    "error_info",
 ]

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class BacklogServiceStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
+    NO_SIDE_EFFECTS; ReportProgress is neither.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +59,9 @@ class BacklogServiceStub(object):
 
 
 class BacklogServiceServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
+    NO_SIDE_EFFECTS; ReportProgress is neither.
+    """
 
     def MarkBacklog(self, request, context):
         """First mark wins and is kept across driver restarts; a second mark returns the stored one
@@ -70,6 +74,11 @@ class BacklogServiceServicer(object):
     def ReportProgress(self, request, context):
         """A partition is finished once its position >= its boundary; each is returned in
         newly_finished exactly once.
+
+        Not idempotent (no idempotency_level, so never retried): newly_finished is returned exactly
+        once, so if a first attempt committed and its reply was lost, a retry would answer an empty
+        newly_finished and the caller would never learn those partitions finished. After UNAVAILABLE
+        or DEADLINE_EXCEEDED, GetBacklogStatus tells which partitions are finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,7 +92,8 @@ class BacklogServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ClearBacklog(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """cleared=false when there was nothing to clear.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -120,7 +130,9 @@ def add_BacklogServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class BacklogService(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
+    NO_SIDE_EFFECTS; ReportProgress is neither.
+    """
 
     @staticmethod
     def MarkBacklog(request,

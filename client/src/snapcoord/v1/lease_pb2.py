@@ -25,13 +25,25 @@ _sym_db = _symbol_database.Default()
 from snapcoord.v1 import common_pb2 as snapcoord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapcoord/v1/lease.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"s\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\x12,\n\tsnapshots\x18\x04 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"n\n\x17\x41\x63quireSnapshotsRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\x12,\n\tsnapshots\x18\x03 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"n\n\x18\x41\x63quireSnapshotsResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\x12.\n\x0bunavailable\x18\x02 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"Y\n\x17ReleaseSnapshotsRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\tsnapshots\x18\x02 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\">\n\x18ReleaseSnapshotsResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\":\n\x11RenewLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\"8\n\x12RenewLeaseResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\"$\n\x10\x44ropLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"$\n\x11\x44ropLeaseResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"#\n\x0fGetLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\":\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"R\n\x12ListLeasesResponse\x12#\n\x06leases\x18\x01 \x03(\x0b\x32\x13.snapcoord.v1.Lease\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x84\x04\n\x0cLeaseService\x12\x61\n\x10\x41\x63quireSnapshots\x12%.snapcoord.v1.AcquireSnapshotsRequest\x1a&.snapcoord.v1.AcquireSnapshotsResponse\x12\x61\n\x10ReleaseSnapshots\x12%.snapcoord.v1.ReleaseSnapshotsRequest\x1a&.snapcoord.v1.ReleaseSnapshotsResponse\x12O\n\nRenewLease\x12\x1f.snapcoord.v1.RenewLeaseRequest\x1a .snapcoord.v1.RenewLeaseResponse\x12L\n\tDropLease\x12\x1e.snapcoord.v1.DropLeaseRequest\x1a\x1f.snapcoord.v1.DropLeaseResponse\x12>\n\x08GetLease\x12\x1d.snapcoord.v1.GetLeaseRequest\x1a\x13.snapcoord.v1.Lease\x12O\n\nListLeases\x12\x1f.snapcoord.v1.ListLeasesRequest\x1a .snapcoord.v1.ListLeasesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapcoord/v1/lease.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"s\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\x12,\n\tsnapshots\x18\x04 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"n\n\x17\x41\x63quireSnapshotsRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\x12,\n\tsnapshots\x18\x03 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"n\n\x18\x41\x63quireSnapshotsResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\x12.\n\x0bunavailable\x18\x02 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\"Y\n\x17ReleaseSnapshotsRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\tsnapshots\x18\x02 \x03(\x0b\x32\x19.snapcoord.v1.SnapshotRef\">\n\x18ReleaseSnapshotsResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\":\n\x11RenewLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\"8\n\x12RenewLeaseResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.snapcoord.v1.Lease\"$\n\x10\x44ropLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"$\n\x11\x44ropLeaseResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"#\n\x0fGetLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\":\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"R\n\x12ListLeasesResponse\x12#\n\x06leases\x18\x01 \x03(\x0b\x32\x13.snapcoord.v1.Lease\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xa2\x04\n\x0cLeaseService\x12\x66\n\x10\x41\x63quireSnapshots\x12%.snapcoord.v1.AcquireSnapshotsRequest\x1a&.snapcoord.v1.AcquireSnapshotsResponse\"\x03\x90\x02\x02\x12\x66\n\x10ReleaseSnapshots\x12%.snapcoord.v1.ReleaseSnapshotsRequest\x1a&.snapcoord.v1.ReleaseSnapshotsResponse\"\x03\x90\x02\x02\x12T\n\nRenewLease\x12\x1f.snapcoord.v1.RenewLeaseRequest\x1a .snapcoord.v1.RenewLeaseResponse\"\x03\x90\x02\x02\x12Q\n\tDropLease\x12\x1e.snapcoord.v1.DropLeaseRequest\x1a\x1f.snapcoord.v1.DropLeaseResponse\"\x03\x90\x02\x02\x12\x43\n\x08GetLease\x12\x1d.snapcoord.v1.GetLeaseRequest\x1a\x13.snapcoord.v1.Lease\"\x03\x90\x02\x01\x12T\n\nListLeases\x12\x1f.snapcoord.v1.ListLeasesRequest\x1a .snapcoord.v1.ListLeasesResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapcoord.v1.lease_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['AcquireSnapshots']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['AcquireSnapshots']._serialized_options = b'\220\002\002'
+  _globals['_LEASESERVICE'].methods_by_name['ReleaseSnapshots']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['ReleaseSnapshots']._serialized_options = b'\220\002\002'
+  _globals['_LEASESERVICE'].methods_by_name['RenewLease']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['RenewLease']._serialized_options = b'\220\002\002'
+  _globals['_LEASESERVICE'].methods_by_name['DropLease']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['DropLease']._serialized_options = b'\220\002\002'
+  _globals['_LEASESERVICE'].methods_by_name['GetLease']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['GetLease']._serialized_options = b'\220\002\001'
+  _globals['_LEASESERVICE'].methods_by_name['ListLeases']._loaded_options = None
+  _globals['_LEASESERVICE'].methods_by_name['ListLeases']._serialized_options = b'\220\002\001'
   _globals['_LEASE']._serialized_start=69
   _globals['_LEASE']._serialized_end=184
   _globals['_ACQUIRESNAPSHOTSREQUEST']._serialized_start=186
@@ -57,5 +69,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTLEASESRESPONSE']._serialized_start=856
   _globals['_LISTLEASESRESPONSE']._serialized_end=938
   _globals['_LEASESERVICE']._serialized_start=941
-  _globals['_LEASESERVICE']._serialized_end=1457
+  _globals['_LEASESERVICE']._serialized_end=1487
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class LeaseServiceStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -67,7 +69,9 @@ class LeaseServiceStub(object):
 
 
 class LeaseServiceServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def AcquireSnapshots(self, request, context):
         """Creates the lease if absent; every call renews expiry to now+duration; pins every existing,
@@ -92,14 +96,15 @@ class LeaseServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DropLease(self, request, context):
-        """Idempotent; releases everything.
+        """Releases everything; dropped=false when there was no lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetLease(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND for an unknown or expired lease.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -152,7 +157,9 @@ def add_LeaseServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class LeaseService(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     @staticmethod
     def AcquireSnapshots(request,

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class ProducerOffsetServiceStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +59,9 @@ class ProducerOffsetServiceStub(object):
 
 
 class ProducerOffsetServiceServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def RegisterProducerOffsets(self, request, context):
         """Atomic create-if-absent: exactly one concurrent caller gets registered=true; the others get
@@ -75,7 +79,7 @@ class ProducerOffsetServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DeleteProducerOffsets(self, request, context):
-        """Idempotent: deleted=false when there was nothing to delete.
+        """deleted=false when there was nothing to delete.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -119,7 +123,9 @@ def add_ProducerOffsetServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ProducerOffsetService(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     @staticmethod
     def RegisterProducerOffsets(request,

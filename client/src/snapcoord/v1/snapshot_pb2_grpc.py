@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class SnapshotServiceStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -77,7 +79,9 @@ class SnapshotServiceStub(object):
 
 
 class SnapshotServiceServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     def CreateSnapshot(self, request, context):
         """If the current snapshot is CREATED, returns it unchanged (safe to retry); otherwise creates
@@ -190,7 +194,9 @@ def add_SnapshotServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SnapshotService(object):
-    """Missing associated documentation comment in .proto file."""
+    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
+    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """
 
     @staticmethod
     def CreateSnapshot(request,

@@ -1,6 +1,7 @@
 """The server interceptor: exceptions become statuses, every call is counted and timed.
 
-One place turns what a handler raises into what a caller sees (``status.status_for``), so
+One place turns what a handler raises into what a caller sees (``status.status_for``): the code,
+the message and the ``google.rpc.Status`` details trailer with the error's reason and metadata, so
 servicers just raise ``SnapcoordError`` subclasses. The same wrapper records the standard gRPC
 server metrics, because only it sees the final code of every call, including codes a handler sets
 with ``context.abort`` or ``context.set_code``.
@@ -21,7 +22,7 @@ from typing import Any, NoReturn
 import grpc
 
 from snapcoord.coordinator.metrics import GrpcServerMetrics
-from snapcoord.coordinator.status import status_for
+from snapcoord.coordinator.status import Status, status_for, unimplemented
 
 _log = logging.getLogger(__name__)
 
@@ -65,6 +66,14 @@ def _raised_by_generated_base(exc: BaseException) -> bool:
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     """True when ``exc`` is what ``context.abort`` raises: a bare Exception with a code set."""
     return type(exc) is Exception and not exc.args and context.code() not in (None, grpc.StatusCode.OK)
+
+
+def _abort(context: grpc.ServicerContext, call: _Call, status: Status) -> NoReturn:
+    """End the RPC with ``status``: code, message and the details trailer (``context.abort`` raises)."""
+    call.finish(status.code)
+    context.set_trailing_metadata(status.trailing_metadata())
+    context.abort(status.code, status.message)
+    raise AssertionError("context.abort returned")  # pragma: no cover
 
 
 class _Call:
@@ -174,19 +183,19 @@ class _Wrapper:
             call.finish(context.code())
             raise exc
         if isinstance(exc, NotImplementedError) and _raised_by_generated_base(exc):
-            call.finish(grpc.StatusCode.UNIMPLEMENTED)
-            context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"{self._method} is not implemented by this coordinator (snapcoord {self._version})",
+            _abort(
+                context,
+                call,
+                unimplemented(
+                    f"{self._method} is not implemented by this coordinator (snapcoord {self._version})"
+                ),
             )
         status = status_for(exc)
         if status.unexpected:
             _log.error("%s failed with %s", self._method, type(exc).__name__, exc_info=exc)
         else:
-            _log.debug("%s -> %s: %s", self._method, status.code.name, status.message)
-        call.finish(status.code)
-        context.abort(status.code, status.message)
-        raise AssertionError("context.abort returned")  # pragma: no cover
+            _log.debug("%s -> %s (%s): %s", self._method, status.code.name, status.reason, status.message)
+        _abort(context, call, status)
 
     def unary_response(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
         def run(request: Any, context: grpc.ServicerContext) -> Any:

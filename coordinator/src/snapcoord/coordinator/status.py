@@ -1,19 +1,34 @@
-"""The one table from the coordinator's exceptions to gRPC status codes.
+"""The one table from the coordinator's exceptions to gRPC status codes, and their rich details.
 
 Domain and storage code raise ``SnapcoordError`` subclasses and never import grpc; the interceptor
 asks ``status_for`` which code a caller sees. Lookup walks the exception's MRO, so a subclass added
 later (a new storage error) inherits the code of the outcome it subclasses without touching this
-table. Anything that is not a ``SnapcoordError`` is a bug: INTERNAL with a generic message, and
-the traceback goes to the log, not to the caller.
+table. Anything that is not a ``SnapcoordError`` is a bug: INTERNAL with a generic message and
+reason INTERNAL, and the traceback goes to the log, not to the caller.
+
+Every status also travels as a ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer,
+holding one ``google.rpc.ErrorInfo`` (the error's reason, ``DOMAIN``, its metadata), so callers
+branch on the reason instead of parsing the message (docs/api.md lists the reasons). The messages
+are snapcoord's wire-compatible copies (``snapcoord.v1.error_details_pb2``), and the ``Any`` names
+the standard type, so grpcurl and googleapis-based clients decode it as the real thing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import grpc
 
 from snapcoord.coordinator import errors
+from snapcoord.v1 import error_details_pb2
+
+#: ``ErrorInfo.domain`` of every error the coordinator sends (a stable name, not a host to call).
+DOMAIN = "snapcoord.dev"
+#: The trailer gRPC reserves for a serialized ``google.rpc.Status``.
+DETAILS_KEY = "grpc-status-details-bin"
+#: ``Any.type_url`` of the ErrorInfo detail: the standard message's name.
+ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
 
 #: Keyed by the outcome classes of ``errors``; storage errors reach a code through their MRO.
 STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
@@ -39,6 +54,25 @@ class Status:
     message: str
     #: True when the exception was not one the coordinator raises on purpose (log its traceback).
     unexpected: bool
+    #: ``ErrorInfo.reason``: a ``Reason`` value.
+    reason: str = errors.Reason.INTERNAL.value
+    #: ``ErrorInfo.metadata``: strings only, never payloads or secrets.
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def details_bin(self) -> bytes:
+        """The serialized ``google.rpc.Status`` for the ``grpc-status-details-bin`` trailer.
+
+        Its code and message equal the call's own (clients such as grpcio-status check that).
+        """
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=dict(self.metadata))
+        status = error_details_pb2.Status(code=self.code.value[0], message=self.message)
+        detail = status.details.add()
+        detail.type_url = ERROR_INFO_TYPE_URL
+        detail.value = info.SerializeToString(deterministic=True)
+        return status.SerializeToString(deterministic=True)
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes]]:
+        return ((DETAILS_KEY, self.details_bin()),)
 
 
 def status_for(exc: BaseException) -> Status:
@@ -47,5 +81,13 @@ def status_for(exc: BaseException) -> Status:
         code = STATUS_BY_ERROR.get(cls)
         if code is not None:
             unexpected = cls is errors.SnapcoordError or cls is errors.Internal
-            return Status(code, str(exc) or code.name, unexpected)
+            # getattr: an instance made without __init__ (copy, a subclass that skips it) still maps.
+            reason = getattr(exc, "reason", None) or getattr(exc, "default_reason", errors.Reason.INTERNAL)
+            metadata = getattr(exc, "metadata", None) or {}
+            return Status(code, str(exc) or code.name, unexpected, str(reason), dict(metadata))
     return Status(grpc.StatusCode.INTERNAL, GENERIC_INTERNAL_MESSAGE, True)
+
+
+def unimplemented(message: str) -> Status:
+    """The status of an RPC the proto has but this coordinator does not implement."""
+    return Status(grpc.StatusCode.UNIMPLEMENTED, message, False, errors.Reason.UNIMPLEMENTED.value)
