@@ -113,9 +113,8 @@ def test_error_info_is_read_by_type_url_and_domain() -> None:
     info = error_info(_trailer(("type.googleapis.com/google.rpc.ErrorInfo", _info())))
     assert info is not None and (info.reason, dict(info.metadata)) == ("LEASE_HELD", {"generation": "2"})
     # Another detail first, then ours.
-    info = error_info(
-        _trailer(("type.googleapis.com/google.rpc.RetryInfo", b"\x0a\x02\x08\x01"), ("x/google.rpc.ErrorInfo", _info()))
-    )
+    retry_info = ("type.googleapis.com/google.rpc.RetryInfo", b"\x0a\x02\x08\x01")
+    info = error_info(_trailer(retry_info, ("x/google.rpc.ErrorInfo", _info())))
     assert info is not None and info.reason == "LEASE_HELD"
     assert error_info(_trailer(("type.googleapis.com/google.rpc.ErrorInfo", _info("envoy.proxy")))) is None
     assert error_info(_trailer(("type.googleapis.com/google.rpc.DebugInfo", _info()))) is None

@@ -1,9 +1,10 @@
 """``CoordinatorClient``: one method per RPC of the four snapcoord.v1 services.
 
 Each method converts its arguments to the request message, makes the call with a deadline (the
-client's ``timeout_s`` or the method's own), retries UNAVAILABLE for idempotent RPCs
-(their ``idempotency_level`` in the proto: ``_retry.IDEMPOTENT``), turns a failed status into a ``SnapcoordError`` subclass, and returns a
-frozen dataclass. The channel is created on the first call in each process.
+client's ``timeout_s`` or the method's own), retries UNAVAILABLE for idempotent RPCs (their
+``idempotency_level`` in the proto: ``_retry.IDEMPOTENT``), turns a failed status into a
+``SnapcoordError`` subclass, and returns a frozen dataclass. The channel is created on the first
+call in each process.
 """
 
 from __future__ import annotations
