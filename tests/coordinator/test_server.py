@@ -39,6 +39,7 @@ from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op, Stat
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
+    error_details_pb2,
     lease_pb2,
     lease_pb2_grpc,
     producer_pb2,
@@ -220,6 +221,43 @@ def test_reflection_describes_every_service(channel: grpc.Channel, version: str,
     assert any(f.package == package and any(s.name == name for s in f.service) for f in files)
 
 
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_describes_google_rpc_error_info(channel: grpc.Channel, version: str) -> None:
+    """What grpcurl asks to decode the detail every error carries."""
+    request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="google.rpc.ErrorInfo")
+    reply = _reflection_request(channel, version, request)
+    assert not reply.HasField("error_response"), reply.error_response.error_message
+    (file,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(b)
+        for b in reply.file_descriptor_response.file_descriptor_proto
+    ]
+    assert (file.name, file.package) == ("google/rpc/error_details.proto", "google.rpc")
+    (info,) = file.message_type
+    fields = {f.name: (f.number, f.type) for f in info.field}
+    field = descriptor_pb2.FieldDescriptorProto
+    assert fields == {
+        "reason": (1, field.TYPE_STRING),
+        "domain": (2, field.TYPE_STRING),
+        "metadata": (3, field.TYPE_MESSAGE),
+    }
+    assert info.field[2].type_name == ".google.rpc.ErrorInfo.MetadataEntry"
+
+
+def test_reflection_leaves_the_default_pool_without_google_rpc() -> None:
+    """The renamed ErrorInfo lives in reflection's own pool only, so the real googleapis file can
+    still be imported into this process later (tests/client/test_error_details.py does so)."""
+    from google.protobuf import descriptor_pool
+
+    from snapcoord.coordinator.reflection import reflection_pool
+
+    pool = reflection_pool(sorted(ALL_SERVICES))
+    assert pool.FindMessageTypeByName("google.rpc.ErrorInfo").fields_by_name["reason"].number == 1
+    assert pool.FindServiceByName("snapcoord.v1.SnapshotService").methods_by_name["CreateSnapshot"]
+    if "google.rpc.error_details_pb2" not in sys.modules:
+        with pytest.raises(KeyError):
+            descriptor_pool.Default().FindFileByName("google/rpc/error_details.proto")
+
+
 def test_reflection_v1alpha_stub_from_the_library(channel: grpc.Channel) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     (reply,) = stub.ServerReflectionInfo(
@@ -302,6 +340,7 @@ def test_a_generated_base_servicer_answers_unimplemented_with_a_clear_message(
     assert e.value.details() == (
         f"{service}/{method} is not implemented by this coordinator (snapcoord {__version__})"
     )
+    assert error_details(e.value)[1].reason == "UNIMPLEMENTED"
 
 
 def test_an_unknown_method_is_grpcs_own_unimplemented(channel: grpc.Channel) -> None:
@@ -311,6 +350,16 @@ def test_an_unknown_method_is_grpcs_own_unimplemented(channel: grpc.Channel) -> 
 
 
 # --- error mapping -----------------------------------------------------------------------------
+
+
+def error_details(error: grpc.RpcError) -> tuple[error_details_pb2.Status, error_details_pb2.ErrorInfo]:
+    """The google.rpc.Status in the call's trailer and its one ErrorInfo."""
+    assert isinstance(error, grpc.Call)
+    trailer = dict(error.trailing_metadata() or ())
+    rpc_status = error_details_pb2.Status.FromString(trailer["grpc-status-details-bin"])
+    (detail,) = rpc_status.details
+    assert detail.type_url == "type.googleapis.com/google.rpc.ErrorInfo"
+    return rpc_status, error_details_pb2.ErrorInfo.FromString(detail.value)
 
 
 ERROR_CLASSES = [
@@ -323,11 +372,16 @@ def test_each_snapcoord_error_maps_to_its_status(
     channel: grpc.Channel, cls: type[errors.SnapcoordError]
 ) -> None:
     """End to end through the interceptor; test_status pins the table itself."""
-    expected = status_for(cls.__new__(cls)).code
+    expected = status_for(cls.__new__(cls))
     with pytest.raises(grpc.RpcError) as e:
         ProbeService.call(channel, "Raise", f"errors.{cls.__name__}".encode())
-    assert e.value.code() == expected
+    assert e.value.code() == expected.code
     assert e.value.details() == f"raised errors.{cls.__name__}"
+    rpc_status, info = error_details(e.value)
+    assert (rpc_status.code, rpc_status.message) == (expected.code.value[0], e.value.details())
+    assert info.domain == "snapcoord.dev"
+    reason = "ALREADY_EXISTS" if cls is errors.TransactionFailed else cls.default_reason
+    assert info.reason == reason
 
 
 @pytest.mark.parametrize("name", ["ValueError", "KeyError", "RuntimeError"])
@@ -342,6 +396,10 @@ def test_an_unexpected_exception_is_internal_and_logged(
     assert e.value.code() == grpc.StatusCode.INTERNAL
     assert e.value.details() == GENERIC_INTERNAL_MESSAGE
     assert f"raised {name}" not in e.value.details()
+    rpc_status, info = error_details(e.value)
+    assert (info.reason, dict(info.metadata)) == ("INTERNAL", {})
+    assert rpc_status.message == GENERIC_INTERNAL_MESSAGE
+    assert b"raised" not in dict(e.value.trailing_metadata())["grpc-status-details-bin"]
     (record,) = [r for r in caplog.records if r.exc_info]
     assert f"snapcoord.test.Probe/Raise failed with {name}" in record.getMessage()
 

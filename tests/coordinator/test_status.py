@@ -1,4 +1,4 @@
-"""The one exception -> status code table."""
+"""The one exception -> status code table, and the google.rpc.Status details built from it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ import grpc
 import pytest
 
 from snapcoord.coordinator import errors
-from snapcoord.coordinator.status import GENERIC_INTERNAL_MESSAGE, status_for
+from snapcoord.coordinator.errors import Reason
+from snapcoord.coordinator.status import (
+    DOMAIN,
+    ERROR_INFO_TYPE_URL,
+    GENERIC_INTERNAL_MESSAGE,
+    Status,
+    status_for,
+    unimplemented,
+)
+from snapcoord.v1 import error_details_pb2
 
 C = grpc.StatusCode
 
@@ -88,3 +97,63 @@ def test_unknown_exceptions_are_internal_without_details(exc: Exception) -> None
 
 def test_empty_message_falls_back_to_the_code_name() -> None:
     assert status_for(errors.NotFound()).message == "NOT_FOUND"
+
+
+def decode(status: Status) -> tuple[error_details_pb2.Status, error_details_pb2.ErrorInfo]:
+    ((key, value),) = status.trailing_metadata()
+    assert key == "grpc-status-details-bin"
+    rpc_status = error_details_pb2.Status.FromString(value)
+    (detail,) = rpc_status.details
+    assert detail.type_url == ERROR_INFO_TYPE_URL
+    return rpc_status, error_details_pb2.ErrorInfo.FromString(detail.value)
+
+
+@pytest.mark.parametrize("cls", list(EXPECTED), ids=lambda c: c.__name__)
+def test_details_repeat_code_and_message_and_carry_the_default_reason(
+    cls: type[errors.SnapcoordError],
+) -> None:
+    exc = make(cls, f"details of {cls.__name__}")
+    status = status_for(exc)
+    rpc_status, info = decode(status)
+    assert (rpc_status.code, rpc_status.message) == (EXPECTED[cls].value[0], status.message)
+    assert info.domain == DOMAIN
+    assert info.reason == exc.reason == status.reason
+    if isinstance(exc, errors.TransactionFailed):  # takes its cause's reason
+        assert info.reason == exc.cause.reason == Reason.CONTENDED
+    else:
+        assert info.reason == cls.default_reason
+    assert dict(info.metadata) == {}
+
+
+def test_a_raise_sites_reason_and_metadata_travel_as_strings() -> None:
+    exc = errors.FailedPrecondition(
+        "generation 3 is fenced",
+        reason=Reason.SNAPSHOT_FENCED,
+        metadata={"app_id": "a", "generation": 3, "current_generation": 5},
+    )
+    _, info = decode(status_for(exc))
+    assert info.reason == "SNAPSHOT_FENCED"
+    assert dict(info.metadata) == {"app_id": "a", "generation": "3", "current_generation": "5"}
+
+
+def test_an_unexpected_exception_has_reason_internal_and_nothing_else() -> None:
+    status = status_for(ValueError("secret path /etc/x"))
+    rpc_status, info = decode(status)
+    assert (info.reason, dict(info.metadata)) == ("INTERNAL", {})
+    assert rpc_status.message == GENERIC_INTERNAL_MESSAGE
+    assert b"secret" not in status.details_bin()
+
+
+def test_an_instance_made_without_init_still_maps() -> None:
+    status = status_for(errors.NotFound.__new__(errors.NotFound))
+    assert (status.code, status.reason) == (C.NOT_FOUND, "NOT_FOUND")
+
+
+def test_unimplemented_has_its_reason() -> None:
+    rpc_status, info = decode(unimplemented("X is not implemented"))
+    assert (rpc_status.code, info.reason) == (C.UNIMPLEMENTED.value[0], "UNIMPLEMENTED")
+
+
+def test_reasons_are_stable_upper_snake_names() -> None:
+    for reason in Reason:
+        assert reason.value == reason.name and reason.value.isupper(), reason
