@@ -269,3 +269,21 @@ def test_every_idempotent_rpc_says_why_in_the_proto() -> None:
     assert marked == sum(level == "IDEMPOTENT" for level in IDEMPOTENT.values())
     backlog = (ROOT / "proto" / "snapcoord" / "v1" / "backlog.proto").read_text()
     assert re.search(r"// Not idempotent.*\n(\s*//.*\n)*\s*rpc ReportProgress\(", backlog)
+
+
+def test_the_client_readme_retry_table_matches_the_proto() -> None:
+    readme = (ROOT / "client" / "README.md").read_text()
+    table = readme.split("| RPC | idempotency_level | retried | why |", 1)[1].split("\n\n", 1)[0]
+    rpcs = set(IDEMPOTENT) | set(NOT_RETRIED)
+    seen: set[str] = set()
+    for row in table.strip().splitlines()[1:]:
+        names, level, retried, _why = (cell.strip().strip("*`") for cell in row.strip("|").split("|"))
+        for name in (n.strip() for n in names.removesuffix(" (all services)").split(",")):
+            # "Get*, List*" stand for every RPC with that prefix.
+            matched = {r for r in rpcs if r.startswith(name[:-1])} if name.endswith("*") else {name}
+            assert matched and matched <= rpcs, name
+            for rpc in matched:
+                assert (retried == "yes") == (rpc in IDEMPOTENT), rpc
+                assert level == IDEMPOTENT.get(rpc, "(none)"), rpc
+            seen |= matched
+    assert seen == rpcs

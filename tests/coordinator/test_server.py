@@ -442,7 +442,7 @@ def test_a_taken_port_fails_the_build(deps: Deps) -> None:
 
 
 def test_shutdown_finishes_an_in_flight_call_and_refuses_new_ones(deps: Deps, probe: ProbeService) -> None:
-    """The drain in the order DESIGN.md gives: NOT_SERVING, stop accepting, finish in-flight calls."""
+    """The drain in the order docs/design.md gives: NOT_SERVING, stop accepting, finish in-flight calls."""
     server, port = build_server(coordinator_config(), deps)
     server.grpc.add_generic_rpc_handlers((probe.handler(),))
     server.start()

@@ -1,7 +1,7 @@
-"""Frozen dataclasses mirroring the messages of API.md; the client's public API speaks only these.
+"""Frozen dataclasses mirroring the messages of docs/api.md; the client's public API speaks only these.
 
 Field names and units follow the wire (``*_ms`` are milliseconds since the epoch or durations in
-milliseconds), so a value read here means what API.md says it means. Sequences are stored as
+milliseconds), so a value read here means what docs/api.md says it means. Sequences are stored as
 tuples so that results can be compared, hashed and shipped to Spark tasks (they pickle). The two
 maps (``Snapshot.labels``, ``TaskSnapshot.checkpoints``) are private dict copies left out of the
 hash; treat them as read-only.

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 
 class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
-    """snapcoord.v1.BacklogService (API.md "BacklogService"): converts, calls the registry, converts back.
+    """snapcoord.v1.BacklogService (docs/api.md, "BacklogService"): converts, calls the registry,
+    converts back.
 
     Errors are the registry's ``SnapcoordError``s; the interceptor maps them to status codes.
     ReportProgress's status carries ``job_id`` and ``processing_backlog`` without partitions (its

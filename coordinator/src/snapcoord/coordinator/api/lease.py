@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
-    """snapcoord.v1.LeaseService (API.md): converts, calls the lease registry, converts back."""
+    """snapcoord.v1.LeaseService (docs/api.md): converts, calls the lease registry, converts back."""
 
     def __init__(self, services: Services) -> None:
         self._leases = services.leases

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class ProducerOffsetService(producer_pb2_grpc.ProducerOffsetServiceServicer):
-    """snapcoord.v1.ProducerOffsetService (API.md): converts, calls the registry, converts back.
+    """snapcoord.v1.ProducerOffsetService (docs/api.md): converts, calls the registry, converts back.
 
     Errors are the registry's ``SnapcoordError``s; the interceptor maps them to status codes.
     """

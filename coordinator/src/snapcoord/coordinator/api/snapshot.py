@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
-    """snapcoord.v1.SnapshotService (API.md): converts, calls the registry, converts back.
+    """snapcoord.v1.SnapshotService (docs/api.md): converts, calls the registry, converts back.
 
     GetCurrentSnapshot, ListSnapshots, CreateSnapshot and AbortSnapshot answer with snapshot
     headers (no task reports); ReportTaskSnapshot adds the task it recorded; GetSnapshot has every

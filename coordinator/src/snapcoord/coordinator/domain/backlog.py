@@ -16,7 +16,7 @@ The rules:
   below any position the job can start from (offsets are 0 or more, or -1), so the partition is
   finished by the mark itself: the mark's status shows it ``finished`` with position -1. Such a
   partition is never listed in ``newly_finished``: that list holds what a *report* finished. A
-  partition whose first reported position is already at or past its boundary (API.md: "at or
+  partition whose first reported position is already at or past its boundary (docs/api.md: "at or
   below its first position") is finished by that first report, which lists it, exactly once.
 - **newly_finished, exactly once.** The write that finishes a partition tags it with the id of
   the report that made it (``finished_by``). Tags are set once, by a compare-and-set write, and

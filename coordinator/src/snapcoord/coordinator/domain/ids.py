@@ -1,4 +1,4 @@
-"""Identifier rules shared by every RPC (API.md: 1-200 characters of ``[A-Za-z0-9._:-]``).
+"""Identifier rules shared by every RPC (docs/api.md: 1-200 characters of ``[A-Za-z0-9._:-]``).
 
 Identifiers become ZooKeeper path segments and S3 key segments, so the rule also keeps them safe
 there: no ``/``, and never ``.`` or ``..``.

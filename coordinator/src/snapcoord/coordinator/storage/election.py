@@ -2,7 +2,7 @@
 
 ``MetadataStore.election(name, identifier)`` returns an ``Election``; ``run(lead)`` contends and
 calls ``lead(leadership)`` while this replica leads. On ZooKeeper that is kazoo's election recipe
-plus what the recipe leaves out (DESIGN.md, "Janitor"): stop acting while the connection is
+plus what the recipe leaves out (docs/design.md, "Janitor"): stop acting while the connection is
 suspended, step down when the session is lost. The embedded store serves one process, so there
 it simply leads (elections of the same name on one embedded store still exclude each other).
 
