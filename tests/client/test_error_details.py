@@ -267,3 +267,12 @@ def test_grpcurl_prints_the_reason_and_metadata(
     assert '"domain":"snapcoord.dev"' in printed
     assert '"reason":"SNAPSHOT_FENCED"' in printed
     assert '"current_generation":"1"' in printed, done.stderr
+
+
+def test_a_message_echoing_a_huge_input_keeps_its_code_and_reason(client: CoordinatorClient) -> None:
+    """The message travels in trailers; the server clips it so the client's metadata limit never
+    turns INVALID_ARGUMENT into RESOURCE_EXHAUSTED."""
+    with pytest.raises(InvalidArgument) as bad:
+        client.list_producer_offsets(page_token="x" * 50_000)
+    assert (bad.value.code, bad.value.reason) == ("INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    assert "page_token" in bad.value.details and "characters in all" in bad.value.details

@@ -13,6 +13,8 @@ from snapcoord.coordinator.status import (
     DOMAIN,
     ERROR_INFO_TYPE_URL,
     GENERIC_INTERNAL_MESSAGE,
+    MAX_MESSAGE_CHARS,
+    MAX_METADATA_VALUE_CHARS,
     Status,
     status_for,
     unimplemented,
@@ -157,3 +159,15 @@ def test_unimplemented_has_its_reason() -> None:
 def test_reasons_are_stable_upper_snake_names() -> None:
     for reason in Reason:
         assert reason.value == reason.name and reason.value.isupper(), reason
+
+
+def test_huge_messages_and_metadata_are_clipped_to_fit_the_trailers() -> None:
+    exc = errors.InvalidArgument("page_token " + "x" * 100_000, metadata={"field": "y" * 10_000})
+    status = status_for(exc)
+    assert len(status.message) == MAX_MESSAGE_CHARS
+    assert status.message.startswith("page_token xxx") and status.message.endswith(
+        "(100011 characters in all)"
+    )
+    assert len(status.metadata["field"]) == MAX_METADATA_VALUE_CHARS
+    assert len(status.details_bin()) < 2 * MAX_MESSAGE_CHARS  # well below a client's 8 KiB
+    assert status_for(errors.InvalidArgument("short")).message == "short"

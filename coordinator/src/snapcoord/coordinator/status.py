@@ -47,6 +47,20 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
 #: What a caller sees for an unexpected exception; details stay in the server log.
 GENERIC_INTERNAL_MESSAGE = "internal error in the coordinator; the server log has the details"
 
+#: Longest message and metadata value sent. Both travel in trailers (the message twice: as
+#: grpc-message and inside the details), and a client drops trailers over its metadata limit
+#: (8 KiB by default) and turns the status into RESOURCE_EXHAUSTED, losing code and reason alike.
+#: A message that echoes a huge input (a page token) is cut to this.
+MAX_MESSAGE_CHARS = 1024
+MAX_METADATA_VALUE_CHARS = 256
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    suffix = f"... ({len(text)} characters in all)"
+    return text[: limit - len(suffix)] + suffix
+
 
 @dataclass(frozen=True)
 class Status:
@@ -84,7 +98,9 @@ def status_for(exc: BaseException) -> Status:
             # getattr: an instance made without __init__ (copy, a subclass that skips it) still maps.
             reason = getattr(exc, "reason", None) or getattr(exc, "default_reason", errors.Reason.INTERNAL)
             metadata = getattr(exc, "metadata", None) or {}
-            return Status(code, str(exc) or code.name, unexpected, str(reason), dict(metadata))
+            message = _clip(str(exc) or code.name, MAX_MESSAGE_CHARS)
+            clipped = {str(k): _clip(str(v), MAX_METADATA_VALUE_CHARS) for k, v in metadata.items()}
+            return Status(code, message, unexpected, str(reason), clipped)
     return Status(grpc.StatusCode.INTERNAL, GENERIC_INTERNAL_MESSAGE, True)
 
 
