@@ -16,7 +16,8 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.snapshots import SnapshotRegistry, pin_path
+from snapcoord.coordinator.pins import pin_path
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 
 HOUR_MS = 3_600_000

@@ -133,7 +133,6 @@ class _Attempts:
             self.in_doubt = self.in_doubt or write
             raise kz.OperationTimeoutError("no reply before the retry deadline") from e
 
-
     def wait_all(self, starts: Sequence[Callable[[], Any]]) -> list[Any]:
         """Send several reads at once and wait for every reply, in order. A ``NoNodeError`` is
         returned in its slot (a missing node is an answer); any other error is raised."""
