@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from snapcoord.coordinator.errors import (
     Aborted,
@@ -184,6 +184,31 @@ class CommitKernel:
             index = self._indexes[root] = ExpiryIndex(self._metadata, root)
         return index
 
+    @overload
+    def run(
+        self,
+        operation: str,
+        resource: Mapping[str, object],
+        reads: Sequence[Read],
+        decide: Decide[R],
+        *,
+        assume: Reads | None = None,
+        contenders: int = 0,
+    ) -> R: ...
+
+    @overload
+    def run(
+        self,
+        operation: str,
+        resource: Mapping[str, object],
+        reads: Sequence[Read],
+        decide: Decide[R],
+        *,
+        finish: Callable[[R], T],
+        assume: Reads | None = None,
+        contenders: int = 0,
+    ) -> T: ...
+
     def run(
         self,
         operation: str,
@@ -291,7 +316,7 @@ class CommitKernel:
                 raise AssertionError(f"decide asked again for what it has read: {decision.reads}")
             reads = reads.merged(self.read(missing))
 
-    def _prepare(self, commit: Commit[object]) -> None:
+    def _prepare(self, commit: Commit[Any]) -> None:
         for path in commit.ensure:
             if path not in self._ensured:
                 self._metadata.ensure_path(path)

@@ -154,7 +154,7 @@ class CoordinatorMetrics:
         )
         self.commit_conflicts = Counter(
             "snapcoord_commit_conflicts",
-            "Commits that lost a compare-and-set to a concurrent change and were decided again, by operation.",
+            "Commits that lost a compare-and-set to a concurrent change and were decided again.",
             ("operation",),
             registry=registry,
         )

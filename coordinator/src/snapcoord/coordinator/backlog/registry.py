@@ -68,7 +68,6 @@ class BacklogRegistry:
         gauges_stale_after_ms: int = 180_000,
         shard_size: int = SHARD_SIZE,
         chunk_bytes: int = CHUNK_BYTES,
-        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -77,7 +76,7 @@ class BacklogRegistry:
         self._metrics = metrics
         self._shard_size = shard_size
         self._chunk_bytes = chunk_bytes
-        self._kernel = kernel or CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics)
         self._cache = BoundariesCache()
         self._janitor = BacklogJanitor(
             metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms

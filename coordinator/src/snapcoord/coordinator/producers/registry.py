@@ -46,15 +46,13 @@ class ProducerRegistry:
         clock: Clock,
         policy: ProducerPolicy,
         metrics: CoordinatorMetrics,
-        *,
-        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = kernel or CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics)
         self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
 
     # --- the API ----------------------------------------------------------------------------

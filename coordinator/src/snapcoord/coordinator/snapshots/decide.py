@@ -219,7 +219,8 @@ def fence(app_id: str, generation: int, header: Stored | None, current: int) -> 
     if header is None or generation != current:
         if generation > current:
             raise FailedPrecondition(
-                f"generation {generation} of app {app_id!r} does not exist; the current generation is {current}",
+                f"generation {generation} of app {app_id!r} does not exist; "
+                f"the current generation is {current}",
                 reason=Reason.SNAPSHOT_FENCED,
                 metadata=where,
             )

@@ -77,14 +77,13 @@ class SnapshotRegistry:
         metrics: CoordinatorMetrics,
         *,
         cache_size: int = 10_000,
-        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = kernel or CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics)
         self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete

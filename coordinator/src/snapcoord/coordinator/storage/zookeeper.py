@@ -29,6 +29,7 @@ to stop on SUSPENDED and step down on LOST) is in ``zk_election``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -243,7 +244,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # Every request is sent before the first reply is awaited: kazoo pipelines them on
             # the one connection, so n reads cost about one round trip.
-            results = a.wait_all([lambda p=p: self._client.get_async(p) for p in wanted])
+            results = a.wait_all([functools.partial(self._client.get_async, p) for p in wanted])
             nodes: dict[str, Node | None] = {}
             for path, result in zip(wanted, results, strict=True):
                 nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
