@@ -234,7 +234,9 @@ class CommitKernel:
         try:
             for attempt in range(self._policy.rounds(contenders)):
                 decision = self._decide(reads, decide, pending, assume if attempt == 0 else None)
-                in_doubt = frozenset()  # what was read after it settles whether it landed
+                # What was read after a commit in doubt settles whether it landed; a Done that
+                # keeps uploads says they are referenced, whatever ``finish`` then raises.
+                in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()
                 if isinstance(decision, Done):
                     if finish is None:
                         result: R | T = decision.result
@@ -242,8 +244,7 @@ class CommitKernel:
                         try:
                             result = finish(decision.result)
                         except Reread:
-                            pending = None
-                            continue
+                            continue  # ``pending`` stays: still this call's last commit
                     self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup)
                     uploaded.clear()
                     return result
