@@ -18,7 +18,8 @@ import pytest
 
 from harness.concurrency import run_threads
 from harness.stores import Stores
-from snapcoord.coordinator.backlog import JOBS, BacklogRegistry
+from snapcoord.coordinator.backlog.layout import JOBS
+from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,

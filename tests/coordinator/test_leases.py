@@ -12,9 +12,11 @@ from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
-from snapcoord.coordinator.leases import RECORDS, LeaseRegistry
+from snapcoord.coordinator.leases.layout import RECORDS
+from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.snapshots import PINS, SnapshotRegistry
+from snapcoord.coordinator.pins import PINS
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 
 HOUR_MS = 3_600_000
 SKEW_MS = 5_000

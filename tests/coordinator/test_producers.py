@@ -16,7 +16,8 @@ from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
 from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.producers import EXPIRY, RECORDS, ProducerRegistry
+from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS
+from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -14,10 +14,12 @@ from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
-from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
+from snapcoord.coordinator.errors import CommitOutcomeUnknown, FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.snapshots import SnapshotRegistry, pin_path
+from snapcoord.coordinator.pins import pin_path
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import Op
 
 HOUR_MS = 3_600_000
 POLICY = SnapshotPolicy(
@@ -303,6 +305,25 @@ def test_a_failed_report_removes_its_uploads(
     monkeypatch.undo()
     assert objects(stores.blobs, "app") == []
     assert snapshots.current("app", consistent=True).record.reported == 0
+
+
+def test_a_report_whose_commit_reply_was_lost_keeps_its_payloads(
+    snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit in doubt is re-read, never assumed lost: here it landed, so its payload must stay."""
+    snapshots.create("app", ["q1", "q2"], 0, 0, {})
+    real = stores.metadata.transaction
+
+    def applied_but_reply_lost(ops: Sequence[Op]) -> None:
+        real(ops)
+        raise CommitOutcomeUnknown("connection lost after the commit (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", applied_but_reply_lost)
+    reported = snapshots.report("app", 1, "q1", OFFSETS, {"state": b"q1"})
+    monkeypatch.undo()
+    assert reported.record.reported == 1
+    assert len(objects(stores.blobs, "app")) == 1
+    assert snapshots.get("app", 1, include_checkpoints=True).payloads == {("q1", "state"): b"q1"}
 
 
 def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualClock) -> None:

@@ -95,6 +95,29 @@ def test_get_absent_is_none(store: MetadataStore) -> None:
     assert store.get("/missing/child") is None
 
 
+def test_get_many_reads_each_path_like_get(store: MetadataStore) -> None:
+    store.create("/a", b"one")
+    store.create("/a/b", b"")
+    store.set("/a", b"two", version=0)
+    paths = ["/a", "/missing", "/a/b", "/missing/child", "/a"]  # a repeat is read once
+    assert store.get_many(paths) == {p: store.get(p) for p in paths}
+    assert store.get_many(paths)["/a"] == store.get("/a")
+    assert store.get_many(["/a"])["/a"].version == 1  # type: ignore[union-attr]
+    assert store.get_many([]) == {}
+    with pytest.raises(ValueError, match="absolute"):
+        store.get_many(["/a", "relative"])
+
+
+def test_get_many_of_many_paths(store: MetadataStore) -> None:
+    store.create("/n", b"")
+    store.transaction([Create(f"/n/{i:03d}", str(i).encode()) for i in range(0, 200, 2)])
+    nodes = store.get_many([f"/n/{i:03d}" for i in range(200)])
+    assert len(nodes) == 200
+    for i in range(200):
+        node = nodes[f"/n/{i:03d}"]
+        assert (node.data if node is not None else None) == (str(i).encode() if i % 2 == 0 else None)
+
+
 def test_binary_and_empty_data_round_trip(store: MetadataStore) -> None:
     blob = bytes(range(256)) * 4
     store.create("/bin", blob)
@@ -533,6 +556,8 @@ def test_close_makes_the_store_unusable(store: MetadataStore) -> None:
     assert states.calls == [False]
     with pytest.raises(StoreUnavailable):
         store.get("/")
+    with pytest.raises(StoreUnavailable):
+        store.get_many(["/", "/a"])
     with pytest.raises(StoreUnavailable):
         store.create("/a", b"")
     with pytest.raises(StoreUnavailable):

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from snapcoord.coordinator.errors import NoNodeError, NotEmptyError
-from snapcoord.coordinator.storage.metadata import MetadataStore
+
+if TYPE_CHECKING:  # the path arithmetic below is pure: decide modules use it without any I/O
+    from snapcoord.coordinator.storage.metadata import MetadataStore
 
 BUCKET_MS = 60_000
 
 
 def bucket_of(due_ms: int) -> int:
     return due_ms // BUCKET_MS
+
+
+def entry_path(root: str, due_ms: int, name: str) -> str:
+    """The path of entry ``name`` falling due at ``due_ms`` in the index under ``root``."""
+    return f"{root}/{bucket_of(due_ms)}/{name}"
 
 
 class ExpiryIndex:
@@ -34,7 +42,7 @@ class ExpiryIndex:
 
     def entry(self, due_ms: int, name: str) -> str:
         """The path of entry ``name`` falling due at ``due_ms``."""
-        return f"{self._root}/{bucket_of(due_ms)}/{name}"
+        return entry_path(self._root, due_ms, name)
 
     def prepare(self, due_ms: int) -> None:
         """Make sure the bucket of ``due_ms`` exists before a transaction creates an entry in it."""

@@ -152,6 +152,12 @@ class CoordinatorMetrics:
             ("kind",),
             registry=registry,
         )
+        self.commit_conflicts = Counter(
+            "snapcoord_commit_conflicts",
+            "Commits that lost a compare-and-set to a concurrent change and were decided again.",
+            ("operation",),
+            registry=registry,
+        )
         self.janitor_leader = Gauge(
             "snapcoord_janitor_leader",
             "1 while this replica is the elected janitor and may act, else 0.",

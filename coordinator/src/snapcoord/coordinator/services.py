@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from snapcoord.coordinator.backlog import BacklogRegistry
+from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
@@ -14,10 +14,10 @@ from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.janitor import Janitor, Step
-from snapcoord.coordinator.leases import LeaseRegistry
+from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.producers import ProducerRegistry
-from snapcoord.coordinator.snapshots import SnapshotRegistry
+from snapcoord.coordinator.producers.registry import ProducerRegistry
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 

@@ -274,6 +274,11 @@ class EmbeddedMetadataStore(MetadataStore):
         with self._locked() as db:
             return self._read(db, path)
 
+    def get_many(self, paths: Sequence[str]) -> dict[str, Node | None]:
+        wanted = [validate_path(p) for p in paths]
+        with self._locked() as db:  # one lock: the reads see one state, which is allowed
+            return {path: self._read(db, path) for path in wanted}
+
     def children(self, path: str) -> list[str]:
         path = validate_path(path)
         with self._locked() as db:

@@ -93,6 +93,14 @@ class MetadataStore(abc.ABC):
     def get(self, path: str) -> Node | None:
         """The node at ``path``, or None when there is none."""
 
+    def get_many(self, paths: Sequence[str]) -> dict[str, Node | None]:
+        """``get`` of every path in ``paths``, issued together (one round trip's latency on
+        ZooKeeper, not one per path); each read is consistent on its own, not as a set.
+
+        This default reads one after another; the backends override it.
+        """
+        return {path: self.get(path) for path in paths}
+
     @abc.abstractmethod
     def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
         """Create ``path``; ``NodeExistsError`` if it exists, ``NoNodeError`` if the parent does not

@@ -29,6 +29,7 @@ to stop on SUSPENDED and step down on LOST) is in ``zk_election``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -133,6 +134,25 @@ class _Attempts:
             self.in_doubt = self.in_doubt or write
             raise kz.OperationTimeoutError("no reply before the retry deadline") from e
 
+    def wait_all(self, starts: Sequence[Callable[[], Any]]) -> list[Any]:
+        """Send several reads at once and wait for every reply, in order. A ``NoNodeError`` is
+        returned in its slot (a missing node is an answer); any other error is raised."""
+        if self._client.client_state == KeeperState.CLOSED:
+            raise kz.ConnectionClosedError("the client was stopped")
+        if not self._client.connected:
+            raise kz.ConnectionLoss("not connected to ZooKeeper")
+        pending = [start() for start in starts]
+        replies: list[Any] = []
+        for result in pending:
+            remaining = self._stop_at - time.monotonic()
+            try:
+                replies.append(result.get(timeout=max(remaining, 0.001)))
+            except kz.NoNodeError as e:
+                replies.append(e)
+            except KazooTimeoutError as e:
+                raise kz.OperationTimeoutError("no reply before the retry deadline") from e
+        return replies
+
 
 def _node(data: bytes | None, stat: Any) -> Node:
     return Node(data=data or b"", version=stat.version, created_ms=stat.ctime, modified_ms=stat.mtime)
@@ -215,6 +235,22 @@ class ZooKeeperMetadataStore(MetadataStore):
             return self._get_in(a, path)
 
         return self._run(attempt, f"get {path}")
+
+    def get_many(self, paths: Sequence[str]) -> dict[str, Node | None]:
+        wanted = list(dict.fromkeys(validate_path(p) for p in paths))
+        if not wanted:
+            return {}
+
+        def attempt(a: _Attempts) -> dict[str, Node | None]:
+            # Every request is sent before the first reply is awaited: kazoo pipelines them on
+            # the one connection, so n reads cost about one round trip.
+            results = a.wait_all([functools.partial(self._client.get_async, p) for p in wanted])
+            nodes: dict[str, Node | None] = {}
+            for path, result in zip(wanted, results, strict=True):
+                nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
+            return nodes
+
+        return self._run(attempt, f"get {len(wanted)} nodes ({wanted[0]}...)")
 
     def children(self, path: str) -> list[str]:
         path = validate_path(path)

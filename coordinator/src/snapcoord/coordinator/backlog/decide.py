@@ -1,0 +1,236 @@
+"""The rules of every backlog change, as pure functions of what was read (no I/O).
+
+Each takes the request, the kernel's ``Reads`` and the commit still in doubt (``pending``), and
+returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals raise. ``MarkGone`` says the
+mark a call was working on was reset or cleared meanwhile: the caller starts again from the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
+from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, Reads, landed
+from snapcoord.coordinator.domain.backlog import (
+    Boundaries,
+    JobRecord,
+    ShardProgress,
+    apply_positions,
+    boundaries_key,
+    empty_shard,
+    remaining,
+)
+from snapcoord.coordinator.domain.backlog_codec import (
+    decode_job_record,
+    decode_shard,
+    encode_job_record,
+    encode_shard,
+)
+from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+
+
+class MarkGone(Exception):
+    """The mark a call was working on was reset or cleared meanwhile: start again from the record."""
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    record: JobRecord
+    version: int
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    progress: ShardProgress
+    version: int
+
+
+def stored_job(job_id: str, node: Node | None) -> StoredJob | None:
+    if node is None:
+        return None
+    record = decode_job_record(node.data)
+    if record.job_id != job_id:
+        raise Internal(f"the backlog record at {job_path(job_id)} names job_id {record.job_id!r}")
+    return StoredJob(record, node.version)
+
+
+def stored_shard(record: JobRecord, shard: int, node: Node | None) -> StoredShard:
+    if node is None:
+        raise MarkGone  # nodes of a mark go only with its record
+    return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
+
+
+def not_marked(job_id: str) -> str:
+    return f"no backlog is marked for job_id {job_id!r}; call MarkBacklog first"
+
+
+def marked(job_id: str, reads: Reads, pending: Commit[JobRecord] | None) -> Done[JobRecord]:
+    """The job's current mark; NOT_FOUND when there is none (ReportProgress, GetBacklogStatus)."""
+    current = stored_job(job_id, reads.node(job_path(job_id)))
+    if current is None:
+        raise NotFound(not_marked(job_id))
+    return Done(current.record)
+
+
+# --- MarkBacklog --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkRequest:
+    """A mark: ``boundaries`` carries this call's mark id (made once per call, so that every round
+    commits the same upload) and ``payload`` their encoding."""
+
+    boundaries: Boundaries
+    payload: bytes
+    reset: bool
+    shard_size: int
+
+
+@dataclass(frozen=True)
+class Marked:
+    """What a mark did: "marked" (a first mark), "reset" (replacing ``replaced``) or "existing"
+    (the stored ``record`` is returned)."""
+
+    outcome: Literal["marked", "reset", "existing"]
+    record: JobRecord
+    replaced: str | None = None
+
+
+def mark(
+    request: MarkRequest, reads: Reads, pending: Commit[Marked] | None, now: int
+) -> Done[Marked] | Commit[Marked] | More:
+    """Mark the boundaries unless a mark exists (then return it), or replace it with ``reset``."""
+    ours = request.boundaries
+    job_id, path = ours.job_id, job_path(ours.job_id)
+    current = stored_job(job_id, reads.node(path))
+    if pending is not None and current is not None and current.record.mark_id == ours.mark_id:
+        return landed(pending)
+    if current is not None and not request.reset:
+        return Done(Marked("existing", current.record))
+    record = JobRecord(job_id, ours.mark_id, len(ours.items), request.shard_size, now)
+    ops: list[Op]
+    if current is None:
+        ops = [Create(path, encode_job_record(record))]
+    else:
+        if not reads.has(ReadChildren(path)):
+            return More([ReadChildren(path)])
+        # One transaction: the version check fences a concurrent reset or clear, and deleting
+        # every node listed now fails (NoNode) if a report renamed a marker meanwhile.
+        ops = [SetData(path, encode_job_record(record), current.version)]
+        ops += [Delete(f"{path}/{name}", None) for name in reads.children(path)]
+    for shard in range(record.shard_count):
+        span = record.shard_span(shard)
+        ops.append(Create(shard_path(job_id, record.mark_id, shard), encode_shard(empty_shard(0))))
+        unfinished = remaining(empty_shard(len(span)), ours.values(span))
+        if unfinished:
+            ops.append(Create(marker_path(job_id, record.mark_id, shard, unfinished), b""))
+    replaced = current.record.mark_id if current is not None else None
+    return Commit(
+        ops,
+        Marked("reset" if current is not None else "marked", record, replaced),
+        uploads={boundaries_key(job_id, ours.mark_id): request.payload},
+        # A reset makes the old mark's boundaries garbage.
+        cleanup=(boundaries_key(job_id, replaced),) if replaced is not None else (),
+        ensure=(JOBS,),
+    )
+
+
+# --- ClearBacklog -------------------------------------------------------------------------------
+
+
+def clear(
+    job_id: str, reads: Reads, pending: Commit[str | None] | None
+) -> Done[str | None] | Commit[str | None] | More:
+    """Delete the mark's nodes and record in one version-checked transaction (the boundaries after
+    it); the result is the mark id cleared, None when there was none."""
+    path = job_path(job_id)
+    current = stored_job(job_id, reads.node(path))
+    if pending is not None and (current is None or current.record.mark_id != pending.result):
+        return landed(pending)
+    if current is None:
+        return Done(None)
+    if not reads.has(ReadChildren(path)):
+        return More([ReadChildren(path)])
+    ops: list[Op] = [Delete(f"{path}/{name}", None) for name in reads.children(path)]
+    ops.append(Delete(path, current.version))
+    mark_id = current.record.mark_id
+    return Commit(ops, mark_id, cleanup=(boundaries_key(job_id, mark_id),))
+
+
+# --- ReportProgress: one transaction of shards --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """Write the merged positions of the shards in ``todo``, as many as fit one transaction.
+
+    ``known`` holds the shards as last read or written (the first round decides on them; after a
+    lost compare-and-set the kernel re-reads ``todo`` and ``reads`` has them)."""
+
+    record: JobRecord
+    boundaries: Boundaries
+    updates: Mapping[int, Mapping[int, int]]
+    report_id: str
+    todo: tuple[int, ...]
+    known: Mapping[int, StoredShard]
+    chunk_bytes: int
+
+    def path(self, shard: int) -> str:
+        return shard_path(self.record.job_id, self.record.mark_id, shard)
+
+
+@dataclass(frozen=True)
+class Written:
+    """The shards as stored after the commit (or as read), and those left for the next chunk."""
+
+    shards: Mapping[int, StoredShard]
+    rest: tuple[int, ...]
+
+
+def write_chunk(
+    request: ChunkRequest, reads: Reads, pending: Commit[Written] | None
+) -> Done[Written] | Commit[Written]:
+    """The next transaction of a report: at most ``chunk_bytes`` of shard data, each shard its own
+    unit of atomicity, so a report split over several transactions is still exactly-once per
+    partition. After a lost or doubtful commit the re-read shards merge again: partitions a landed
+    write of ours finished carry our tag, so they are neither finished twice nor lost."""
+    record = request.record
+    ops: list[Op] = []
+    shards: dict[int, StoredShard] = {}
+    chunk = 0
+    size = 0
+    rest: list[int] = []
+    for shard in request.todo:
+        path = request.path(shard)
+        stored = (
+            stored_shard(record, shard, reads.node(path)) if path in reads.nodes else request.known[shard]
+        )
+        shards[shard] = stored
+        if size >= request.chunk_bytes:
+            rest.append(shard)
+            continue
+        values = request.boundaries.values(record.shard_span(shard))
+        merged = apply_positions(stored.progress, values, dict(request.updates[shard]), request.report_id)
+        if merged is None:
+            continue  # nothing new: equal or later positions are stored already
+        data = encode_shard(merged)
+        if chunk and size + len(data) > request.chunk_bytes:
+            rest.append(shard)
+            continue
+        size += len(data)
+        chunk += 1
+        shards[shard] = StoredShard(merged, stored.version + 1)
+        ops.append(SetData(path, data, stored.version))
+        # Only this merge's flips change the count: each adds one tag.
+        before = remaining(stored.progress, values)
+        after = before - (len(merged.finished_by) - len(stored.progress.finished_by))
+        if after != before:  # renamed with the shard: the marker always matches its shard
+            ops.append(Delete(marker_path(record.job_id, record.mark_id, shard, before), None))
+            if after:
+                ops.append(Create(marker_path(record.job_id, record.mark_id, shard, after), b""))
+    if not chunk:
+        return Done(Written(shards, ()))
+    return Commit(ops, Written(shards, tuple(rest)))

@@ -1,0 +1,73 @@
+"""The janitor's backlog steps: sweep unreferenced boundaries objects, compute the gauges."""
+
+from __future__ import annotations
+
+from snapcoord.coordinator.backlog.decide import stored_job
+from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
+from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.orphans import sweep_unreferenced
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+
+class BacklogJanitor:
+    """``gauges_stale_after_ms`` is how long the values of the last gauge pass stay exported (a
+    replica that stopped leading then exports 0)."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        blobs: BlobStore,
+        clock: Clock,
+        metrics: CoordinatorMetrics,
+        *,
+        gauges_stale_after_ms: int,
+    ) -> None:
+        self._metadata = metadata
+        self._blobs = blobs
+        self._clock = clock
+        self._metrics = metrics
+        self._gauges_stale_after_ms = gauges_stale_after_ms
+        self._gauges: tuple[int, int, int] | None = None  # (jobs, partitions, computed at ms)
+        metrics.backlog_jobs_processing.set_function(lambda: self._gauge(0))
+        metrics.backlog_partitions_remaining.set_function(lambda: self._gauge(1))
+
+    def sweep_orphans(self, grace_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` boundaries objects that no job record references and that are
+        older than ``grace_ms`` (younger ones may belong to a mark still in flight)."""
+
+        def referenced_by(job_id: str) -> set[str]:
+            current = stored_job(job_id, self._metadata.get(job_path(job_id)))
+            return {current.record.object_key} if current else set()
+
+        deleted = sweep_unreferenced(
+            self._blobs,
+            OBJECT_PREFIX,
+            modified_before_ms=self._clock.now_ms() - grace_ms,
+            limit=limit,
+            owner_of=job_of_object,
+            referenced_by=referenced_by,
+        )
+        if deleted:
+            self._metrics.orphans_deleted.labels("backlog").inc(deleted)
+        return deleted
+
+    def refresh_gauges(self) -> int:
+        """Count jobs still processing backlog and their unfinished partitions: one ``children``
+        call per job (the remaining markers), none per partition. Removes nothing: returns 0."""
+        jobs = partitions = 0
+        for job_id in self._metadata.children(JOBS):
+            counts = [m[2] for m in map(parse_marker, self._metadata.children(job_path(job_id))) if m]
+            if counts:
+                jobs += 1
+                partitions += sum(counts)
+        self._gauges = (jobs, partitions, self._clock.now_ms())
+        return 0
+
+    def _gauge(self, which: int) -> float:
+        gauges = self._gauges
+        if gauges is None or self._clock.now_ms() - gauges[2] > self._gauges_stale_after_ms:
+            return 0.0
+        return float(gauges[which])

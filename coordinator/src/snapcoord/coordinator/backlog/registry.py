@@ -1,0 +1,270 @@
+"""Backlog tracking: the BacklogService logic on the commit kernel.
+
+The layout and why it is so are in ``layout``, the rules of each change in ``decide``, the
+boundaries cache in ``cache``, the janitor's steps in ``janitor``. ReportProgress is the one
+operation of several commits: its shards go in transactions of at most ``chunk_bytes`` (a
+transaction is bounded by ZooKeeper's request size), each one kernel run of ``decide.write_chunk``,
+all inside one kernel run that starts again from the record if the mark changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+from snapcoord.coordinator.backlog import decide
+from snapcoord.coordinator.backlog.cache import BoundariesCache
+from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
+from snapcoord.coordinator.backlog.janitor import BacklogJanitor
+from snapcoord.coordinator.backlog.layout import job_path, shard_path
+from snapcoord.coordinator.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
+from snapcoord.coordinator.domain.backlog import (
+    SHARD_SIZE,
+    BacklogPolicy,
+    BacklogStatus,
+    Boundaries,
+    JobRecord,
+    PartitionBacklog,
+    Progress,
+    new_mark_id,
+    new_report_id,
+    partition_backlog,
+    remaining,
+    validate_mark,
+    validate_report,
+)
+from snapcoord.coordinator.domain.backlog_codec import decode_boundaries, encode_boundaries
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.errors import BlobNotFound, Internal
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+_log = logging.getLogger(__name__)
+
+#: Data per progress transaction: half of ZooKeeper's 1 MB request bound, leaving room for paths.
+CHUNK_BYTES = 500_000
+
+
+class BacklogRegistry:
+    """Mark, report, read and clear job backlogs; sweep orphans and compute gauges for the janitor.
+
+    ``shard_size`` and ``chunk_bytes`` are the layout constants; tests shrink them to exercise many
+    shards and transactions with few partitions. ``gauges_stale_after_ms`` is how long the values
+    of the last gauge pass stay exported (a replica that stopped leading then exports 0).
+    """
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        blobs: BlobStore,
+        clock: Clock,
+        policy: BacklogPolicy,
+        metrics: CoordinatorMetrics,
+        *,
+        gauges_stale_after_ms: int = 180_000,
+        shard_size: int = SHARD_SIZE,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self._metadata = metadata
+        self._blobs = blobs
+        self._clock = clock
+        self._policy = policy
+        self._metrics = metrics
+        self._shard_size = shard_size
+        self._chunk_bytes = chunk_bytes
+        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._cache = BoundariesCache()
+        self._janitor = BacklogJanitor(
+            metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
+        )
+
+    # --- the API ----------------------------------------------------------------------------
+
+    def mark(self, job_id: str, boundaries: Iterable[Offset], reset: bool) -> BacklogStatus:
+        """Mark the boundaries unless a mark exists (then return it), or replace it with ``reset``."""
+        items = validate_mark(job_id, boundaries, self._policy)
+        ours = Boundaries(job_id, new_mark_id(), items)
+        request = decide.MarkRequest(ours, encode_boundaries(ours), reset, self._shard_size)
+
+        def present(marked: decide.Marked) -> BacklogStatus:
+            if marked.outcome == "existing":
+                try:
+                    return self._full_status(marked.record)
+                except MarkGone:
+                    raise Reread from None  # reset or cleared between our reads: decide again
+            self._cache.remember(ours)
+            if marked.replaced is not None:
+                self._cache.forget(marked.replaced)
+            partitions = tuple(partition_backlog(b, None) for b in items)
+            return BacklogStatus(job_id, any(not p.finished for p in partitions), partitions)
+
+        marked, status = self._kernel.run(
+            "backlog_mark",
+            {"job_id": job_id},
+            [ReadNode(job_path(job_id))],
+            lambda reads, pending: decide.mark(request, reads, pending, self._clock.now_ms()),
+            finish=lambda marked: (marked, present(marked)),
+        )
+        self._metrics.backlog_marks.labels(marked.outcome).inc()
+        if marked.outcome != "existing":
+            _log.info(
+                "backlog of %s marked: %d partitions (mark %s)", job_id, len(items), marked.record.mark_id
+            )
+        return status
+
+    def report(self, job_id: str, positions: Iterable[Offset]) -> Progress:
+        """Record positions (each only forward) and return the partitions this call finished."""
+        items = validate_report(job_id, positions, self._policy)
+        report_id = new_report_id()
+
+        def report_on(record: JobRecord) -> Progress:
+            try:
+                return self._report_on(record, items, report_id)
+            except MarkGone:
+                raise Reread from None  # reset or cleared meanwhile: apply to what is there now
+
+        progress = self._kernel.run(
+            "backlog_report",
+            {"job_id": job_id},
+            [ReadNode(job_path(job_id))],
+            lambda reads, pending: decide.marked(job_id, reads, None),
+            finish=report_on,
+        )
+        if progress.newly_finished:
+            self._metrics.backlog_partitions_finished.inc(len(progress.newly_finished))
+        return progress
+
+    def status(self, job_id: str) -> BacklogStatus:
+        """Every marked partition with its boundary and position; NOT_FOUND when never marked."""
+        require_id("job_id", job_id)
+
+        def full_status(record: JobRecord) -> BacklogStatus:
+            try:
+                return self._full_status(record)
+            except MarkGone:
+                raise Reread from None
+
+        return self._kernel.run(
+            "backlog_status",
+            {"job_id": job_id},
+            [ReadNode(job_path(job_id))],
+            lambda reads, pending: decide.marked(job_id, reads, None),
+            finish=full_status,
+        )
+
+    def clear(self, job_id: str) -> bool:
+        """Remove the mark and its progress (metadata first, then the boundaries); True when one
+        was removed, False when there was none (idempotent)."""
+        require_id("job_id", job_id)
+        path = job_path(job_id)
+        cleared = self._kernel.run(
+            "backlog_clear",
+            {"job_id": job_id},
+            [ReadNode(path), ReadChildren(path)],
+            lambda reads, pending: decide.clear(job_id, reads, pending),
+        )
+        if cleared is None:
+            return False
+        self._cache.forget(cleared)
+        _log.info("backlog of %s cleared (mark %s)", job_id, cleared)
+        return True
+
+    # --- the janitor's steps (janitor.py) -------------------------------------------------------
+
+    def sweep_orphans(self, grace_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` unreferenced boundaries objects older than ``grace_ms``."""
+        return self._janitor.sweep_orphans(grace_ms, limit)
+
+    def refresh_gauges(self) -> int:
+        """Count jobs still processing backlog and their unfinished partitions; returns 0."""
+        return self._janitor.refresh_gauges()
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _boundaries(self, record: JobRecord) -> Boundaries:
+        cached = self._cache.get(record.mark_id)
+        if cached is not None:
+            return cached
+        try:
+            boundaries = decode_boundaries(self._blobs.get(record.object_key))
+        except BlobNotFound:
+            # Deletes remove the record first, so a missing object means the mark is gone too by
+            # now, unless the invariant broke.
+            after = decide.stored_job(record.job_id, self._metadata.get(job_path(record.job_id)))
+            if after is None or after.record.mark_id != record.mark_id:
+                raise MarkGone from None
+            raise Internal(
+                f"the backlog boundaries {record.object_key} of job_id {record.job_id!r} are missing"
+            ) from None
+        if (boundaries.job_id, boundaries.mark_id, len(boundaries.items)) != (
+            record.job_id,
+            record.mark_id,
+            record.partition_count,
+        ):
+            raise Internal(f"the backlog boundaries {record.object_key} do not match their job record")
+        self._cache.remember(boundaries)
+        return boundaries
+
+    def _read_shards(self, record: JobRecord, shards: Iterable[int]) -> dict[int, StoredShard]:
+        """The shards, read together; ``MarkGone`` if one is missing."""
+        wanted = {shard: shard_path(record.job_id, record.mark_id, shard) for shard in shards}
+        nodes = self._metadata.get_many(list(wanted.values()))
+        return {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
+
+    def _full_status(self, record: JobRecord) -> BacklogStatus:
+        boundaries = self._boundaries(record)
+        shards = self._read_shards(record, range(record.shard_count))
+        partitions: list[PartitionBacklog] = []
+        for shard in range(record.shard_count):
+            progress = shards[shard].progress
+            span = record.shard_span(shard)
+            partitions += [
+                partition_backlog(boundaries.items[i], progress.positions[i - span.start]) for i in span
+            ]
+        return BacklogStatus(
+            record.job_id,
+            processing_backlog=any(not p.finished for p in partitions),
+            partitions=tuple(partitions),
+        )
+
+    def _report_on(self, record: JobRecord, items: tuple[Offset, ...], report_id: str) -> Progress:
+        boundaries = self._boundaries(record)
+        updates = boundaries.by_shard(items, record.shard_size)
+        shards = self._read_shards(record, sorted(updates))
+        todo = tuple(sorted(updates))
+        # Chunk after chunk (not a retry loop: each chunk's retries are the kernel's).
+        while todo:
+            request = decide.ChunkRequest(
+                record, boundaries, updates, report_id, todo, dict(shards), self._chunk_bytes
+            )
+            written = self._kernel.run(
+                "backlog_report",
+                {"job_id": record.job_id},
+                [ReadNode(request.path(shard)) for shard in todo],
+                functools.partial(decide.write_chunk, request),
+                assume=Reads(),  # the first round decides on the shards just read or written
+            )
+            shards.update(written.shards)
+            todo = written.rest
+        # What this report finished is what carries its tag in the committed shards, whichever
+        # attempt's write landed.
+        newly: list[Offset] = []
+        for shard, stored in sorted(shards.items()):
+            progress, start = stored.progress, shard * record.shard_size
+            for local in sorted(k for k, tag in progress.finished_by.items() if tag == report_id):
+                b, position = boundaries.items[start + local], progress.positions[local]
+                assert position is not None  # a tag is only set with the position that finished it
+                newly.append(Offset(b.stream, b.partition, position))
+        # The shards we hold tell "still processing" without a round trip unless all are done.
+        processing = any(
+            remaining(s.progress, boundaries.values(record.shard_span(k))) for k, s in shards.items()
+        ) or self._has_markers(record)
+        return Progress(record.job_id, tuple(newly), processing)
+
+    def _has_markers(self, record: JobRecord) -> bool:
+        prefix = f"r-{record.mark_id}-"
+        return any(name.startswith(prefix) for name in self._metadata.children(job_path(record.job_id)))

@@ -1,0 +1,329 @@
+"""The commit kernel: the one read-decide-commit loop every registry operation runs in.
+
+A registry operation is data plus a pure function. It names what to read (``ReadNode``,
+``ReadChildren``) and supplies ``decide(reads, pending) -> Done | Commit | More``:
+
+- ``Done(result)``: nothing to write (the answer is already stored, or the request is refused by
+  raising a ``SnapcoordError`` from ``decide``);
+- ``Commit(ops, result)``: one all-or-nothing transaction, with the payload objects to upload
+  first (``uploads``), the objects it unreferences (``cleanup``), the expiry-index buckets and
+  layout paths its creates need;
+- ``More(reads)``: reads that depend on what was read (a lease's pins), issued together.
+
+The kernel owns everything around that: reading (independent reads in one ``get_many``), the
+attempts-and-backoff policy, re-reading after a lost compare-and-set (``TransactionFailed``) or a
+commit whose outcome is unknown (``CommitOutcomeUnknown``: never assumed lost; the next ``decide``
+gets it as ``pending`` and recognises it in what it reads), uploading payloads before the commit
+that references them, best-effort deletion of objects nobody references any more, the one
+``Aborted`` error, and the conflicts metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
+
+from snapcoord.coordinator.errors import (
+    Aborted,
+    CommitOutcomeUnknown,
+    NoNodeError,
+    Reason,
+    StoreUnavailable,
+    TransactionFailed,
+)
+from snapcoord.coordinator.expiry_index import ExpiryIndex
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
+
+_log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ReadNode:
+    """Read the node at ``path`` (None when absent)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class ReadChildren:
+    """List the children of ``path`` (empty when absent)."""
+
+    path: str
+
+
+Read = ReadNode | ReadChildren
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What the kernel read for one decision. Asking for something not read is a bug (KeyError)."""
+
+    nodes: Mapping[str, Node | None] = field(default_factory=dict)
+    lists: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def node(self, path: str) -> Node | None:
+        return self.nodes[path]
+
+    def children(self, path: str) -> tuple[str, ...]:
+        return self.lists[path]
+
+    def has(self, read: Read) -> bool:
+        return read.path in (self.nodes if isinstance(read, ReadNode) else self.lists)
+
+    def merged(self, other: Reads) -> Reads:
+        return Reads({**self.nodes, **other.nodes}, {**self.lists, **other.lists})
+
+
+@dataclass(frozen=True)
+class Done(Generic[R]):
+    """Nothing to write. ``keep``: uploaded objects the stored state references (an earlier commit
+    of this call landed); ``cleanup``: objects to delete now (what that commit unreferenced)."""
+
+    result: R
+    keep: Collection[str] = frozenset()
+    cleanup: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Commit(Generic[R]):
+    """One transaction and what it needs around it.
+
+    ``uploads`` are put before the commit (payload first: once the record commits, its object
+    exists); an upload of an earlier round is not put again. ``cleanup`` names objects the commit
+    unreferences, deleted once it landed. ``buckets`` are ``(index root, due_ms)`` pairs whose
+    bucket a ``Create`` in ``ops`` needs; ``ensure`` are parent paths it needs (made once).
+    """
+
+    ops: Sequence[Op]
+    result: R
+    uploads: Mapping[str, bytes] = field(default_factory=dict)
+    cleanup: Sequence[str] = ()
+    buckets: Sequence[tuple[str, int]] = ()
+    ensure: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class More:
+    """Read these as well (together), then decide again with everything read so far."""
+
+    reads: Sequence[Read]
+
+
+Decision = Done[R] | Commit[R] | More
+#: ``decide(reads, pending)``; ``pending`` is this call's last commit when its outcome is unknown.
+Decide = Callable[[Reads, "Commit[R] | None"], Decision[R]]
+
+
+def landed(pending: Commit[R]) -> Done[R]:
+    """The answer when the reads show that ``pending`` (a commit in doubt) was applied."""
+    return Done(pending.result, keep=frozenset(pending.uploads), cleanup=pending.cleanup)
+
+
+class Reread(Exception):
+    """Raised by a ``finish`` whose extra reads found the decision stale (a record deleted between
+    two reads): the kernel reads and decides again, as after a lost commit."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Rounds before a contended call gives up, and the pause after a lost one.
+
+    Every lost round means another caller committed, so the limit is only reached under
+    pathological contention. An operation whose rivals grow with its input (a task report races
+    every task of its snapshot) declares ``contenders``: each may win one round before it.
+    """
+
+    attempts: int = 64
+    per_contender: int = 4
+    #: Jittered exponential backoff: uniform(0, min(cap, base * 2**round)), so that many callers
+    #: losing to one winner do not collide again in lockstep.
+    backoff_base_s: float = 0.0005
+    backoff_cap_s: float = 0.05
+
+    def rounds(self, contenders: int) -> int:
+        return self.attempts + self.per_contender * contenders
+
+    def pause_s(self, lost: int) -> float:
+        return random.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(lost, 10)))
+
+
+class CommitKernel:
+    """Runs operations against one metadata store and one blob store; shared by the registries
+    (it caches which expiry buckets and layout paths exist)."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        blobs: BlobStore | None,
+        metrics: CoordinatorMetrics,
+        policy: RetryPolicy | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._metadata = metadata
+        self._blobs = blobs
+        self._metrics = metrics
+        self._policy = policy or RetryPolicy()
+        self._sleep = sleep
+        self._indexes: dict[str, ExpiryIndex] = {}
+        self._ensured: set[str] = set()  # made on the first commit that needs them: no I/O at build
+
+    def expiry(self, root: str) -> ExpiryIndex:
+        """The expiry index under ``root`` (one per root, so its bucket cache is shared)."""
+        index = self._indexes.get(root)
+        if index is None:
+            index = self._indexes[root] = ExpiryIndex(self._metadata, root)
+        return index
+
+    @overload
+    def run(
+        self,
+        operation: str,
+        resource: Mapping[str, object],
+        reads: Sequence[Read],
+        decide: Decide[R],
+        *,
+        assume: Reads | None = None,
+        contenders: int = 0,
+    ) -> R: ...
+
+    @overload
+    def run(
+        self,
+        operation: str,
+        resource: Mapping[str, object],
+        reads: Sequence[Read],
+        decide: Decide[R],
+        *,
+        finish: Callable[[R], T],
+        assume: Reads | None = None,
+        contenders: int = 0,
+    ) -> T: ...
+
+    def run(
+        self,
+        operation: str,
+        resource: Mapping[str, object],
+        reads: Sequence[Read],
+        decide: Decide[R],
+        *,
+        finish: Callable[[R], T] | None = None,
+        assume: Reads | None = None,
+        contenders: int = 0,
+    ) -> R | T:
+        """Read, decide and commit until ``decide`` is satisfied; return ``finish(result)``.
+
+        ``operation`` labels the conflicts metric; ``resource`` names what is contended in the
+        ``Aborted`` error. ``assume`` stands in for the first round's reads (a guess the commit's
+        version checks verify, e.g. "no record yet"); later rounds read. ``finish`` presents the
+        result with reads ``decide`` cannot make (payloads) and may raise ``Reread``.
+        """
+        uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
+        in_doubt: frozenset[str] = frozenset()  # uploads of the commit whose outcome is unknown
+        pending: Commit[R] | None = None
+        lost = 0
+        try:
+            for attempt in range(self._policy.rounds(contenders)):
+                decision = self._decide(reads, decide, pending, assume if attempt == 0 else None)
+                # What was read after a commit in doubt settles whether it landed; a Done that
+                # keeps uploads says they are referenced, whatever ``finish`` then raises.
+                in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()
+                if isinstance(decision, Done):
+                    if finish is None:
+                        result: R | T = decision.result
+                    else:
+                        try:
+                            result = finish(decision.result)
+                        except Reread:
+                            continue  # ``pending`` stays: still this call's last commit
+                    self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup)
+                    uploaded.clear()
+                    return result
+                pending = None
+                for key, payload in decision.uploads.items():
+                    if key not in uploaded:
+                        assert self._blobs is not None, "an operation uploads without a blob store"
+                        uploaded.add(key)  # before the put: a put that fails midway may have landed
+                        self._blobs.put(key, payload)
+                self._prepare(decision)
+                try:
+                    self._metadata.transaction(decision.ops)
+                except TransactionFailed as e:
+                    if isinstance(e.cause, NoNodeError):  # an expiry bucket vanished under us
+                        for root, due_ms in decision.buckets:
+                            self.expiry(root).forget(due_ms)
+                    self._metrics.commit_conflicts.labels(operation).inc()
+                    lost += 1
+                    self._sleep(self._policy.pause_s(lost))
+                    continue
+                except CommitOutcomeUnknown:
+                    pending, in_doubt = decision, frozenset(decision.uploads)
+                    continue  # re-read: the next decision sees whether it landed
+                owned = set(decision.uploads)
+                self._delete(sorted(uploaded - owned), decision.cleanup)
+                uploaded.clear()
+                return decision.result if finish is None else finish(decision.result)
+            describe = " ".join(
+                f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in resource.items()
+            )
+            raise Aborted(
+                f"{describe} is heavily contended; retry", reason=Reason.CONTENDED, metadata=resource
+            )
+        except Exception:
+            # Our uploads are unreferenced unless a commit in doubt may own them; remove them now
+            # rather than leave them to the orphan sweep. (A crash skips this: the sweep is the
+            # backstop.)
+            self._delete(sorted(uploaded - in_doubt), ())
+            raise
+
+    def read(self, reads: Iterable[Read]) -> Reads:
+        """Issue ``reads`` together: every node in one ``get_many``, then the listings."""
+        wanted = list(reads)
+        nodes = self._metadata.get_many([r.path for r in wanted if isinstance(r, ReadNode)])
+        lists = {
+            r.path: tuple(self._metadata.children(r.path)) for r in wanted if isinstance(r, ReadChildren)
+        }
+        return Reads(nodes, lists)
+
+    def delete_objects(self, keys: Iterable[str]) -> None:
+        """Best effort: an object left behind is an orphan, which the janitor sweeps later."""
+        if self._blobs is None:
+            return
+        for key in keys:
+            try:
+                self._blobs.delete(key)
+            except StoreUnavailable as e:
+                _log.warning("could not delete %s now (the orphan sweep will): %s", key, e)
+
+    def _decide(
+        self, first: Sequence[Read], decide: Decide[R], pending: Commit[R] | None, assume: Reads | None
+    ) -> Done[R] | Commit[R]:
+        reads = assume if assume is not None else self.read(first)
+        while True:
+            decision = decide(reads, pending)
+            if not isinstance(decision, More):
+                return decision
+            missing = [r for r in decision.reads if not reads.has(r)]
+            if not missing:
+                raise AssertionError(f"decide asked again for what it has read: {decision.reads}")
+            reads = reads.merged(self.read(missing))
+
+    def _prepare(self, commit: Commit[Any]) -> None:
+        for path in commit.ensure:
+            if path not in self._ensured:
+                self._metadata.ensure_path(path)
+                self._ensured.add(path)
+        for root, due_ms in commit.buckets:
+            self.expiry(root).prepare(due_ms)
+
+    def _delete(self, unowned: Sequence[str], cleanup: Sequence[str]) -> None:
+        self.delete_objects([*unowned, *cleanup])

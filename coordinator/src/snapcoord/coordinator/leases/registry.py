@@ -1,0 +1,169 @@
+"""Snapshot leases: the LeaseService logic on the commit kernel.
+
+The rules of each change are in ``decide``, the paths in ``layout``, the janitor's steps in
+``janitor``; what leases and snapshots share (pin indexes) in ``coordinator.pins``. Pinning a
+snapshot checks the version of its header in the same transaction, and a snapshot deletion checks
+its pin index: of an acquire and a delete racing on one snapshot, exactly one commits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Iterable
+from typing import Protocol
+
+from snapcoord.coordinator.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.leases import (
+    Lease,
+    LeasePolicy,
+    SnapshotRef,
+    validate_duration,
+    validate_refs,
+)
+from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.leases import decide
+from snapcoord.coordinator.leases.decide import Acquired
+from snapcoord.coordinator.leases.janitor import LeaseJanitor
+from snapcoord.coordinator.leases.layout import RECORDS, record_path
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+__all__ = ["Acquired", "LeaseRegistry"]
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+class SharesKernel(Protocol):
+    """The snapshot registry, as leases see it: the kernel they share (both write retention
+    triggers, so one bucket cache serves both)."""
+
+    @property
+    def kernel(self) -> CommitKernel: ...
+
+
+class LeaseRegistry:
+    """Acquire, renew, release, drop, read and expire leases."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        clock: Clock,
+        policy: LeasePolicy,
+        snapshots: SharesKernel,
+        metrics: CoordinatorMetrics,
+    ) -> None:
+        self._metadata = metadata
+        self._clock = clock
+        self._policy = policy
+        self._metrics = metrics
+        self._kernel = snapshots.kernel
+        self._janitor = LeaseJanitor(self._kernel, metadata, clock, policy, metrics)
+
+    # --- the API ----------------------------------------------------------------------------
+
+    def acquire(self, lease_id: str, duration_ms: int, refs: Iterable[SnapshotRef]) -> Acquired:
+        """Create or renew the lease to now + duration and pin every requested snapshot that
+        exists; the others come back as unavailable."""
+        require_id("lease_id", lease_id)
+        validate_duration(duration_ms, self._policy)
+        wanted = tuple(validate_refs(refs, self._policy))
+        nonce = uuid.uuid4().hex[:12]
+        acquired = self._kernel.run(
+            "lease_acquire",
+            {"lease_id": lease_id},
+            [ReadNode(record_path(lease_id))],
+            lambda reads, pending: decide.acquire(
+                lease_id, duration_ms, wanted, reads, pending, self._clocks(nonce)
+            ),
+        )
+        self._metrics.lease_acquires.inc()
+        return acquired
+
+    def release(self, lease_id: str, refs: Iterable[SnapshotRef]) -> Lease:
+        """Unpin the given snapshots (those not held are ignored); NOT_FOUND for no live lease."""
+        require_id("lease_id", lease_id)
+        releasing = frozenset(validate_refs(refs, self._policy))
+        nonce = uuid.uuid4().hex[:12]
+        released = self._kernel.run(
+            "lease_release",
+            {"lease_id": lease_id},
+            [ReadNode(record_path(lease_id))],
+            lambda reads, pending: decide.release(lease_id, releasing, reads, pending, self._clocks(nonce)),
+        )
+        self._metrics.lease_releases.inc(len(released.released))
+        return released.lease
+
+    def renew(self, lease_id: str, duration_ms: int) -> Lease:
+        """Extend a live lease to now + duration; NOT_FOUND for an unknown or expired lease."""
+        require_id("lease_id", lease_id)
+        validate_duration(duration_ms, self._policy)
+        return self._kernel.run(
+            "lease_renew",
+            {"lease_id": lease_id},
+            [ReadNode(record_path(lease_id))],
+            lambda reads, pending: decide.renew(lease_id, duration_ms, reads, pending, self._clocks("")),
+        )
+
+    def drop(self, lease_id: str) -> bool:
+        """Release everything and delete the lease; True when a live lease was dropped."""
+        require_id("lease_id", lease_id)
+        nonce = uuid.uuid4().hex[:12]
+        outcome = self._kernel.run(
+            "lease_drop",
+            {"lease_id": lease_id},
+            [ReadNode(record_path(lease_id))],
+            lambda reads, pending: decide.remove(
+                lease_id, reads, pending, self._clocks(nonce), only_expired=False
+            ),
+        )
+        return outcome == "alive"
+
+    def get(self, lease_id: str) -> Lease:
+        require_id("lease_id", lease_id)
+        current = decide.stored(self._metadata.get(record_path(lease_id)))
+        return decide.live(lease_id, current, self._clocks("")).lease
+
+    def list_page(self, page_size: int, page_token: str) -> tuple[list[Lease], str]:
+        """Live leases in lease_id order, and the token of the next page."""
+        if page_size < 0 or page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(
+                f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
+            )
+        if page_token:
+            try:
+                require_id("page_token", page_token)
+            except InvalidArgument:
+                raise InvalidArgument(
+                    f"page_token {page_token!r} is not a token this server issued"
+                ) from None
+        size = page_size or DEFAULT_PAGE_SIZE
+        names = self._metadata.children(RECORDS)
+        i = bisect.bisect_right(names, page_token) if page_token else 0
+        now = self._clock.now_ms()
+        page: list[Lease] = []
+        while i < len(names) and len(page) < size:
+            batch = names[i : i + size - len(page)]  # the leases of a page are read together
+            nodes = self._metadata.get_many([record_path(n) for n in batch])
+            for name in batch:
+                i += 1
+                current = decide.stored(nodes[record_path(name)])
+                if current is not None and current.lease.is_alive(now, self._policy.max_clock_skew_ms):
+                    page.append(current.lease)
+        return page, (names[i - 1] if i < len(names) else "")
+
+    # --- the janitor's steps (janitor.py) -------------------------------------------------------
+
+    def expire_due(self, limit: int) -> int:
+        """Remove up to ``limit`` leases past their expiry plus the skew margin, with their pins."""
+        return self._janitor.expire_due(limit)
+
+    def update_gauges(self) -> int:
+        """Set the lease and pinned-snapshot gauges (names only: one listing each)."""
+        return self._janitor.update_gauges()
+
+    def _clocks(self, nonce: str) -> decide.Clocks:
+        return decide.Clocks(self._clock.now_ms(), self._policy.max_clock_skew_ms, nonce)

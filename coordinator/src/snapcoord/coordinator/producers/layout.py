@@ -1,0 +1,34 @@
+"""Where producer offsets live.
+
+Metadata (the commit point): ``/producers/records/<producer_id>`` holds a small versioned record
+pointing at the payload; ``/producers/expiry/<minute>/<producer_id>@<registration>`` is the expiry
+index, written in the same transaction as the record, so the janitor reads only the buckets that
+are due. Blobs: ``producers/<producer_id>/<uuid>.json`` holds the offsets.
+
+Ordering. The payload is written before the record that references it and deleted after the
+record is gone, so a reader never sees a record without its payload; a crash in between leaves an
+unreferenced object, which the orphan sweep deletes once it is older than the grace period.
+
+Identity. A record's znode version alone cannot tell two registrations apart (delete and create
+again restarts at version 0), so every conditional change also deletes or checks the index entry
+named after the registration's UUID: a janitor that read an old registration can never delete
+the new one that replaced it.
+"""
+
+from __future__ import annotations
+
+from snapcoord.coordinator.domain.producers import ProducerRecord
+from snapcoord.coordinator.expiry_index import entry_path
+
+RECORDS = "/producers/records"
+EXPIRY = "/producers/expiry"
+OBJECT_PREFIX = "producers/"
+
+
+def record_path(producer_id: str) -> str:
+    return f"{RECORDS}/{producer_id}"
+
+
+def index_path(record: ProducerRecord) -> str:
+    """The record's entry in the expiry index."""
+    return entry_path(EXPIRY, record.expires_at_ms, record.index_entry)

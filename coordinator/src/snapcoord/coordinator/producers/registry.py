@@ -1,0 +1,195 @@
+"""The producer offset registry: the ProducerOffsetService logic on the commit kernel.
+
+The rules of each change are in ``decide``, the paths in ``layout``, the janitor's two steps in
+``janitor``. Here: validation, the reads that are not decisions (payloads, pages), and metrics.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+from collections.abc import Iterable
+
+from snapcoord.coordinator.commit import CommitKernel, ReadNode, Reads, Reread
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.producers import (
+    ProducerPolicy,
+    ProducerRecord,
+    ProducerSnapshot,
+    Registration,
+    new_record,
+    validate_registration,
+)
+from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.producers import decide
+from snapcoord.coordinator.producers.janitor import ProducerJanitor
+from snapcoord.coordinator.producers.layout import RECORDS, record_path
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+class ProducerRegistry:
+    """Register, read, delete and list producer offset snapshots; expire and sweep for the janitor."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        blobs: BlobStore,
+        clock: Clock,
+        policy: ProducerPolicy,
+        metrics: CoordinatorMetrics,
+    ) -> None:
+        self._metadata = metadata
+        self._blobs = blobs
+        self._clock = clock
+        self._policy = policy
+        self._metrics = metrics
+        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
+
+    # --- the API ----------------------------------------------------------------------------
+
+    def register(self, producer_id: str, offsets: Iterable[Offset], ttl_ms: int) -> Registration:
+        """Create the record unless a live one exists; exactly one concurrent caller wins."""
+        items, ttl = validate_registration(producer_id, offsets, ttl_ms, self._policy)
+        request = decide.Register(
+            new_record(producer_id, self._clock.now_ms(), ttl),
+            ttl,
+            encode_producer_offsets(producer_id, items),
+        )
+
+        def present(outcome: decide.Registered) -> Registration:
+            if outcome.registered:
+                record = outcome.record
+                return Registration(
+                    True, ProducerSnapshot(producer_id, items, record.created_at_ms, record.expires_at_ms)
+                )
+            try:
+                return Registration(False, self._snapshot(outcome.record))
+            except NotFound:
+                raise Reread from None  # deleted between our two reads: decide again
+
+        path = record_path(producer_id)
+        registration = self._kernel.run(
+            "producer_register",
+            {"producer_id": producer_id},
+            [ReadNode(path)],
+            lambda reads, pending: decide.register(request, reads, pending, self._clock.now_ms()),
+            finish=present,
+            # The first round assumes no record (the common case: a sink's first start) and lets
+            # the create-if-absent commit tell otherwise; later rounds read first.
+            assume=Reads({path: None}),
+        )
+        self._metrics.producer_registrations.labels(
+            "registered" if registration.registered else "existing"
+        ).inc()
+        return registration
+
+    def get(self, producer_id: str) -> ProducerSnapshot:
+        """The live snapshot; NOT_FOUND when absent or expired (even before the janitor runs)."""
+        require_id("producer_id", producer_id)
+        current = self._read(producer_id)
+        now = self._clock.now_ms()
+        if current is None:
+            raise NotFound(f"no producer offsets are registered for producer_id {producer_id!r}")
+        if current.is_expired(now):
+            raise NotFound(
+                f"the producer offsets of producer_id {producer_id!r} expired at "
+                f"{current.expires_at_ms} (now {now})",
+                reason=Reason.EXPIRED,
+                metadata={"producer_id": producer_id, "expires_at_ms": current.expires_at_ms},
+            )
+        return self._snapshot(current)
+
+    def delete(self, producer_id: str) -> bool:
+        """Remove the record (metadata first, then the payload); True when a live one was removed."""
+        require_id("producer_id", producer_id)
+        return self._kernel.run(
+            "producer_delete",
+            {"producer_id": producer_id},
+            [ReadNode(record_path(producer_id))],
+            lambda reads, pending: decide.delete(producer_id, reads, pending, self._clock.now_ms()),
+        )
+
+    def list_page(self, page_size: int, page_token: str) -> tuple[list[ProducerSnapshot], str]:
+        """One page of live snapshots in producer_id order, and the token of the next page."""
+        if page_size < 0 or page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(
+                f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
+            )
+        size = page_size or DEFAULT_PAGE_SIZE
+        after = _decode_token(page_token)
+        names = self._metadata.children(RECORDS)
+        i = bisect.bisect_right(names, after) if after else 0
+        page: list[ProducerSnapshot] = []
+        now = self._clock.now_ms()
+        while i < len(names) and len(page) < size:
+            batch = names[i : i + size - len(page)]  # the records of a page are read together
+            nodes = self._metadata.get_many([record_path(n) for n in batch])
+            for name in batch:
+                i += 1
+                current = decide.stored(nodes[record_path(name)])
+                if current is None or current.record.is_expired(now):
+                    continue
+                try:
+                    page.append(self._snapshot(current.record))
+                except NotFound:
+                    continue  # deleted while we paged
+        return page, (_encode_token(names[i - 1]) if i < len(names) else "")
+
+    # --- the janitor's steps (janitor.py) -------------------------------------------------------
+
+    def expire_due(self, limit: int) -> int:
+        """Delete up to ``limit`` expired records, reading only the expiry buckets that are due."""
+        return self._janitor.expire_due(limit)
+
+    def sweep_orphans(self, grace_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` unreferenced payload objects older than ``grace_ms``."""
+        return self._janitor.sweep_orphans(grace_ms, limit)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _read(self, producer_id: str) -> ProducerRecord | None:
+        current = decide.stored(self._metadata.get(record_path(producer_id)))
+        return current.record if current is not None else None
+
+    def _snapshot(self, record: ProducerRecord) -> ProducerSnapshot:
+        """The record with its offsets from the payload; NOT_FOUND if it was deleted meanwhile."""
+        try:
+            payload = self._blobs.get(record.object_key)
+        except BlobNotFound:
+            # Deletes remove the record first, so a missing object means the record is gone
+            # too by now, unless the invariant broke.
+            after = self._read(record.producer_id)
+            if after is None or after.object_key != record.object_key:
+                raise NotFound(f"producer_id {record.producer_id!r} was deleted meanwhile") from None
+            raise Internal(
+                f"the payload {record.object_key} of producer_id {record.producer_id!r} is missing"
+            ) from None
+        _, offsets = decode_producer_offsets(payload)
+        return ProducerSnapshot(record.producer_id, offsets, record.created_at_ms, record.expires_at_ms)
+
+
+def _encode_token(last: str) -> str:
+    return base64.urlsafe_b64encode(last.encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str) -> str:
+    if not token:
+        return ""
+    try:
+        last = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None
+    try:
+        return require_id("page_token", last)
+    except InvalidArgument:
+        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None

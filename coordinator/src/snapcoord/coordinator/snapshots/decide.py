@@ -1,0 +1,353 @@
+"""The rules of every snapshot change, as pure functions of what was read (no I/O).
+
+Each takes the request, the kernel's ``Reads``, the commit still in doubt (``pending``) and the
+time, and returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from snapcoord.coordinator import pins
+from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.snapshot_codec import (
+    decode_app,
+    decode_snapshot,
+    decode_task_report,
+    encode_app,
+    encode_retention,
+    encode_snapshot,
+    encode_task_report,
+)
+from snapcoord.coordinator.domain.snapshots import (
+    CheckpointRef,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotRecord,
+    State,
+    TaskReport,
+)
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.snapshots.layout import (
+    APPS,
+    DEADLINES,
+    RETENTION,
+    app_path,
+    deadline_entry,
+    gen_path,
+    gens_path,
+    ref,
+    retention_entry,
+    retention_path,
+    task_path,
+    tasks_path,
+)
+from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+
+#: The reason recorded when AbortSnapshot gives none.
+DEFAULT_ABORT_REASON = "aborted by request"
+
+
+@dataclass(frozen=True)
+class Stored:
+    record: SnapshotRecord
+    version: int
+
+
+def stored(node: Node | None) -> Stored | None:
+    return Stored(decode_snapshot(node.data), node.version) if node is not None else None
+
+
+def current_generation(node: Node | None) -> int:
+    """The app's current generation from its pointer node (0: no snapshot yet)."""
+    return decode_app(node.data) if node is not None else 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A snapshot, and whether this call changed its state (created, completed or aborted it)."""
+
+    snapshot: Snapshot
+    changed: bool
+
+
+def ended_ops(ended: SnapshotRecord) -> list[Op]:
+    """A snapshot leaving CREATED: drop its deadline, and have retention look at the app now.
+    (The commit needs the retention bucket of ``ended_at_ms``.)"""
+    return [
+        Delete(deadline_entry(ended), None),
+        Create(retention_entry(ended.ended_at_ms, ref(ended.app_id, ended.generation)), b""),
+    ]
+
+
+# --- CreateSnapshot ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    app_id: str
+    task_ids: tuple[str, ...]
+    ttl_ms: int
+    timeout_ms: int
+    labels: tuple[tuple[str, str], ...]
+
+
+def create(
+    request: CreateRequest, reads: Reads, pending: Commit[Outcome] | None, now: int
+) -> Done[Outcome] | Commit[Outcome] | More:
+    """The current snapshot if it is CREATED (a retry is safe, also after a commit in doubt),
+    else generation + 1."""
+    app_id = request.app_id
+    app_node = reads.node(app_path(app_id))
+    current = current_generation(app_node)
+    if current:
+        header_read = ReadNode(gen_path(app_id, current))
+        if not reads.has(header_read):
+            return More([header_read])
+        header = stored(reads.node(header_read.path))
+        if header is not None and header.record.state is State.CREATED:
+            return Done(Outcome(Snapshot(header.record, ()), False))
+    record = SnapshotRecord(
+        app_id=app_id,
+        generation=current + 1,
+        state=State.CREATED,
+        task_ids=request.task_ids,
+        reported=0,
+        created_at_ms=now,
+        completed_at_ms=0,
+        ended_at_ms=0,
+        deadline_ms=now + request.timeout_ms,
+        ttl_ms=request.ttl_ms,
+        labels=request.labels,
+        abort_reason="",
+    )
+    ops: list[Op] = []
+    if app_node is None:
+        ops += [Create(app_path(app_id), encode_app(record.generation)), Create(gens_path(app_id), b"")]
+    else:
+        # The version check makes concurrent creators agree: one moves the pointer, the others
+        # fail here and, next round, find its snapshot CREATED and return it.
+        ops.append(SetData(app_path(app_id), encode_app(record.generation), app_node.version))
+    ops += [
+        Create(gen_path(app_id, record.generation), encode_snapshot(record)),
+        Create(tasks_path(app_id, record.generation), b""),
+        Create(deadline_entry(record), b""),
+    ]
+    return Commit(
+        ops, Outcome(Snapshot(record, ()), True), buckets=((DEADLINES, record.deadline_ms),), ensure=(APPS,)
+    )
+
+
+# --- ReportTaskSnapshot -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """One task's report; ``refs`` name this call's uploads (made once per call, so that every
+    round commits the same objects) and ``payloads`` holds their bytes by key."""
+
+    app_id: str
+    generation: int
+    task_id: str
+    offsets: tuple[Offset, ...]
+    digest: str
+    refs: tuple[CheckpointRef, ...]
+    payloads: Mapping[str, bytes] = field(default_factory=dict)
+
+    def reads(self) -> list[ReadNode]:
+        """The header, the task's node and the app's pointer (for the fence), read together."""
+        return [
+            ReadNode(gen_path(self.app_id, self.generation)),
+            ReadNode(task_path(self.app_id, self.generation, self.task_id)),
+            ReadNode(app_path(self.app_id)),
+        ]
+
+
+def report(
+    request: ReportRequest, reads: Reads, pending: Commit[Outcome] | None, now: int
+) -> Done[Outcome] | Commit[Outcome]:
+    """Record one task's report; the report that completes the task set completes the snapshot.
+
+    The same report again is idempotent (also after completion, and after a commit in doubt:
+    the stored report then carries this call's checkpoint refs, which it keeps).
+    """
+    app_id, generation, task_id = request.app_id, request.generation, request.task_id
+    header = stored(reads.node(gen_path(app_id, generation)))
+    task_node = reads.node(task_path(app_id, generation, task_id))
+    existing = decode_task_report(task_node.data) if task_node is not None else None
+    if header is not None and existing is not None and existing.digest == request.digest:
+        keep = {r.object_key for r in request.refs} if existing.checkpoints == request.refs else set()
+        return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=frozenset(keep))
+    fence(app_id, generation, header, current_generation(reads.node(app_path(app_id))))
+    assert header is not None
+    if existing is not None:
+        raise FailedPrecondition(
+            f"task {task_id!r} already reported a different snapshot for generation "
+            f"{generation} of app {app_id!r}; a report cannot be changed",
+            reason=Reason.REPORT_CONFLICT,
+            metadata={"app_id": app_id, "generation": generation, "task_id": task_id},
+        )
+    if task_id not in header.record.task_ids:
+        raise InvalidArgument(
+            f"task {task_id!r} is not in the task set of app {app_id!r} generation {generation} "
+            f"({len(header.record.task_ids)} tasks)"
+        )
+    task_report = TaskReport(task_id, request.offsets, request.refs, request.digest)
+    after = after_report(header.record, now)
+    ops: list[Op] = [
+        Create(task_path(app_id, generation, task_id), encode_task_report(task_report)),
+        SetData(gen_path(app_id, generation), encode_snapshot(after), header.version),
+    ]
+    completed = after.state is State.COMPLETED
+    if completed:
+        ops += ended_ops(after)
+    return Commit(
+        ops,
+        Outcome(Snapshot(after, (task_report,)), completed),
+        uploads=request.payloads,
+        buckets=((RETENTION, after.ended_at_ms),) if completed else (),
+    )
+
+
+def fence(app_id: str, generation: int, header: Stored | None, current: int) -> None:
+    """Refuse a report unless the snapshot is CREATED (only the current generation can be)."""
+    if header is not None and header.record.state is State.CREATED:
+        return
+    where = {"app_id": app_id, "generation": generation, "current_generation": current}
+    if header is None or generation != current:
+        if generation > current:
+            raise FailedPrecondition(
+                f"generation {generation} of app {app_id!r} does not exist; "
+                f"the current generation is {current}",
+                reason=Reason.SNAPSHOT_FENCED,
+                metadata=where,
+            )
+        raise FailedPrecondition(
+            f"generation {generation} of app {app_id!r} is fenced: the current generation is {current}",
+            reason=Reason.SNAPSHOT_FENCED,
+            metadata=where,
+        )
+    raise FailedPrecondition(
+        f"generation {generation} of app {app_id!r} is {header.record.state.value}, no longer accepting "
+        f"reports; the current generation is {current}",
+        reason=Reason.SNAPSHOT_NOT_CREATED,
+        metadata={**where, "state": header.record.state.value},
+    )
+
+
+def after_report(record: SnapshotRecord, now: int) -> SnapshotRecord:
+    reported = record.reported + 1
+    if reported < len(record.task_ids):
+        return replace(record, reported=reported)
+    return replace(record, reported=reported, state=State.COMPLETED, completed_at_ms=now, ended_at_ms=now)
+
+
+# --- AbortSnapshot ------------------------------------------------------------------------------
+
+
+def abort(
+    app_id: str, generation: int, reason: str, reads: Reads, pending: Commit[Outcome] | None, now: int
+) -> Done[Outcome] | Commit[Outcome]:
+    """CREATED -> ABORTED; aborting an ABORTED snapshot again is a no-op."""
+    header = stored(reads.node(gen_path(app_id, generation))) if generation > 0 else None
+    if header is None:
+        raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
+    if header.record.state is State.ABORTED:
+        return Done(Outcome(Snapshot(header.record, ()), False))
+    if header.record.state is State.COMPLETED:
+        raise FailedPrecondition(
+            f"app {app_id!r} generation {generation} is COMPLETED; only a CREATED snapshot can be aborted",
+            reason=Reason.SNAPSHOT_NOT_CREATED,
+            metadata={"app_id": app_id, "generation": generation, "state": "COMPLETED"},
+        )
+    after = replace(
+        header.record, state=State.ABORTED, ended_at_ms=now, abort_reason=reason or DEFAULT_ABORT_REASON
+    )
+    ops: list[Op] = [
+        SetData(gen_path(app_id, generation), encode_snapshot(after), header.version),
+        *ended_ops(after),
+    ]
+    return Commit(ops, Outcome(Snapshot(after, ()), True), buckets=((RETENTION, after.ended_at_ms),))
+
+
+# --- DeleteSnapshot (and retention) -------------------------------------------------------------
+
+
+def delete_reads(app_id: str, generation: int) -> list[ReadNode | ReadChildren]:
+    return [
+        ReadNode(gen_path(app_id, generation)),
+        ReadNode(pins.pin_path(app_id, generation)),
+        ReadChildren(tasks_path(app_id, generation)),
+    ]
+
+
+def delete(
+    app_id: str, generation: int, reads: Reads, pending: Commit[bool] | None, now: int, skew_ms: int
+) -> Done[bool] | Commit[bool] | More:
+    """Delete an ended, unpinned snapshot's nodes in one transaction (checked against its pins),
+    then its objects; False when there was none."""
+    header = stored(reads.node(gen_path(app_id, generation))) if generation > 0 else None
+    if header is None:
+        return landed(pending) if pending is not None else Done(False)
+    if header.record.state is State.CREATED:
+        raise FailedPrecondition(
+            f"app {app_id!r} generation {generation} is still CREATED: abort it before deleting it",
+            reason=Reason.SNAPSHOT_IN_PROGRESS,
+            metadata={"app_id": app_id, "generation": generation},
+        )
+    pin_node = reads.node(pins.pin_path(app_id, generation))
+    if pins.pinned(pin_node, now, skew_ms):
+        raise FailedPrecondition(
+            f"app {app_id!r} generation {generation} is held by a lease; release the lease first",
+            reason=Reason.LEASE_HELD,
+            metadata={"app_id": app_id, "generation": generation},
+        )
+    task_reads = [
+        ReadNode(task_path(app_id, generation, t)) for t in reads.children(tasks_path(app_id, generation))
+    ]
+    missing = [r for r in task_reads if not reads.has(r)]
+    if missing:
+        return More(missing)
+    reports = [decode_task_report(n.data) for n in (reads.node(r.path) for r in task_reads) if n is not None]
+    ops: list[Op] = pins.guard(app_id, generation, pin_node)
+    ops += [Delete(task_path(app_id, generation, r.task_id), None) for r in reports]
+    ops += [
+        Delete(tasks_path(app_id, generation), None),
+        Delete(gen_path(app_id, generation), header.version),
+    ]
+    return Commit(
+        ops,
+        True,
+        cleanup=tuple(c.object_key for r in reports for c in r.checkpoints),
+        ensure=(pins.PINS,) if pin_node is None else (),
+    )
+
+
+# --- SetRetentionPolicy -------------------------------------------------------------------------
+
+
+def retention_trigger(app_id: str, now: int) -> str:
+    return retention_entry(now, f"{app_id}@policy")
+
+
+def set_retention(
+    app_id: str, policy: RetentionPolicy, reads: Reads, pending: Commit[RetentionPolicy] | None, now: int
+) -> Commit[RetentionPolicy]:
+    """Store the app's override (creating the app: it may get its policy before its first
+    snapshot) and have retention look at the app now. Writing it again is harmless."""
+    app_node = reads.node(app_path(app_id))
+    node = reads.node(retention_path(app_id))
+    ops: list[Op] = []
+    if app_node is None:
+        ops += [Create(app_path(app_id), encode_app(0)), Create(gens_path(app_id), b"")]
+    data = encode_retention(policy)
+    ops.append(
+        Create(retention_path(app_id), data)
+        if node is None
+        else SetData(retention_path(app_id), data, node.version)
+    )
+    if reads.node(retention_trigger(app_id, now)) is None:
+        ops.append(Create(retention_trigger(app_id, now), b""))
+    return Commit(ops, policy, buckets=((RETENTION, now),), ensure=(APPS,))

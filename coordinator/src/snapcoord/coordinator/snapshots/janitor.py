@@ -1,0 +1,174 @@
+"""The janitor's snapshot steps: abort timed-out snapshots, apply retention, sweep orphan payloads."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+from snapcoord.coordinator import pins
+from snapcoord.coordinator.commit import CommitKernel
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.snapshot_codec import decode_retention, decode_task_report
+from snapcoord.coordinator.domain.snapshots import (
+    DEFAULT_RETENTION,
+    TIMEOUT_REASON,
+    Retained,
+    Snapshot,
+    SnapshotPolicy,
+    State,
+    retention_victims,
+)
+from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.orphans import sweep_unreferenced
+from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.snapshots.layout import (
+    DEADLINES,
+    OBJECT_PREFIX,
+    RETENTION,
+    gen_path,
+    gens_path,
+    owner_of_checkpoint,
+    parse_ref,
+    ref,
+    retention_entry,
+    retention_path,
+    task_path,
+)
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+_log = logging.getLogger(__name__)
+
+
+class SnapshotJanitor:
+    """The steps, on the registry's own ``abort`` and ``delete`` (the same rules as the API)."""
+
+    def __init__(
+        self,
+        kernel: CommitKernel,
+        metadata: MetadataStore,
+        blobs: BlobStore,
+        clock: Clock,
+        policy: SnapshotPolicy,
+        metrics: CoordinatorMetrics,
+        *,
+        abort: Callable[[str, int, str], Snapshot],
+        delete: Callable[[str, int], bool],
+    ) -> None:
+        self._kernel = kernel
+        self._metadata = metadata
+        self._blobs = blobs
+        self._clock = clock
+        self._policy = policy
+        self._metrics = metrics
+        self._abort = abort
+        self._delete = delete
+
+    def abort_timed_out(self, limit: int) -> int:
+        """Abort up to ``limit`` snapshots still CREATED after their timeout (reason "timeout")."""
+        now = self._clock.now_ms()
+        aborted = 0
+        deadlines = self._kernel.expiry(DEADLINES)
+        for path, name in deadlines.due(now):
+            if aborted >= limit:
+                break
+            parsed = parse_ref(name)
+            node = (
+                self._metadata.get(gen_path(parsed[0], int(parsed[1])))
+                if parsed and parsed[1].isdigit()
+                else None
+            )
+            header = decide.stored(node)
+            if header is None or header.record.state is not State.CREATED:
+                deadlines.remove(path)  # cannot happen (they change together); do not keep it due
+                continue
+            if now < header.record.deadline_ms:
+                continue
+            try:
+                self._abort(header.record.app_id, header.record.generation, TIMEOUT_REASON)
+            except FailedPrecondition:
+                continue  # completed meanwhile: its deadline entry went with the completion
+            aborted += 1
+        return aborted
+
+    def apply_retention(self, limit: int) -> int:
+        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots."""
+        now = self._clock.now_ms()
+        deleted = 0
+        evaluated: set[str] = set()
+        triggers = self._kernel.expiry(RETENTION)
+        for path, name in triggers.due(now):
+            if deleted >= limit:
+                break
+            parsed = parse_ref(name)
+            # Consumed first: the evaluation below schedules the app's next trigger itself, and
+            # may put it in this very bucket.
+            triggers.remove(path)
+            if parsed is None or parsed[0] in evaluated:
+                continue
+            evaluated.add(parsed[0])
+            done, finished = self._evaluate_app(parsed[0], now, limit - deleted)
+            deleted += done
+            if not finished:  # more victims than this pass may delete: come back next pass
+                self._schedule(now, f"{parsed[0]}@more")
+        return deleted
+
+    def sweep_orphans(self, grace_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` checkpoint objects older than ``grace_ms`` that no report references."""
+
+        def referenced_by(owner: tuple[str, int, str]) -> frozenset[str]:
+            node = self._metadata.get(task_path(*owner))
+            report = decode_task_report(node.data) if node is not None else None
+            return frozenset(c.object_key for c in report.checkpoints) if report else frozenset()
+
+        deleted = sweep_unreferenced(
+            self._blobs,
+            OBJECT_PREFIX,
+            modified_before_ms=self._clock.now_ms() - grace_ms,
+            limit=limit,
+            owner_of=owner_of_checkpoint,
+            referenced_by=referenced_by,
+        )
+        if deleted:
+            self._metrics.orphans_deleted.labels("snapshot").inc(deleted)
+        return deleted
+
+    def _evaluate_app(self, app_id: str, now: int, limit: int) -> tuple[int, bool]:
+        """Apply the app's retention now (at most ``limit`` deletions; the flag says whether that
+        was all), and schedule its next evaluation for when the next survivor's TTL ends."""
+        node = self._metadata.get(retention_path(app_id))
+        retention = (decode_retention(node.data) if node else DEFAULT_RETENTION).effective(self._policy)
+        generations = [int(n) for n in self._metadata.children(gens_path(app_id)) if n.isdigit()]
+        headers = self._metadata.get_many([gen_path(app_id, g) for g in generations])  # read together
+        records = {}
+        for g in generations:
+            item = decide.stored(headers[gen_path(app_id, g)])
+            if item is not None:
+                records[g] = item.record
+        ended = [g for g, r in records.items() if r.is_ended]
+        pin_nodes = self._metadata.get_many([pins.pin_path(app_id, g) for g in ended])
+        skew = self._policy.max_clock_skew_ms
+        pinned = [g for g in ended if pins.pinned(pin_nodes[pins.pin_path(app_id, g)], now, skew)]
+        retained = [Retained(g, r.state, r.ended_at_ms, r.ttl_ms) for g, r in records.items()]
+        victims = retention_victims(retained, retention, now, pinned)
+        deleted = 0
+        for generation in victims[:limit]:
+            try:
+                deleted += self._delete(app_id, generation)
+            except (FailedPrecondition, Aborted):
+                continue  # pinned or changed meanwhile: the next evaluation decides again
+        # The next time one of the survivors can expire, look at the app again.
+        for generation, record in records.items():
+            if generation in victims or not record.is_ended:
+                continue
+            due = record.ended_at_ms + (record.ttl_ms or retention.completed_ttl_ms)
+            if due > now:
+                self._schedule(due, ref(app_id, generation))
+        return deleted, len(victims) <= limit
+
+    def _schedule(self, due_ms: int, name: str) -> None:
+        self._kernel.expiry(RETENTION).prepare(due_ms)
+        with contextlib.suppress(NodeExistsError):
+            self._metadata.create(retention_entry(due_ms, name), b"")

@@ -1,0 +1,305 @@
+"""Generation snapshots: the SnapshotService logic on the commit kernel.
+
+The rules of each change are in ``decide``, the paths in ``layout``, the janitor's steps in
+``janitor``, the in-memory current-snapshot cache in ``cache``. Here: validation, uploads' names,
+the reads that are not decisions (pages, payloads), metrics and logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from snapcoord.coordinator import pins
+from snapcoord.coordinator.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.snapshot_codec import decode_task_report
+from snapcoord.coordinator.domain.snapshots import (
+    MAX_REASON_CHARS,
+    TIMEOUT_REASON,
+    CheckpointRef,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotPolicy,
+    TaskReport,
+    empty_snapshot,
+    report_digest,
+    validate_create,
+    validate_report,
+    validate_retention,
+)
+from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound
+from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
+from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
+from snapcoord.coordinator.snapshots.layout import (
+    APPS,
+    app_path,
+    checkpoint_key,
+    gen_path,
+    gens_path,
+    retention_path,
+    task_path,
+    tasks_path,
+)
+from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import MetadataStore, Op
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class SnapshotPayloads:
+    """A snapshot with its checkpoint payloads: ``payloads[(task_id, store)]``."""
+
+    snapshot: Snapshot
+    payloads: Mapping[tuple[str, str], bytes]
+
+
+class SnapshotRegistry:
+    """Create, report, read, abort, delete and retain generation snapshots."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        blobs: BlobStore,
+        clock: Clock,
+        policy: SnapshotPolicy,
+        metrics: CoordinatorMetrics,
+        *,
+        cache_size: int = 10_000,
+    ) -> None:
+        self._metadata = metadata
+        self._blobs = blobs
+        self._clock = clock
+        self._policy = policy
+        self._metrics = metrics
+        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
+        self._janitor = SnapshotJanitor(
+            self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
+        )
+
+    @property
+    def kernel(self) -> CommitKernel:
+        """The commit kernel, which leases share (they write retention triggers too)."""
+        return self._kernel
+
+    # --- the API ----------------------------------------------------------------------------
+
+    def create(
+        self, app_id: str, task_ids: Sequence[str], ttl_ms: int, timeout_ms: int, labels: Mapping[str, str]
+    ) -> Snapshot:
+        """The current snapshot if it is CREATED (a retry is safe), else generation + 1."""
+        tasks, ttl, timeout, label_items = validate_create(
+            app_id, task_ids, ttl_ms, timeout_ms, labels, self._policy
+        )
+        request = decide.CreateRequest(app_id, tasks, ttl, timeout, label_items)
+        outcome = self._kernel.run(
+            "snapshot_create",
+            {"app_id": app_id},
+            [ReadNode(app_path(app_id))],
+            lambda reads, pending: decide.create(request, reads, pending, self._clock.now_ms()),
+        )
+        if outcome.changed:
+            self._metrics.snapshots_created.inc()
+        return outcome.snapshot
+
+    def current(self, app_id: str, *, consistent: bool) -> Snapshot:
+        """The snapshot at the app's current generation (header only; GetSnapshot has the tasks)."""
+        require_id("app_id", app_id)
+        if consistent:
+            self._metadata.sync(APPS)
+            return self._load_current(app_id)
+        return self._cache.get(app_id)
+
+    def get(self, app_id: str, generation: int, *, include_checkpoints: bool) -> SnapshotPayloads:
+        """One snapshot with every task report; payloads too when ``include_checkpoints``."""
+        require_id("app_id", app_id)
+        header = self._read(app_id, generation) if generation > 0 else None
+        if header is None:
+            raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
+        reports = self._read_reports(app_id, generation)
+        payloads: dict[tuple[str, str], bytes] = {}
+        if include_checkpoints:
+            for report in reports:
+                for ref in report.checkpoints:
+                    try:
+                        payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
+                    except BlobNotFound:
+                        if self._read(app_id, generation) is None:
+                            raise NotFound(
+                                f"app {app_id!r} generation {generation} was deleted meanwhile"
+                            ) from None
+                        raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+        return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
+
+    def list_page(self, app_id: str, page_size: int, page_token: str) -> tuple[list[Snapshot], str]:
+        """Snapshot headers, newest first, and the token of the next page."""
+        require_id("app_id", app_id)
+        if page_size < 0 or page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(
+                f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
+            )
+        size = page_size or DEFAULT_PAGE_SIZE
+        before = _decode_generation_token(page_token)
+        names = sorted(
+            (int(n) for n in self._metadata.children(gens_path(app_id)) if n.isdigit()), reverse=True
+        )
+        if before:
+            names = [g for g in names if g < before]
+        page: list[Snapshot] = []
+        i = 0
+        while i < len(names) and len(page) < size:
+            batch = names[i : i + size - len(page)]  # the headers of a page are read together
+            nodes = self._metadata.get_many([gen_path(app_id, g) for g in batch])
+            for generation in batch:
+                i += 1
+                header = decide.stored(nodes[gen_path(app_id, generation)])
+                if header is not None:
+                    page.append(Snapshot(header.record, ()))
+        return page, (str(names[i - 1]) if i < len(names) else "")
+
+    def report(
+        self,
+        app_id: str,
+        generation: int,
+        task_id: str,
+        offsets: Iterable[Offset],
+        checkpoints: Mapping[str, bytes],
+    ) -> Snapshot:
+        """Record one task's report; the report that completes the task set completes the snapshot.
+
+        Returns the header and the task's own report. The same report again is idempotent (also
+        after completion); anything for another generation, or a snapshot no longer CREATED, is
+        fenced with FAILED_PRECONDITION naming the current generation.
+        """
+        items = validate_report(app_id, generation, task_id, offsets, checkpoints, self._policy)
+        refs: list[CheckpointRef] = []
+        payloads: dict[str, bytes] = {}
+        for store, payload in sorted(checkpoints.items()):
+            key = checkpoint_key(app_id, generation, task_id, uuid.uuid4().hex)
+            refs.append(CheckpointRef(store, key, len(payload), hashlib.sha256(payload).hexdigest()))
+            payloads[key] = payload
+        request = decide.ReportRequest(
+            app_id, generation, task_id, items, report_digest(items, checkpoints), tuple(refs), payloads
+        )
+        outcome = self._kernel.run(
+            "snapshot_report",
+            {"app_id": app_id, "generation": generation},
+            request.reads(),
+            lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+            # Every task of the snapshot may win a round before this one.
+            contenders=self._policy.max_tasks,
+        )
+        if outcome.changed:
+            self._metrics.snapshots_completed.inc()
+            header = outcome.snapshot.record
+            _log.info("app %s generation %d completed (%d tasks)", app_id, generation, len(header.task_ids))
+        return outcome.snapshot
+
+    def abort(self, app_id: str, generation: int, reason: str) -> Snapshot:
+        """CREATED -> ABORTED; aborting an ABORTED snapshot again is a no-op."""
+        require_id("app_id", app_id)
+        if len(reason) > MAX_REASON_CHARS:
+            raise InvalidArgument(f"reason has {len(reason)} characters; the limit is {MAX_REASON_CHARS}")
+        outcome = self._kernel.run(
+            "snapshot_abort",
+            {"app_id": app_id, "generation": generation},
+            [ReadNode(gen_path(app_id, generation))] if generation > 0 else [],
+            lambda reads, pending: decide.abort(
+                app_id, generation, reason, reads, pending, self._clock.now_ms()
+            ),
+        )
+        if outcome.changed:
+            self._metrics.snapshots_aborted.labels("timeout" if reason == TIMEOUT_REASON else "request").inc()
+            _log.info(
+                "app %s generation %d aborted: %s", app_id, generation, outcome.snapshot.record.abort_reason
+            )
+        return outcome.snapshot
+
+    def delete(self, app_id: str, generation: int) -> bool:
+        """Delete an ended snapshot and its payloads; False when there was none."""
+        require_id("app_id", app_id)
+        deleted = self._kernel.run(
+            "snapshot_delete",
+            {"app_id": app_id, "generation": generation},
+            decide.delete_reads(app_id, generation) if generation > 0 else [],
+            lambda reads, pending: decide.delete(
+                app_id, generation, reads, pending, self._clock.now_ms(), self._policy.max_clock_skew_ms
+            ),
+        )
+        if deleted:
+            self._metrics.snapshots_deleted.inc()
+            _log.info("deleted app %s generation %d", app_id, generation)
+        return deleted
+
+    def set_retention(self, app_id: str, keep_last_completed: int, completed_ttl_ms: int) -> RetentionPolicy:
+        """Store the app's override (0 = server default) and return the policy now in force."""
+        validate_retention(app_id, keep_last_completed, completed_ttl_ms, self._policy)
+        policy = RetentionPolicy(keep_last_completed, completed_ttl_ms)
+        now = self._clock.now_ms()  # one trigger per call, named by this time
+        stored = self._kernel.run(
+            "snapshot_set_retention",
+            {"app_id": app_id},
+            [
+                ReadNode(app_path(app_id)),
+                ReadNode(retention_path(app_id)),
+                ReadNode(decide.retention_trigger(app_id, now)),
+            ],
+            lambda reads, pending: decide.set_retention(app_id, policy, reads, pending, now),
+        )
+        return stored.effective(self._policy)
+
+    def pin_state(self, app_id: str, generation: int) -> tuple[bool, list[Op]]:
+        """Is the snapshot pinned by a live lease? And the ops that keep the answer true until a
+        delete commits (``pins.guard``)."""
+        node = self._metadata.get(pins.pin_path(app_id, generation))
+        pinned = pins.pinned(node, self._clock.now_ms(), self._policy.max_clock_skew_ms)
+        return pinned, pins.guard(app_id, generation, node)
+
+    # --- the janitor's steps (janitor.py) -------------------------------------------------------
+
+    def abort_timed_out(self, limit: int) -> int:
+        """Abort up to ``limit`` snapshots still CREATED after their timeout (reason "timeout")."""
+        return self._janitor.abort_timed_out(limit)
+
+    def apply_retention(self, limit: int) -> int:
+        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots."""
+        return self._janitor.apply_retention(limit)
+
+    def sweep_orphans(self, grace_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` checkpoint objects older than ``grace_ms`` that no report references."""
+        return self._janitor.sweep_orphans(grace_ms, limit)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _read(self, app_id: str, generation: int) -> decide.Stored | None:
+        return decide.stored(self._metadata.get(gen_path(app_id, generation)))
+
+    def _read_reports(self, app_id: str, generation: int) -> list[TaskReport]:
+        names = self._metadata.children(tasks_path(app_id, generation))
+        nodes = self._metadata.get_many([task_path(app_id, generation, t) for t in names])
+        return [decode_task_report(node.data) for node in nodes.values() if node is not None]
+
+    def _load_current(self, app_id: str) -> Snapshot:
+        current = decide.current_generation(self._metadata.get(app_path(app_id)))
+        header = self._read(app_id, current) if current else None
+        return Snapshot(header.record, ()) if header is not None else empty_snapshot(app_id, current)
+
+
+def _decode_generation_token(token: str) -> int:
+    if not token:
+        return 0
+    if not token.isdigit():
+        raise InvalidArgument(f"page_token {token!r} is not a token this server issued")
+    return int(token)

@@ -1,0 +1,238 @@
+"""Table tests of ``leases.decide``: read results + request in, Done/Commit/More with ops out. No store."""
+
+from __future__ import annotations
+
+import pytest
+
+from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
+from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
+from snapcoord.coordinator.errors import NotFound, Reason
+from snapcoord.coordinator.leases import decide
+from snapcoord.coordinator.leases.decide import Acquired, Clocks, Released
+from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS
+from snapcoord.coordinator.pins import PINS, pin_path, snapshot_path
+from snapcoord.coordinator.snapshots.layout import RETENTION
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, SetData
+
+NOW = 6_000_000
+SKEW = 1_000
+MINUTE = 60_000
+CLOCKS = Clocks(NOW, SKEW, "nonce")
+A = SnapshotRef("a", 1)
+B = SnapshotRef("b", 2)
+RECORD = f"{RECORDS}/job"
+
+
+def node(data: bytes, version: int = 0) -> Node:
+    return Node(data, version, 0, 0)
+
+
+def entry(lease: Lease) -> str:
+    return f"{EXPIRY}/{(lease.expires_at_ms + SKEW) // MINUTE}/job"
+
+
+def lease_reads(lease: Lease | None, version: int = 0, **nodes: Node | None) -> Reads:
+    stored = {RECORD: node(encode_lease(lease), version) if lease is not None else None}
+    return Reads({**stored, **{k.replace("__", "/"): v for k, v in nodes.items()}})
+
+
+def with_nodes(reads: Reads, pairs: dict[str, Node | None]) -> Reads:
+    return reads.merged(Reads(pairs))
+
+
+NEW = Lease("job", 30_000, NOW + 30_000, (A,))
+
+
+def test_acquire_reads_headers_and_pins_after_the_lease() -> None:
+    assert decide.acquire("job", 30_000, (A, B), lease_reads(None), None, CLOCKS) == More(
+        [
+            ReadNode(snapshot_path("a", 1)),
+            ReadNode(snapshot_path("b", 2)),
+            ReadNode(pin_path("a", 1)),
+            ReadNode(pin_path("b", 2)),
+        ]
+    )
+
+
+ACQUIRE_NEW = Commit(
+    [
+        Check(snapshot_path("a", 1), 4),
+        Create(pin_path("a", 1), encode_pins({"job": NOW + 30_000})),
+        Create(RECORD, encode_lease(NEW)),
+        Create(entry(NEW), b""),
+    ],
+    Acquired(NEW, (B,)),
+    buckets=((EXPIRY, NOW + 30_000 + SKEW),),
+    ensure=(RECORDS, PINS),
+)
+EXPIRED = Lease("job", 30_000, NOW - 5_000, (B,))
+ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired]]] = [
+    (
+        "a new lease: pin what exists (checking its header), report the rest unavailable",
+        with_nodes(
+            lease_reads(None),
+            {
+                snapshot_path("a", 1): node(b"", 4),
+                snapshot_path("b", 2): None,
+                pin_path("a", 1): None,
+                pin_path("b", 2): None,
+            },
+        ),
+        None,
+        ACQUIRE_NEW,
+    ),
+    (
+        "an expired lease counts as absent: its old pins go, and retention looks at their apps",
+        with_nodes(
+            lease_reads(EXPIRED, 6),
+            {
+                snapshot_path("a", 1): node(b"", 4),
+                pin_path("a", 1): None,
+                pin_path("b", 2): node(encode_pins({"job": NOW - 5_000, "other": NOW + 1}), 2),
+            },
+        ),
+        None,
+        Commit(
+            [
+                Check(snapshot_path("a", 1), 4),
+                Create(pin_path("a", 1), encode_pins({"job": NOW + 30_000})),
+                SetData(pin_path("b", 2), encode_pins({"other": NOW + 1}), 2),
+                SetData(RECORD, encode_lease(NEW), 6),
+                Delete(entry(EXPIRED), None),
+                Create(entry(NEW), b""),
+                Create(f"{RETENTION}/{NOW // MINUTE}/b@unpinned-nonce", b""),
+            ],
+            Acquired(NEW, ()),
+            buckets=((EXPIRY, NOW + 30_000 + SKEW), (RETENTION, NOW)),
+            ensure=(RECORDS, PINS),
+        ),
+    ),
+    (
+        "an acquire in doubt that landed: ours",
+        lease_reads(NEW, 0),
+        ACQUIRE_NEW,
+        Done(Acquired(NEW, (B,)), keep=frozenset(), cleanup=()),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reads", "pending", "expected"), ACQUIRE_CASES, ids=[c[0] for c in ACQUIRE_CASES]
+)
+def test_acquire(
+    case: str, reads: Reads, pending: Commit[Acquired] | None, expected: Decision[Acquired]
+) -> None:
+    wanted = (A,) if "expired" in case else (A, B)
+    assert decide.acquire("job", 30_000, wanted, reads, pending, CLOCKS) == expected
+
+
+HELD = Lease("job", 30_000, NOW + 10_000, (A, B))
+
+
+def test_release_unpins_deleting_an_empty_index() -> None:
+    reads = with_nodes(lease_reads(HELD, 3), {pin_path("a", 1): node(encode_pins({"job": NOW + 10_000}), 5)})
+    after = Lease("job", 30_000, NOW + 10_000, (B,))
+    assert decide.release("job", frozenset({A, SnapshotRef("c", 9)}), reads, None, CLOCKS) == Commit(
+        [
+            Delete(pin_path("a", 1), 5),
+            SetData(RECORD, encode_lease(after), 3),
+            Create(f"{RETENTION}/{NOW // MINUTE}/a@unpinned-nonce", b""),
+        ],
+        Released(after, frozenset({A})),
+        buckets=((EXPIRY, NOW + 10_000 + SKEW), (RETENTION, NOW)),
+        ensure=(RECORDS, PINS),
+    )
+
+
+def test_renew_moves_the_expiry_entry_and_the_pins_expiry() -> None:
+    reads = with_nodes(
+        lease_reads(HELD, 3),
+        {
+            pin_path("a", 1): node(encode_pins({"job": NOW + 10_000}), 1),
+            pin_path("b", 2): node(encode_pins({"job": NOW + 10_000}), 2),
+        },
+    )
+    renewed = Lease("job", 600_000, NOW + 600_000, (A, B))
+    assert decide.renew("job", 600_000, reads, None, CLOCKS) == Commit(
+        [
+            SetData(pin_path("a", 1), encode_pins({"job": NOW + 600_000}), 1),
+            SetData(pin_path("b", 2), encode_pins({"job": NOW + 600_000}), 2),
+            SetData(RECORD, encode_lease(renewed), 3),
+            Delete(entry(HELD), None),
+            Create(entry(renewed), b""),
+        ],
+        renewed,
+        buckets=((EXPIRY, NOW + 600_000 + SKEW),),
+        ensure=(RECORDS, PINS),
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "lease", "reason"),
+    [
+        ("no lease", None, Reason.NOT_FOUND),
+        ("expired past the skew margin", Lease("job", 1, NOW - SKEW, ()), Reason.EXPIRED),
+    ],
+)
+def test_release_and_renew_need_a_live_lease(case: str, lease: Lease | None, reason: Reason) -> None:
+    for call in (
+        lambda: decide.release("job", frozenset({A}), lease_reads(lease), None, CLOCKS),
+        lambda: decide.renew("job", 1_000, lease_reads(lease), None, CLOCKS),
+    ):
+        with pytest.raises(NotFound) as raised:
+            call()
+        assert raised.value.reason is reason
+
+
+REMOVE_CASES: list[tuple[str, Lease | None, bool, Decision[decide.Removal]]] = [
+    ("drop: no lease", None, False, Done("absent")),
+    (
+        "expire: still alive (within the skew margin)",
+        Lease("job", 1, NOW - SKEW + 1, ()),
+        True,
+        Done("alive"),
+    ),
+    (
+        "drop a live lease without pins",
+        Lease("job", 1, NOW + 5, ()),
+        False,
+        Commit(
+            [Delete(RECORD, 2), Delete(entry(Lease("job", 1, NOW + 5, ())), None)],
+            "alive",
+            ensure=(RECORDS, PINS),
+        ),
+    ),
+    (
+        "expire an expired lease without pins",
+        Lease("job", 1, NOW - SKEW, ()),
+        True,
+        Commit(
+            [Delete(RECORD, 2), Delete(entry(Lease("job", 1, NOW - SKEW, ())), None)],
+            "removed",
+            ensure=(RECORDS, PINS),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "lease", "only_expired", "expected"), REMOVE_CASES, ids=[c[0] for c in REMOVE_CASES]
+)
+def test_remove(
+    case: str, lease: Lease | None, only_expired: bool, expected: Decision[decide.Removal]
+) -> None:
+    assert decide.remove("job", lease_reads(lease, 2), None, CLOCKS, only_expired=only_expired) == expected
+
+
+def test_remove_takes_the_lease_out_of_its_pins() -> None:
+    lease = Lease("job", 1, NOW + 5, (A,))
+    assert decide.remove("job", lease_reads(lease, 2), None, CLOCKS, only_expired=False) == More(
+        [ReadNode(pin_path("a", 1))]
+    )
+    reads = with_nodes(
+        lease_reads(lease, 2), {pin_path("a", 1): node(encode_pins({"job": NOW + 5, "x": NOW}), 7)}
+    )
+    decision = decide.remove("job", reads, None, CLOCKS, only_expired=False)
+    assert isinstance(decision, Commit)
+    assert decision.ops[0] == SetData(pin_path("a", 1), encode_pins({"x": NOW}), 7)
+    assert decision.ops[-1] == Create(f"{RETENTION}/{NOW // MINUTE}/a@unpinned-nonce", b"")

@@ -1,0 +1,384 @@
+"""Table tests of ``snapshots.decide``: read results + request in, Done/Commit/More with ops out, or
+the refusal (with its reason and metadata). No store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
+from snapcoord.coordinator.domain.leases import encode_pins
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.snapshot_codec import (
+    encode_app,
+    encode_retention,
+    encode_snapshot,
+    encode_task_report,
+)
+from snapcoord.coordinator.domain.snapshots import (
+    CheckpointRef,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotRecord,
+    State,
+    TaskReport,
+)
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.pins import PINS, pin_path
+from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.snapshots.decide import CreateRequest, Outcome, ReportRequest
+from snapcoord.coordinator.snapshots.layout import APPS, DEADLINES, RETENTION
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, SetData
+
+NOW = 6_000_000
+MINUTE = 60_000
+APP = f"{APPS}/app"
+GENS = f"{APP}/gens"
+
+
+def gen(g: int) -> str:
+    return f"{GENS}/{g:020d}"
+
+
+def node(data: bytes, version: int = 0) -> Node:
+    return Node(data, version, 0, 0)
+
+
+def header(
+    g: int, state: State = State.CREATED, *, reported: int = 0, tasks: tuple[str, ...] = ("t1", "t2")
+) -> SnapshotRecord:
+    ended = NOW - 10 if state is not State.CREATED else 0
+    return SnapshotRecord(
+        "app",
+        g,
+        state,
+        tasks,
+        reported,
+        NOW - 100,
+        ended if state is State.COMPLETED else 0,
+        ended,
+        NOW + 900,
+        0,
+        (),
+        "",
+    )
+
+
+def read(*pairs: tuple[str, Node | None]) -> Reads:
+    return Reads(dict(pairs))
+
+
+# --- create ---------------------------------------------------------------------------------------
+
+CREATE = CreateRequest("app", ("t1", "t2"), 0, 1_000, ())
+NEW1 = replace(header(1), created_at_ms=NOW, deadline_ms=NOW + 1_000)
+NEW3 = replace(NEW1, generation=3)
+
+
+def creation(record: SnapshotRecord) -> list[Create]:
+    g = record.generation
+    return [
+        Create(gen(g), encode_snapshot(record)),
+        Create(f"{gen(g)}/tasks", b""),
+        Create(f"{DEADLINES}/{(NOW + 1_000) // MINUTE}/app@{g}", b""),
+    ]
+
+
+CREATE_CASES: list[tuple[str, Reads, Decision[Outcome]]] = [
+    (
+        "a new app: pointer, gens and generation 1 in one commit",
+        read((APP, None)),
+        Commit(
+            [Create(APP, encode_app(1)), Create(GENS, b""), *creation(NEW1)],
+            Outcome(Snapshot(NEW1, ()), True),
+            buckets=((DEADLINES, NOW + 1_000),),
+            ensure=(APPS,),
+        ),
+    ),
+    (
+        "an app at generation 2: read its header too",
+        read((APP, node(encode_app(2), 5))),
+        More([ReadNode(gen(2))]),
+    ),
+    (
+        "the current snapshot is CREATED: return it (a retry is safe)",
+        read((APP, node(encode_app(2), 5)), (gen(2), node(encode_snapshot(header(2))))),
+        Done(Outcome(Snapshot(header(2), ()), False)),
+    ),
+    (
+        "the current snapshot ended: generation + 1, moving the pointer by version",
+        read((APP, node(encode_app(2), 5)), (gen(2), node(encode_snapshot(header(2, State.COMPLETED))))),
+        Commit(
+            [SetData(APP, encode_app(3), 5), *creation(NEW3)],
+            Outcome(Snapshot(NEW3, ()), True),
+            buckets=((DEADLINES, NOW + 1_000),),
+            ensure=(APPS,),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "reads", "expected"), CREATE_CASES, ids=[c[0] for c in CREATE_CASES])
+def test_create(case: str, reads: Reads, expected: Decision[Outcome]) -> None:
+    assert decide.create(CREATE, reads, None, NOW) == expected
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+OFFSETS = (Offset("orders", 0, 42),)
+REF = CheckpointRef("state", "snapshots/app/2/t1/" + "a" * 32, 7, "sha")
+REPORT = ReportRequest("app", 2, "t1", OFFSETS, "digest-1", (REF,), {REF.object_key: b"payload"})
+MINE = TaskReport("t1", OFFSETS, (REF,), "digest-1")
+TASK = f"{gen(2)}/tasks/t1"
+
+
+def report_reads(record: SnapshotRecord | None, current: int, existing: TaskReport | None = None) -> Reads:
+    return read(
+        (gen(2), node(encode_snapshot(record), 4) if record is not None else None),
+        (TASK, node(encode_task_report(existing)) if existing is not None else None),
+        (APP, node(encode_app(current))),
+    )
+
+
+FIRST_OF_TWO = replace(header(2), reported=1)
+LAST_OF_TWO = replace(header(2), reported=2, state=State.COMPLETED, completed_at_ms=NOW, ended_at_ms=NOW)
+
+REPORT_CASES: list[tuple[str, Reads, Decision[Outcome]]] = [
+    (
+        "the first report: create the task node and bump the header by version",
+        report_reads(header(2), 2),
+        Commit(
+            [Create(TASK, encode_task_report(MINE)), SetData(gen(2), encode_snapshot(FIRST_OF_TWO), 4)],
+            Outcome(Snapshot(FIRST_OF_TWO, (MINE,)), False),
+            uploads={REF.object_key: b"payload"},
+        ),
+    ),
+    (
+        "the last report completes the snapshot: drop its deadline, trigger retention",
+        report_reads(replace(header(2), reported=1), 2),
+        Commit(
+            [
+                Create(TASK, encode_task_report(MINE)),
+                SetData(gen(2), encode_snapshot(LAST_OF_TWO), 4),
+                Delete(f"{DEADLINES}/{(NOW + 900) // MINUTE}/app@2", None),
+                Create(f"{RETENTION}/{NOW // MINUTE}/app@2", b""),
+            ],
+            Outcome(Snapshot(LAST_OF_TWO, (MINE,)), True),
+            uploads={REF.object_key: b"payload"},
+            buckets=((RETENTION, NOW),),
+        ),
+    ),
+    (
+        "the same report again (a commit of ours landed): idempotent, keeping our upload",
+        report_reads(FIRST_OF_TWO, 2, MINE),
+        Done(Outcome(Snapshot(FIRST_OF_TWO, (MINE,)), False), keep=frozenset({REF.object_key})),
+    ),
+    (
+        "the same report, stored by an earlier call (other uploads): idempotent, ours go",
+        report_reads(LAST_OF_TWO, 3, replace(MINE, checkpoints=(replace(REF, object_key="other"),))),
+        Done(
+            Outcome(
+                Snapshot(LAST_OF_TWO, (replace(MINE, checkpoints=(replace(REF, object_key="other"),)),)),
+                False,
+            )
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "reads", "expected"), REPORT_CASES, ids=[c[0] for c in REPORT_CASES])
+def test_report(case: str, reads: Reads, expected: Decision[Outcome]) -> None:
+    assert decide.report(REPORT, reads, None, NOW) == expected
+
+
+REFUSED_REPORTS: list[tuple[str, Reads, type[Exception], Reason, dict[str, str]]] = [
+    (
+        "a different report of the task",
+        report_reads(FIRST_OF_TWO, 2, replace(MINE, digest="other")),
+        FailedPrecondition,
+        Reason.REPORT_CONFLICT,
+        {"app_id": "app", "generation": "2", "task_id": "t1"},
+    ),
+    (
+        "an older generation",
+        report_reads(header(2, State.ABORTED), 3),
+        FailedPrecondition,
+        Reason.SNAPSHOT_FENCED,
+        {"app_id": "app", "generation": "2", "current_generation": "3"},
+    ),
+    (
+        "a generation that does not exist yet",
+        report_reads(None, 1),
+        FailedPrecondition,
+        Reason.SNAPSHOT_FENCED,
+        {"app_id": "app", "generation": "2", "current_generation": "1"},
+    ),
+    (
+        "the current generation, completed",
+        report_reads(LAST_OF_TWO, 2),
+        FailedPrecondition,
+        Reason.SNAPSHOT_NOT_CREATED,
+        {"app_id": "app", "generation": "2", "current_generation": "2", "state": "COMPLETED"},
+    ),
+    (
+        "a task outside the task set",
+        report_reads(header(2, tasks=("t9",)), 2),
+        InvalidArgument,
+        Reason.INVALID_ARGUMENT,
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reads", "error", "reason", "metadata"), REFUSED_REPORTS, ids=[c[0] for c in REFUSED_REPORTS]
+)
+def test_refused_report(
+    case: str, reads: Reads, error: type[Exception], reason: Reason, metadata: dict[str, str]
+) -> None:
+    with pytest.raises(error) as raised:
+        decide.report(REPORT, reads, None, NOW)
+    assert raised.value.reason is reason  # type: ignore[attr-defined]
+    assert raised.value.metadata == metadata  # type: ignore[attr-defined]
+
+
+# --- abort ----------------------------------------------------------------------------------------
+
+
+def test_abort_table() -> None:
+    aborted = replace(header(2), state=State.ABORTED, ended_at_ms=NOW, abort_reason="stop")
+    assert decide.abort(
+        "app", 2, "stop", read((gen(2), node(encode_snapshot(header(2)), 6))), None, NOW
+    ) == Commit(
+        [
+            SetData(gen(2), encode_snapshot(aborted), 6),
+            Delete(f"{DEADLINES}/{(NOW + 900) // MINUTE}/app@2", None),
+            Create(f"{RETENTION}/{NOW // MINUTE}/app@2", b""),
+        ],
+        Outcome(Snapshot(aborted, ()), True),
+        buckets=((RETENTION, NOW),),
+    )
+    default = decide.abort("app", 2, "", read((gen(2), node(encode_snapshot(header(2))))), None, NOW)
+    assert (
+        isinstance(default, Commit)
+        and default.result.snapshot.record.abort_reason == decide.DEFAULT_ABORT_REASON
+    )
+    already = header(2, State.ABORTED)
+    assert decide.abort("app", 2, "x", read((gen(2), node(encode_snapshot(already)))), None, NOW) == Done(
+        Outcome(Snapshot(already, ()), False)
+    )
+    with pytest.raises(NotFound):
+        decide.abort("app", 2, "x", read((gen(2), None)), None, NOW)
+    with pytest.raises(NotFound):
+        decide.abort("app", 0, "x", Reads(), None, NOW)  # nothing to read for generation 0
+    with pytest.raises(FailedPrecondition) as raised:
+        decide.abort(
+            "app", 2, "x", read((gen(2), node(encode_snapshot(header(2, State.COMPLETED))))), None, NOW
+        )
+    assert raised.value.reason is Reason.SNAPSHOT_NOT_CREATED
+    assert raised.value.metadata == {"app_id": "app", "generation": "2", "state": "COMPLETED"}
+
+
+# --- delete ---------------------------------------------------------------------------------------
+
+PIN = pin_path("app", 2)
+TASKS = f"{gen(2)}/tasks"
+ENDED = header(2, State.COMPLETED)
+REPORTED = TaskReport("t1", OFFSETS, (REF,), "d")
+
+
+def delete_reads(
+    record: SnapshotRecord | None, pins: dict[str, int] | None, tasks: tuple[str, ...] = ()
+) -> Reads:
+    return Reads(
+        {
+            gen(2): node(encode_snapshot(record), 8) if record is not None else None,
+            PIN: node(encode_pins(pins), 3) if pins is not None else None,
+        },
+        {TASKS: tasks},
+    )
+
+
+DELETED = Commit(
+    [Create(PIN, b""), Delete(PIN, None), Delete(TASK, None), Delete(TASKS, None), Delete(gen(2), 8)],
+    True,
+    cleanup=(REF.object_key,),
+    ensure=(PINS,),
+)
+DELETE_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
+    ("no snapshot", delete_reads(None, None), None, Done(False)),
+    (
+        "an ended snapshot's tasks: read them",
+        delete_reads(ENDED, None, ("t1",)),
+        None,
+        More([ReadNode(TASK)]),
+    ),
+    (
+        "unpinned, no pin index: guard by creating and deleting it, delete the nodes, then the payloads",
+        delete_reads(ENDED, None, ("t1",)).merged(read((TASK, node(encode_task_report(REPORTED))))),
+        None,
+        DELETED,
+    ),
+    (
+        "a pin index whose leases all expired: guard by its version",
+        delete_reads(ENDED, {"lease": NOW - 10_000}),
+        None,
+        Commit([Check(PIN, 3), Delete(TASKS, None), Delete(gen(2), 8)], True),
+    ),
+    (
+        "a delete in doubt that landed",
+        delete_reads(None, None),
+        DELETED,
+        Done(True, cleanup=(REF.object_key,)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reads", "pending", "expected"), DELETE_CASES, ids=[c[0] for c in DELETE_CASES]
+)
+def test_delete(case: str, reads: Reads, pending: Commit[bool] | None, expected: Decision[bool]) -> None:
+    assert decide.delete("app", 2, reads, pending, NOW, 1_000) == expected
+
+
+@pytest.mark.parametrize(
+    ("case", "reads", "reason"),
+    [
+        ("still CREATED", delete_reads(header(2), None), Reason.SNAPSHOT_IN_PROGRESS),
+        ("pinned by a live lease", delete_reads(ENDED, {"lease": NOW + 10_000}), Reason.LEASE_HELD),
+        ("pinned within the clock-skew margin", delete_reads(ENDED, {"lease": NOW - 500}), Reason.LEASE_HELD),
+    ],
+)
+def test_refused_delete(case: str, reads: Reads, reason: Reason) -> None:
+    with pytest.raises(FailedPrecondition) as raised:
+        decide.delete("app", 2, reads, None, NOW, 1_000)
+    assert raised.value.reason is reason
+    assert raised.value.metadata == {"app_id": "app", "generation": "2"}
+
+
+# --- set_retention --------------------------------------------------------------------------------
+
+
+def test_set_retention_table() -> None:
+    policy = RetentionPolicy(3, 0)
+    trigger = f"{RETENTION}/{NOW // MINUTE}/app@policy"
+    first = read((APP, None), (f"{APP}/retention", None), (trigger, None))
+    assert decide.set_retention("app", policy, first, None, NOW) == Commit(
+        [
+            Create(APP, encode_app(0)),
+            Create(GENS, b""),
+            Create(f"{APP}/retention", encode_retention(policy)),
+            Create(trigger, b""),
+        ],
+        policy,
+        buckets=((RETENTION, NOW),),
+        ensure=(APPS,),
+    )
+    again = read((APP, node(encode_app(4))), (f"{APP}/retention", node(b"{}", 2)), (trigger, node(b"")))
+    assert decide.set_retention("app", policy, again, None, NOW) == Commit(
+        [SetData(f"{APP}/retention", encode_retention(policy), 2)],
+        policy,
+        buckets=((RETENTION, NOW),),
+        ensure=(APPS,),
+    )
