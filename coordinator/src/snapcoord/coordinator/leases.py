@@ -33,6 +33,7 @@ from snapcoord.coordinator.domain.leases import (
     validate_duration,
     validate_refs,
 )
+from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
 from snapcoord.coordinator.errors import (
     Aborted,
     CommitOutcomeUnknown,
@@ -189,15 +190,9 @@ class LeaseRegistry:
             raise InvalidArgument(
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
-        if page_token:
-            try:
-                require_id("page_token", page_token)
-            except InvalidArgument:
-                raise InvalidArgument(
-                    f"page_token {page_token!r} is not a token this server issued"
-                ) from None
+        after = decode_id_token(page_token)  # harden D4: was an inline require_id
         names = self._metadata.children(RECORDS)
-        i = bisect.bisect_right(names, page_token) if page_token else 0
+        i = bisect.bisect_right(names, after) if after else 0
         now = self._clock.now_ms()
         page: list[Lease] = []
         while i < len(names) and len(page) < (page_size or DEFAULT_PAGE_SIZE):
@@ -205,7 +200,7 @@ class LeaseRegistry:
             i += 1
             if stored is not None and self._alive(stored.lease, now):
                 page.append(stored.lease)
-        return page, (names[i - 1] if i < len(names) else "")
+        return page, (encode_id_token(names[i - 1]) if i < len(names) else "")
 
     # --- the janitor's steps ----------------------------------------------------------------
 

@@ -18,8 +18,6 @@ the new one that replaced it.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import logging
 from collections.abc import Iterable
@@ -34,6 +32,7 @@ from snapcoord.coordinator.domain.codec import (
 )
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
 from snapcoord.coordinator.domain.producers import (
     ProducerPolicy,
     ProducerRecord,
@@ -207,7 +206,7 @@ class ProducerRegistry:
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
         size = page_size or DEFAULT_PAGE_SIZE
-        after = _decode_token(page_token)
+        after = decode_name_token(page_token)  # harden D1: was _decode_token
         names = self._metadata.children(RECORDS)
         i = bisect.bisect_right(names, after) if after else 0
         page: list[ProducerSnapshot] = []
@@ -221,7 +220,7 @@ class ProducerRegistry:
                 page.append(self._snapshot(current.record))
             except NotFound:
                 continue  # deleted while we paged
-        return page, (_encode_token(names[i - 1]) if i < len(names) else "")
+        return page, (encode_name_token(names[i - 1]) if i < len(names) else "")
 
     # --- the janitor's steps ----------------------------------------------------------------
 
@@ -340,20 +339,3 @@ class ProducerRegistry:
             self._blobs.delete(key)
         except StoreUnavailable as e:
             _log.warning("could not delete %s now (the orphan sweep will): %s", key, e)
-
-
-def _encode_token(last: str) -> str:
-    return base64.urlsafe_b64encode(last.encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> str:
-    if not token:
-        return ""
-    try:
-        last = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None
-    try:
-        return require_id("page_token", last)
-    except InvalidArgument:
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None

@@ -35,6 +35,7 @@ from snapcoord.coordinator.metrics import (
     new_registry,
     start_exporter,
 )
+from snapcoord.coordinator.request_decoding import GuardedRegistration
 from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
@@ -130,7 +131,8 @@ def build_server(
         raise OSError(f"cannot bind gRPC to {address} (port in use or address not local?)")
     # Wired after the bind, so that a failed bind leaves no listener registered on the store.
     services = Services.build(config, deps, CoordinatorMetrics(registry))
-    api.add_servicers(server, services)
+    # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL (#11 D3).
+    api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(deps.metadata, api.SERVICE_NAMES)
     health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)

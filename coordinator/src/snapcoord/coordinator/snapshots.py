@@ -37,6 +37,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.leases import decode_pins, pinned_by_live_lease
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
 from snapcoord.coordinator.domain.snapshot_codec import (
     decode_app,
     decode_retention,
@@ -272,7 +273,7 @@ class SnapshotRegistry:
             raise InvalidArgument(
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
-        before = _decode_generation_token(page_token)
+        before = decode_generation_token(page_token)  # harden D2: was _decode_generation_token
         names = sorted(
             (int(n) for n in self._metadata.children(_gens_path(app_id)) if n.isdigit()), reverse=True
         )
@@ -285,7 +286,7 @@ class SnapshotRegistry:
             i += 1
             if stored is not None:
                 page.append(Snapshot(stored.record, ()))
-        return page, (str(names[i - 1]) if i < len(names) else "")
+        return page, (encode_generation_token(names[i - 1]) if i < len(names) else "")
 
     def report(
         self,
@@ -723,14 +724,6 @@ class SnapshotRegistry:
 def _backoff(attempt: int) -> None:
     """A short jittered pause after losing a compare-and-set, so many reporters do not stampede."""
     time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
-
-
-def _decode_generation_token(token: str) -> int:
-    if not token:
-        return 0
-    if not token.isdigit():
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued")
-    return int(token)
 
 
 class CurrentSnapshotCache:
