@@ -35,11 +35,20 @@ from snapcoord.coordinator.metrics import (
     new_registry,
     start_exporter,
 )
+from snapcoord.coordinator.request_decoding import GuardedRegistration
 from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.v1 import backlog_pb2, producer_pb2
 
 _log = logging.getLogger(__name__)
+
+#: The services whose every write needs the blob store: NOT_SERVING while it is unreachable.
+#: Snapshot and lease reads are answered from metadata, so those services stay SERVING.
+BLOB_SERVICE_NAMES: tuple[str, ...] = (
+    producer_pb2.DESCRIPTOR.services_by_name["ProducerOffsetService"].full_name,
+    backlog_pb2.DESCRIPTOR.services_by_name["BacklogService"].full_name,
+)
 
 #: Everything the server lists through reflection: the API, health and reflection itself.
 ALL_SERVICE_NAMES: tuple[str, ...] = (*api.SERVICE_NAMES, health.SERVICE_NAME, *reflection.SERVICE_NAMES)
@@ -130,8 +139,15 @@ def build_server(
         raise OSError(f"cannot bind gRPC to {address} (port in use or address not local?)")
     # Wired after the bind, so that a failed bind leaves no listener registered on the store.
     services = Services.build(config, deps, CoordinatorMetrics(registry))
-    api.add_servicers(server, services)
-    store_health = StoreHealth(deps.metadata, api.SERVICE_NAMES)
+    # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL (#11 D3).
+    api.add_servicers(GuardedRegistration(server), services)
+    store_health = StoreHealth(
+        deps.metadata,
+        api.SERVICE_NAMES,
+        blobs=deps.blobs,
+        blob_services=BLOB_SERVICE_NAMES,
+        # harden: wire --blob-probe-interval here once config.py has it (default 5 s)
+    )
     health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)
     coordinator = CoordinatorServer(

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 
+from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.errors import InvalidArgument
 
 MAX_ID_LENGTH = 200
 _ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_ID_CHAR_RE = re.compile(r"[A-Za-z0-9._:-]")
 
 
 def is_valid_id(value: str) -> bool:
@@ -28,8 +30,9 @@ def require_id(field: str, value: str) -> str:
     if value in (".", ".."):
         raise InvalidArgument(f"{field} must not be {value!r}")
     if not _ID_RE.fullmatch(value):
-        bad = sorted({c for c in value if not re.fullmatch(r"[A-Za-z0-9._:-]", c)})
+        bad = "".join(sorted({c for c in value if not _ID_CHAR_RE.fullmatch(c)}))
         raise InvalidArgument(
-            f"{field} {value!r} contains {''.join(bad)!r}; allowed characters are [A-Za-z0-9._:-]"
+            f"{field} {quote_prefix(value)} contains {quote_prefix(bad, 10)}; "
+            "allowed characters are [A-Za-z0-9._:-]"
         )
     return value

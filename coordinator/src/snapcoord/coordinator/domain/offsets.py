@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.errors import InvalidArgument
 
 #: A position of -1 means "no data yet" (an empty partition); anything lower is a bug upstream.
@@ -48,7 +49,7 @@ def validate_offsets(offsets: Iterable[Offset], *, field: str, max_count: int) -
         key = (item.stream, item.partition)
         if key in seen:
             raise InvalidArgument(
-                f"{where} repeats stream {item.stream!r} partition {item.partition} "
+                f"{where} repeats stream {quote_prefix(item.stream)} partition {item.partition} "
                 f"(first at {field}[{seen[key]}])"
             )
         seen[key] = i

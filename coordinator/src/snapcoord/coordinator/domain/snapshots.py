@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
+from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.errors import InvalidArgument
 
 #: The reason the janitor gives when it aborts a snapshot that outlived its timeout.
@@ -144,7 +145,9 @@ def validate_create(
     for i, task_id in enumerate(task_ids):
         require_id(f"task_ids[{i}]", task_id)
         if task_id in seen:
-            raise InvalidArgument(f"task_ids[{i}] repeats {task_id!r} (first at task_ids[{seen[task_id]}])")
+            raise InvalidArgument(
+                f"task_ids[{i}] repeats {quote_prefix(task_id)} (first at task_ids[{seen[task_id]}])"
+            )
         seen[task_id] = i
     if ttl_ms < 0 or ttl_ms > policy.max_ttl_ms:
         raise InvalidArgument(
@@ -160,7 +163,7 @@ def validate_create(
     for key, value in labels.items():
         if not key or len(key.encode()) + len(value.encode()) > MAX_LABEL_BYTES:
             raise InvalidArgument(
-                f"label {key[:40]!r} must have a non-empty key and at most {MAX_LABEL_BYTES} bytes "
+                f"label {quote_prefix(key)} must have a non-empty key and at most {MAX_LABEL_BYTES} bytes "
                 "of key and value"
             )
     return tuple(task_ids), ttl_ms, timeout_ms or policy.default_timeout_ms, tuple(sorted(labels.items()))
@@ -199,7 +202,8 @@ def validate_report(
         items = validate_offsets(items, field="task.committed_offsets", max_count=policy.max_offsets_per_task)
     total = 0
     for store, payload in checkpoints.items():
-        require_id(f"task.checkpoints key {store!r}", store)
+        # The field name quotes only a prefix: the key itself may be megabytes long (D4).
+        require_id(f"task.checkpoints key {quote_prefix(store)}", store)
         total += len(payload)
     if total > policy.max_report_bytes:
         raise InvalidArgument(

@@ -23,6 +23,7 @@ from snapcoord.coordinator.domain.leases import (
     validate_duration,
     validate_refs,
 )
+from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.leases import decide
 from snapcoord.coordinator.leases.decide import Acquired
@@ -133,16 +134,10 @@ class LeaseRegistry:
             raise InvalidArgument(
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
-        if page_token:
-            try:
-                require_id("page_token", page_token)
-            except InvalidArgument:
-                raise InvalidArgument(
-                    f"page_token {page_token!r} is not a token this server issued"
-                ) from None
+        after = decode_id_token(page_token)
         size = page_size or DEFAULT_PAGE_SIZE
         names = self._metadata.children(RECORDS)
-        i = bisect.bisect_right(names, page_token) if page_token else 0
+        i = bisect.bisect_right(names, after) if after else 0
         now = self._clock.now_ms()
         page: list[Lease] = []
         while i < len(names) and len(page) < size:
@@ -153,7 +148,7 @@ class LeaseRegistry:
                 current = decide.stored(nodes[record_path(name)])
                 if current is not None and current.lease.is_alive(now, self._policy.max_clock_skew_ms):
                     page.append(current.lease)
-        return page, (names[i - 1] if i < len(names) else "")
+        return page, (encode_id_token(names[i - 1]) if i < len(names) else "")
 
     # --- the janitor's steps (janitor.py) -------------------------------------------------------
 

@@ -6,8 +6,6 @@ The rules of each change are in ``decide``, the paths in ``layout``, the janitor
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 from collections.abc import Iterable
 
@@ -16,6 +14,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
 from snapcoord.coordinator.domain.producers import (
     ProducerPolicy,
     ProducerRecord,
@@ -126,7 +125,7 @@ class ProducerRegistry:
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
         size = page_size or DEFAULT_PAGE_SIZE
-        after = _decode_token(page_token)
+        after = decode_name_token(page_token)
         names = self._metadata.children(RECORDS)
         i = bisect.bisect_right(names, after) if after else 0
         page: list[ProducerSnapshot] = []
@@ -143,7 +142,7 @@ class ProducerRegistry:
                     page.append(self._snapshot(current.record))
                 except NotFound:
                     continue  # deleted while we paged
-        return page, (_encode_token(names[i - 1]) if i < len(names) else "")
+        return page, (encode_name_token(names[i - 1]) if i < len(names) else "")
 
     # --- the janitor's steps (janitor.py) -------------------------------------------------------
 
@@ -176,20 +175,3 @@ class ProducerRegistry:
             ) from None
         _, offsets = decode_producer_offsets(payload)
         return ProducerSnapshot(record.producer_id, offsets, record.created_at_ms, record.expires_at_ms)
-
-
-def _encode_token(last: str) -> str:
-    return base64.urlsafe_b64encode(last.encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> str:
-    if not token:
-        return ""
-    try:
-        last = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None
-    try:
-        return require_id("page_token", last)
-    except InvalidArgument:
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from None

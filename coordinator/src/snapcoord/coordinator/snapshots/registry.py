@@ -18,6 +18,7 @@ from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
 from snapcoord.coordinator.domain.snapshot_codec import decode_task_report
 from snapcoord.coordinator.domain.snapshots import (
     MAX_REASON_CHARS,
@@ -151,7 +152,7 @@ class SnapshotRegistry:
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
             )
         size = page_size or DEFAULT_PAGE_SIZE
-        before = _decode_generation_token(page_token)
+        before = decode_generation_token(page_token)
         names = sorted(
             (int(n) for n in self._metadata.children(gens_path(app_id)) if n.isdigit()), reverse=True
         )
@@ -167,7 +168,7 @@ class SnapshotRegistry:
                 header = decide.stored(nodes[gen_path(app_id, generation)])
                 if header is not None:
                     page.append(Snapshot(header.record, ()))
-        return page, (str(names[i - 1]) if i < len(names) else "")
+        return page, (encode_generation_token(names[i - 1]) if i < len(names) else "")
 
     def report(
         self,
@@ -295,11 +296,3 @@ class SnapshotRegistry:
         current = decide.current_generation(self._metadata.get(app_path(app_id)))
         header = self._read(app_id, current) if current else None
         return Snapshot(header.record, ()) if header is not None else empty_snapshot(app_id, current)
-
-
-def _decode_generation_token(token: str) -> int:
-    if not token:
-        return 0
-    if not token.isdigit():
-        raise InvalidArgument(f"page_token {token!r} is not a token this server issued")
-    return int(token)

@@ -53,6 +53,7 @@ from snapcoord.coordinator.errors import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    Reason,
     SnapcoordError,
     StoreUnavailable,
     TransactionFailed,
@@ -74,6 +75,8 @@ from snapcoord.coordinator.storage.metadata import (
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
+from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
+from snapcoord.coordinator.storage.zk_request_size import request_bytes as zk_request_bytes
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +192,18 @@ class ZooKeeperMetadataStore(MetadataStore):
             parts.netloc, chroot, options or MetadataOptions(), uri=f"zk://{parts.netloc}{chroot or '/'}"
         )
 
-    def __init__(self, hosts: str, chroot: str, options: MetadataOptions, *, uri: str) -> None:
+    def __init__(
+        self,
+        hosts: str,
+        chroot: str,
+        options: MetadataOptions,
+        *,
+        uri: str,
+        max_request_bytes: int = ZK_DEFAULT_MAX_REQUEST_BYTES,
+    ) -> None:
         self.uri = uri
+        #: The server's jute.maxbuffer: set it when the ensemble runs with a non-default one.
+        self._max_request_bytes = max_request_bytes
         self._hosts = hosts
         self._chroot = chroot
         self._deadline_s = options.zk_retry_deadline_ms / 1000
@@ -344,12 +357,22 @@ class ZooKeeperMetadataStore(MetadataStore):
                 check_writable(op.path)
             if isinstance(op, Create | SetData):
                 total += len(op.data)
-        # The server refuses (by dropping the connection) any request above jute.maxbuffer, which
-        # bounds the whole multi, not each node.
-        if total > MAX_NODE_BYTES:
+        if total > MAX_NODE_BYTES:  # the contract every backend keeps (storage.metadata)
             raise InvalidArgument(f"transaction data of {total} bytes exceeds the limit of {MAX_NODE_BYTES}")
         if not ops:
             return
+        # The server refuses any request above jute.maxbuffer by dropping the connection; kazoo
+        # would then resend it on every reconnect until the deadline, flapping the session. The
+        # limit bounds the whole multi, paths and per-op overhead included (#11 D5/D6), so count
+        # the exact request and refuse it here, before anything is sent.
+        size = zk_request_bytes(ops, chroot=self._chroot)
+        if size > self._max_request_bytes:
+            raise InvalidArgument(
+                f"transaction of {len(ops)} operations is a {size}-byte ZooKeeper request; the limit "
+                f"is {self._max_request_bytes} bytes (ZooKeeper's jute.maxbuffer)",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "zookeeper_request", "limit": self._max_request_bytes, "size": size},
+            )
 
         def attempt(a: _Attempts) -> None:
             tx = self._client.transaction()  # a fresh request per attempt: one commits once
