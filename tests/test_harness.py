@@ -21,6 +21,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 from kazoo.client import KazooClient, KazooState
+from kazoo.retry import KazooRetry
 
 import harness.seaweed
 import harness.zookeeper
@@ -45,9 +46,14 @@ if TYPE_CHECKING:
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-def _client(hosts: str, timeout: float = 10.0) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=timeout)
-    client.start(timeout=30)
+def _client(hosts: str, timeout: float = 10.0, reconnect_max_delay_s: float | None = None) -> KazooClient:
+    """A started client; ``reconnect_max_delay_s`` caps kazoo's reconnect backoff (default: an hour, so
+    after a long outage the next attempt may come long after the server is back)."""
+    retry = (
+        None if reconnect_max_delay_s is None else KazooRetry(max_tries=-1, max_delay=reconnect_max_delay_s)
+    )
+    client = KazooClient(hosts=hosts, timeout=timeout, connection_retry=retry)
+    client.start(timeout=60)
     return client
 
 
@@ -137,33 +143,43 @@ def test_expire_zk_session_loses_the_session(kazoo_client: KazooClient) -> None:
     assert kazoo_client.exists("/eph") is None  # the server really expired it: ephemerals are gone
 
 
+def _session_kept_or_renewed(client: KazooClient, session_id: int, states: list[str]) -> bool:
+    """After an outage a client is back on its session, or ZooKeeper expired it (LOST) and kazoo made a
+    new one. Which of the two depends on how long the outage took against the session timeout, which a
+    loaded machine decides, so tests accept both but never a silent change of session."""
+    if client.client_id[0] == session_id:
+        return True
+    return KazooState.LOST in states
+
+
 def test_zk_stop_start_and_crash_keep_data_and_port(private_zk_server: ZooKeeperServer) -> None:
     zk = private_zk_server
     hosts, pid = zk.hosts, zk.pid
-    client = _client(hosts, timeout=10)
+    # A long session and a short reconnect backoff make "same session" the usual outcome even when the
+    # JVM restart is slow; the assertions hold either way (see _session_kept_or_renewed).
+    client = _client(hosts, timeout=30, reconnect_max_delay_s=0.5)
     try:
         client.create("/kept", b"1")
-        session_id = client.client_id[0]
         states = _record_states(client)
 
-        zk.stop()
-        assert not zk.running and pid is not None and not _pid_alive(pid)
-        wait_until(lambda: KazooState.SUSPENDED in states, timeout=15, what="SUSPENDED after stop")
-        assert not client.connected
+        for outage in ("stop", "crash"):
+            session_id = client.client_id[0]
+            del states[:]
+            if outage == "stop":
+                zk.stop()
+                assert pid is not None and not _pid_alive(pid)
+            else:
+                zk.kill()
+            assert not zk.running
+            wait_until(lambda: KazooState.SUSPENDED in states, timeout=60, what=f"SUSPENDED after {outage}")
+            assert not client.connected
 
-        zk.start()
-        assert zk.hosts == hosts
-        wait_until(lambda: client.connected, timeout=15, what="reconnect after start")
-        assert client.get("/kept")[0] == b"1"
-        # ZooKeeper persists sessions: a client that was away for less than its timeout keeps its session.
-        assert client.client_id[0] == session_id
-
-        zk.kill()
-        assert not zk.running
-        zk.start()
-        assert zk.hosts == hosts
-        wait_until(lambda: client.connected, timeout=15, what="reconnect after crash")
-        assert client.get("/kept")[0] == b"1"
+            zk.start()
+            assert zk.hosts == hosts  # the same port: clients' connection strings stay valid
+            wait_until(lambda: client.connected, timeout=120, what=f"reconnect after {outage}")
+            assert client.retry(client.get, "/kept")[0] == b"1"  # the data dir survived
+            assert _session_kept_or_renewed(client, session_id, states), (outage, states)
+            client.retry(client.set, "/kept", b"1")  # and the server takes writes again
     finally:
         client.stop()
         client.close()
@@ -311,22 +327,28 @@ def test_missing_weed_fails_with_the_install_command(tmp_path: Path, monkeypatch
 
 def test_tcp_proxy_cut_and_restore_zookeeper(zk_server: ZooKeeperServer) -> None:
     with TcpProxy(zk_server.host, zk_server.port) as proxy:
-        client = _client(proxy.address, timeout=10)
+        client = _client(proxy.address, timeout=30, reconnect_max_delay_s=0.5)
         try:
-            client.create(f"/proxy-{uuid.uuid4().hex}", ephemeral=True)
+            node = client.create(f"/proxy-{uuid.uuid4().hex}", ephemeral=True)
             session_id = client.client_id[0]
             states = _record_states(client)
 
             proxy.cut()
-            wait_until(lambda: KazooState.SUSPENDED in states, timeout=15, what="SUSPENDED after cut")
+            wait_until(lambda: KazooState.SUSPENDED in states, timeout=60, what="SUSPENDED after cut")
             with pytest.raises(ConnectionRefusedError):  # new connections are refused, not hung
                 socket.create_connection(("127.0.0.1", proxy.listen_port), timeout=2).close()
             assert not client.connected
 
             proxy.restore()
-            wait_until(lambda: client.connected, timeout=15, what="reconnect after restore")
-            assert client.client_id[0] == session_id  # back within the session timeout: same session
-            client.get("/")
+            wait_until(lambda: client.connected, timeout=120, what="reconnect after restore")
+            assert _session_kept_or_renewed(client, session_id, states), states
+            # The ephemeral node lives exactly as long as the session it was made in.
+            if client.client_id[0] == session_id:
+                assert client.retry(client.exists, node) is not None
+            else:
+                wait_until(
+                    lambda: client.retry(client.exists, node) is None, timeout=60, what="ephemeral gone"
+                )
         finally:
             client.stop()
             client.close()

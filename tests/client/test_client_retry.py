@@ -29,10 +29,36 @@ def proxied(proxy: TcpProxy) -> Iterator[CoordinatorClient]:
         yield c
 
 
-def restore_later(proxy: TcpProxy, delay_s: float) -> threading.Timer:
-    timer = threading.Timer(delay_s, proxy.restore)
-    timer.start()
-    return timer
+class _FirstRetry(logging.Handler):
+    """Sets ``seen`` when the client logs its first UNAVAILABLE retry of ``method``."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.prefix = f"{method}: UNAVAILABLE"
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.seen.set()
+
+
+def restore_after_first_retry(proxy: TcpProxy, method: str) -> threading.Thread:
+    """Restore the path once the client was refused and is retrying ``method``: on a condition, not
+    after a delay that a loaded machine may outlast before the call even starts."""
+    handler = _FirstRetry(method)
+    logger = logging.getLogger("snapcoord.client")
+    logger.addHandler(handler)
+
+    def restore() -> None:
+        try:
+            handler.seen.wait(60)
+        finally:
+            logger.removeHandler(handler)
+            proxy.restore()
+
+    thread = threading.Thread(target=restore, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_idempotent_calls_retry_until_the_coordinator_is_back(
@@ -41,9 +67,9 @@ def test_idempotent_calls_retry_until_the_coordinator_is_back(
     caplog.set_level(logging.DEBUG, logger="snapcoord.client")
     assert proxied.get_current_snapshot(uid).generation == 0  # connected through the proxy
     proxy.cut()
-    timer = restore_later(proxy, 1.5)
+    restorer = restore_after_first_retry(proxy, "CreateSnapshot")
     created = proxied.create_snapshot(uid, ["t"])  # starts while the path is cut
-    timer.join()
+    restorer.join()
     assert created.generation == 1
     retries = [
         r.getMessage() for r in caplog.records if r.getMessage().startswith("CreateSnapshot: UNAVAILABLE")
@@ -59,14 +85,14 @@ def test_report_progress_is_not_retried(
     caplog.set_level(logging.DEBUG, logger="snapcoord.client")
     proxied.mark_backlog(uid, [Offset("in", 0, 10)])
     proxy.cut()
-    timer = restore_later(proxy, 1.0)
-    # The path comes back long before the 30 s deadline, yet the call does not wait for it.
+    # Refused once, the call fails at once: a retrying client would have logged retries until its
+    # 30 s deadline, and one waiting for the path would have ended in DEADLINE_EXCEEDED.
     with pytest.raises(Unavailable) as e:
         proxied.report_progress(uid, [Offset("in", 0, 10)])
     assert e.value.attempts == 1
     assert e.value.method == "ReportProgress"
     assert not [r for r in caplog.records if r.getMessage().startswith("ReportProgress")]
-    timer.join()
+    proxy.restore()
     # The report never reached the coordinator; sent again it finishes the partition, once.
     assert not proxied.get_backlog_status(uid).partitions[0].finished
     assert proxied.report_progress(uid, [Offset("in", 0, 10)]).newly_finished == (Offset("in", 0, 10),)

@@ -1,14 +1,42 @@
-"""Config: the flag/env contract, precedence flag > env > default, validation, redaction."""
+"""Config: the flag/env contract, precedence flag > env > default, validation, redaction, and the
+one table: every option fills its fields, every field (policies included) is filled by one option."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import MISSING, fields
 from pathlib import Path
 
+import grpc
 import pytest
 
+from harness.coordinator import embedded_deps, serve_in_process
 from snapcoord.coordinator import config
-from snapcoord.coordinator.config import OPTIONS, ConfigError, load, parse_duration_ms, redact_uri
+from snapcoord.coordinator.config import (
+    FIXED,
+    OPTIONS,
+    ConfigError,
+    load,
+    parse_duration_ms,
+    redact_uri,
+    sections,
+)
+from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.leases import LeasePolicy
+from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
+from snapcoord.v1 import (
+    backlog_pb2,
+    backlog_pb2_grpc,
+    common_pb2,
+    lease_pb2,
+    lease_pb2_grpc,
+    producer_pb2,
+    producer_pb2_grpc,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 
 # The contract that docker-compose files, the README and operators' scripts rely on.
 CONTRACT = {
@@ -77,8 +105,13 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "snapshot_max_timeout": ("1d", "2d", ("snapshots", "max_timeout_ms"), 86_400_000),
     "snapshot_max_tasks": ("10", "20", ("snapshots", "max_tasks"), 10),
     "snapshot_max_report_size": ("512KiB", "1GiB", ("snapshots", "max_report_bytes"), 512 * 1024),
-    "retention_keep_last_completed": ("7", "8", ("snapshots", "keep_last_completed"), 7),
-    "retention_completed_ttl": ("30d", "31d", ("snapshots", "completed_ttl_ms"), 30 * 86_400_000),
+    "retention_keep_last_completed": ("7", "8", ("snapshots", "default_keep_last_completed"), 7),
+    "retention_completed_ttl": (
+        "30d",
+        "31d",
+        ("snapshots", "default_completed_ttl_ms"),
+        30 * 86_400_000,
+    ),
     "backlog_max_partitions": ("100000", "20000", ("backlog", "max_partitions"), 100_000),
     "lease_min_duration": ("500ms", "2s", ("leases", "min_duration_ms"), 500),
     "lease_max_duration": ("1d", "2d", ("leases", "max_duration_ms"), 86_400_000),
@@ -155,7 +188,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         zk_connect_timeout_ms=15_000,
         s3_addressing_style="auto",
     )
-    assert cfg.producers == config.ProducersConfig(
+    assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
     )
     assert cfg.janitor == config.JanitorConfig(
@@ -163,7 +196,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert cfg.janitor.enabled
     assert not load({"cleanup_interval": "0s"}, {}).janitor.enabled
-    assert cfg.backlog == config.BacklogConfig(max_partitions=10_000)
+    assert cfg.backlog == BacklogPolicy(max_partitions=10_000)
     assert cfg.logging.level == "INFO"
 
 
@@ -304,3 +337,120 @@ def test_storage_options_carry_the_timeouts() -> None:
     assert cfg.storage.metadata_options().zk_session_timeout_ms == 4000
     assert cfg.storage.metadata_options().zk_connect_timeout_ms == 60_000
     assert cfg.storage.blob_options().s3_addressing_style == "path"
+
+
+# --- the one table: options -> Config fields, policies included ---------------------------------
+
+
+def _feeders() -> dict[tuple[str, str], list[str]]:
+    fed: dict[tuple[str, str], list[str]] = {}
+    for opt in OPTIONS:
+        for target in opt.targets:
+            fed.setdefault(target, []).append(opt.name)
+    return fed
+
+
+def test_every_option_fills_fields_that_exist() -> None:
+    known = {(section, f.name) for section, cls in sections().items() for f in fields(cls)}
+    for opt in OPTIONS:
+        assert opt.targets, f"{opt.flag} fills no Config field"
+        # Unset, an option takes its default or, without one, a value derived from the others.
+        assert (opt.default is None) == (opt.derive is not None), opt.flag
+        for target in opt.targets:
+            assert target in known, f"{opt.flag} fills {target}, which Config does not have"
+
+
+def test_every_field_is_filled_by_exactly_one_option_or_is_a_declared_constant() -> None:
+    """A new field without an option (or a second option for one field) fails here, not in production
+    with a silently kept dataclass default."""
+    fed = _feeders()
+    for section, cls in sections().items():
+        for f in fields(cls):
+            where = (section, f.name)
+            if where in FIXED:
+                assert where not in fed, f"{where} is declared FIXED but {fed[where]} set it"
+                assert (f.default, f.default_factory) != (MISSING, MISSING), f"FIXED {where} has no default"
+            else:
+                assert len(fed.get(where, [])) == 1, f"{where} is filled by {fed.get(where, [])}"
+    assert {s for s, _ in FIXED} <= set(sections())
+
+
+def test_only_the_clock_skew_fans_out_and_it_reaches_both_policies() -> None:
+    assert [o.name for o in OPTIONS if len(o.targets) > 1] == ["max_clock_skew"]
+    cfg = load({"max_clock_skew": "7s"}, {})
+    assert cfg.snapshots.max_clock_skew_ms == cfg.leases.max_clock_skew_ms == 7000
+
+
+def test_the_policy_sections_are_the_domain_policies_with_the_same_defaults() -> None:
+    """Unit tests of the domain use the dataclass defaults; operators get the option defaults."""
+    cfg = load({}, {})
+    assert cfg.producers == ProducerPolicy()
+    assert cfg.snapshots == SnapshotPolicy()
+    assert cfg.leases == LeasePolicy()
+    assert cfg.backlog == BacklogPolicy()
+
+
+def test_every_option_is_a_flag_that_load_reads() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
+    for name, (first, _, where, expected) in SAMPLES.items():
+        flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))
+        assert _get(load(flags, {}), where) == expected
+
+
+def _invalid(call: object) -> str:
+    assert isinstance(call, grpc.RpcError) and isinstance(call, grpc.Call)
+    assert call.code() == grpc.StatusCode.INVALID_ARGUMENT, call.details()
+    return call.details() or ""
+
+
+def test_policy_options_reach_the_running_services(tmp_path: Path) -> None:
+    """Services.build hands the config's policies to the registries: a limit set by a flag is the one
+    a real server enforces."""
+    with (
+        embedded_deps(tmp_path) as deps,
+        serve_in_process(
+            deps,
+            producer_max_ttl="1h",
+            producer_default_ttl="1m",
+            snapshot_max_tasks="2",
+            lease_max_duration="1m",
+            backlog_max_partitions="2",
+        ) as coord,
+        coord.channel() as ch,
+    ):
+        producers = producer_pb2_grpc.ProducerOffsetServiceStub(ch)
+        offset = common_pb2.Offset(stream="s", partition=0, offset=1)
+        with pytest.raises(grpc.RpcError) as e:
+            producers.RegisterProducerOffsets(
+                producer_pb2.RegisterProducerOffsetsRequest(
+                    producer_id="p", offsets=[offset], ttl_ms=7_200_000
+                ),
+                timeout=30,
+            )
+        assert "at most 3600000 ms" in _invalid(e.value)
+        reply = producers.RegisterProducerOffsets(
+            producer_pb2.RegisterProducerOffsetsRequest(producer_id="p", offsets=[offset]), timeout=30
+        )
+        assert reply.snapshot.expires_at_ms - reply.snapshot.created_at_ms == 60_000
+
+        snapshots = snapshot_pb2_grpc.SnapshotServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            snapshots.CreateSnapshot(
+                snapshot_pb2.CreateSnapshotRequest(app_id="a", task_ids=["t1", "t2", "t3"]), timeout=30
+            )
+        assert "the limit is 2" in _invalid(e.value)
+
+        leases = lease_pb2_grpc.LeaseServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            leases.AcquireSnapshots(
+                lease_pb2.AcquireSnapshotsRequest(lease_id="l", duration_ms=120_000), timeout=30
+            )
+        assert "1000-60000 ms" in _invalid(e.value)
+
+        backlog = backlog_pb2_grpc.BacklogServiceStub(ch)
+        boundaries = [common_pb2.Offset(stream="s", partition=p, offset=1) for p in range(3)]
+        with pytest.raises(grpc.RpcError) as e:
+            backlog.MarkBacklog(backlog_pb2.MarkBacklogRequest(job_id="j", boundaries=boundaries), timeout=30)
+        assert "2 partitions per job" in _invalid(e.value)

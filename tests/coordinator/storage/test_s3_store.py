@@ -18,8 +18,11 @@ from snapcoord.coordinator.storage.s3 import S3BlobStore, resolve_addressing_sty
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-#: Small timeouts and attempts, so that outage tests fail over quickly.
-FAST = BlobOptions(s3_connect_timeout_ms=1_000, s3_read_timeout_ms=2_000, s3_max_attempts=2)
+#: Few attempts, so that calls to a stopped server (refused at once) fail over quickly. The timeouts
+#: stay generous: every call made with these options gets an answer (an error, or data after a
+#: restart), and a short read timeout on a loaded machine would turn that answer into a timeout.
+#: The hung-server test sets its own short timeouts.
+FAST = BlobOptions(s3_connect_timeout_ms=10_000, s3_read_timeout_ms=30_000, s3_max_attempts=2)
 
 
 @pytest.fixture

@@ -1,10 +1,16 @@
 """The coordinator's configuration: built once, at start, from flags and ``SNAPCOORD_*`` variables.
 
-Every setting is declared once in ``OPTIONS`` (flag, environment variable, default, help), which
-drives the argument parser, the ``--help`` text and the checks that README and docker-compose
-still name real options. Precedence is flag, then environment, then default; an empty environment
-variable counts as unset (docker-compose writes ``VAR=`` for "no value"). This module is the only
-place that reads the environment; everything else gets a frozen ``Config``.
+Every setting is declared once, in ``OPTIONS``: its flag and environment variable (both derived
+from its name), how to parse a value (with units), its default, its help, and the ``Config``
+field(s) it fills. The argument parser, the ``--help`` text, ``load`` and the checks that README
+and docker-compose still name real options all read that table, so a new setting is one entry
+there plus the field it fills. The sections that the registries consume *are* their domain
+policies (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``), built
+here, so nothing copies a value from a config object into a policy.
+
+Precedence is flag, then environment, then default; an empty environment variable counts as
+unset (docker-compose writes ``VAR=`` for "no value"). This module is the only place that reads
+the environment; everything else gets a frozen ``Config``.
 """
 
 from __future__ import annotations
@@ -12,11 +18,15 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_type_hints
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.leases import LeasePolicy
+from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.storage.registry import BlobOptions, MetadataOptions
 
 
@@ -77,55 +87,6 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
-class ProducersConfig:
-    """Limits of ProducerOffsetService."""
-
-    #: TTL of a record registered with ttl_ms=0.
-    default_ttl_ms: int
-    #: Largest ttl_ms a caller may ask for; beyond it INVALID_ARGUMENT.
-    max_ttl_ms: int
-    #: Most offsets in one registration.
-    max_offsets: int
-
-
-@dataclass(frozen=True)
-class SnapshotsConfig:
-    """Limits and defaults of SnapshotService and of snapshot retention."""
-
-    #: A snapshot still CREATED this long after creation (timeout_ms=0) is aborted ("timeout").
-    default_timeout_ms: int
-    max_timeout_ms: int
-    #: Most tasks in one snapshot's task set.
-    max_tasks: int
-    #: Most checkpoint bytes in one ReportTaskSnapshot; also sizes the gRPC message limit.
-    max_report_bytes: int
-    #: Retention defaults for apps without a SetRetentionPolicy override.
-    keep_last_completed: int
-    completed_ttl_ms: int
-
-
-@dataclass(frozen=True)
-class BacklogConfig:
-    """Limits of BacklogService."""
-
-    #: Most partitions one job may mark (and report in one call); a status lists them all, and
-    #: gRPC's 4 MB default message size caps a status near 15,000 partitions of 200-character streams.
-    max_partitions: int
-
-
-@dataclass(frozen=True)
-class LeasesConfig:
-    """Limits of LeaseService, and the clock-skew margin that lease expiry honours."""
-
-    min_duration_ms: int
-    max_duration_ms: int
-    #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call.
-    max_snapshots: int
-    #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
-    max_clock_skew_ms: int
-
-
-@dataclass(frozen=True)
 class JanitorConfig:
     """The leader-elected cleanup loop."""
 
@@ -150,15 +111,18 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """The effective configuration of one coordinator process."""
+    """The effective configuration of one coordinator process.
+
+    The four policies are handed as they are to the registries that enforce them.
+    """
 
     grpc: GrpcConfig
     metrics: MetricsConfig
     storage: StorageConfig
-    producers: ProducersConfig
-    snapshots: SnapshotsConfig
-    leases: LeasesConfig
-    backlog: BacklogConfig
+    producers: ProducerPolicy
+    snapshots: SnapshotPolicy
+    leases: LeasePolicy
+    backlog: BacklogPolicy
     janitor: JanitorConfig
     logging: LoggingConfig
 
@@ -273,21 +237,33 @@ def _uri_parser(schemes: Sequence[str], example: str) -> Callable[[str], str]:
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def _under_data_dir(name: str) -> Callable[[Mapping[str, Any]], str]:
+    """The default store URI: ``name`` in the embedded stores' directory."""
+    return lambda values: (Path(values["data_dir"]) / name).as_uri()
+
+
 # --- the one table of options ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: its flag, its environment variable, its default and how to read a value."""
+    """One setting: its flag, its environment variable, its default, how to read a value, and
+    which ``Config`` field(s) the value fills."""
 
-    #: Field name in the flat namespace, e.g. ``port``; the flag is ``--port``.
+    #: Name in the flat namespace, e.g. ``port``; the flag is ``--port``, the variable ``SNAPCOORD_PORT``.
     name: str
     help: str
     #: The default as a person would type it; None when it is derived from other options
-    #: (``default_doc`` says from which).
+    #: (``derive`` computes it, ``default_doc`` says how).
     default: str | None
     parse: Callable[[str], Any]
+    #: ``"section.field"`` of ``Config`` that receives the parsed value; a tuple when one setting
+    #: feeds several consumers (the clock-skew margin is honoured by snapshots and leases alike).
+    to: str | tuple[str, ...] = field(kw_only=True)
     default_doc: str | None = None
+    #: The value when the option is unset and has no default, from the other options' parsed
+    #: values (which are all there: a derived option never depends on another derived one).
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
     metavar: str = "VALUE"
 
     @property
@@ -299,17 +275,33 @@ class Option:
         return "SNAPCOORD_" + self.name.upper()
 
     @property
+    def targets(self) -> tuple[tuple[str, str], ...]:
+        """``(section, field)`` pairs this option fills."""
+        names = (self.to,) if isinstance(self.to, str) else self.to
+        return tuple(cast(tuple[str, str], tuple(n.split(".", 1))) for n in names)
+
+    @property
     def shown_default(self) -> str:
         return self.default_doc if self.default is None and self.default_doc else str(self.default)
 
 
+@dataclass(frozen=True)
+class NotAbove:
+    """A check across two options: ``low``'s value may not exceed ``high``'s (both in ms)."""
+
+    low: str
+    high: str
+    advice: str = ""
+
+
 OPTIONS: tuple[Option, ...] = (
-    Option("host", "address the gRPC server binds", "0.0.0.0", _host, metavar="HOST"),
+    Option("host", "address the gRPC server binds", "0.0.0.0", _host, to="grpc.host", metavar="HOST"),
     Option(
         "port",
         "gRPC port; 0 picks a free port",
         "50051",
         _int_parser(0, 65535, "a port 0-65535"),
+        to="grpc.port",
         metavar="PORT",
     ),
     Option(
@@ -318,6 +310,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         _host,
         default_doc="same as --host",
+        to="metrics.host",
+        derive=lambda v: v["host"],
         metavar="HOST",
     ),
     Option(
@@ -325,6 +319,7 @@ OPTIONS: tuple[Option, ...] = (
         "Prometheus exporter port; 0 picks a free port, -1 disables the exporter",
         "9464",
         _int_parser(-1, 65535, "a port 0-65535, or -1 to disable metrics"),
+        to="metrics.port",
         metavar="PORT",
     ),
     Option(
@@ -332,6 +327,7 @@ OPTIONS: tuple[Option, ...] = (
         "directory of the embedded stores behind the default --metadata and --blobs",
         "./snapcoord-data",
         _path,
+        to="storage.data_dir",
         metavar="DIR",
     ),
     Option(
@@ -340,6 +336,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         _uri_parser(("zk", "file"), "zk://zk1:2181,zk2:2181/snapcoord or file:///var/lib/snapcoord/metadata"),
         default_doc="file://<data-dir>/metadata",
+        to="storage.metadata_uri",
+        derive=_under_data_dir("metadata"),
         metavar="URI",
     ),
     Option(
@@ -348,6 +346,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         _uri_parser(("s3", "file"), "s3://my-bucket/snapcoord or file:///var/lib/snapcoord/blobs"),
         default_doc="file://<data-dir>/blobs",
+        to="storage.blobs_uri",
+        derive=_under_data_dir("blobs"),
         metavar="URI",
     ),
     Option(
@@ -355,6 +355,7 @@ OPTIONS: tuple[Option, ...] = (
         "threads running RPC handlers",
         "32",
         _int_parser(1, 10_000, "an integer 1-10000"),
+        to="grpc.max_workers",
         metavar="N",
     ),
     Option(
@@ -362,6 +363,7 @@ OPTIONS: tuple[Option, ...] = (
         "calls in flight before new ones are refused with RESOURCE_EXHAUSTED",
         "256",
         _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        to="grpc.max_concurrent_rpcs",
         metavar="N",
     ),
     Option(
@@ -369,6 +371,7 @@ OPTIONS: tuple[Option, ...] = (
         "on SIGTERM, how long in-flight calls may run before they are cancelled",
         "10s",
         _duration_parser(0),
+        to="grpc.shutdown_grace_ms",
         metavar="DURATION",
     ),
     Option(
@@ -376,6 +379,7 @@ OPTIONS: tuple[Option, ...] = (
         "ZooKeeper session timeout",
         "10s",
         _duration_parser(1),
+        to="storage.zk_session_timeout_ms",
         metavar="DURATION",
     ),
     Option(
@@ -383,6 +387,7 @@ OPTIONS: tuple[Option, ...] = (
         "how long to wait for ZooKeeper at start before giving up",
         "15s",
         _duration_parser(1),
+        to="storage.zk_connect_timeout_ms",
         metavar="DURATION",
     ),
     Option(
@@ -390,6 +395,7 @@ OPTIONS: tuple[Option, ...] = (
         "S3 addressing: auto (path style when an endpoint URL is set), path or virtual",
         "auto",
         _choice_parser(("auto", "path", "virtual"), fold_case=False),
+        to="storage.s3_addressing_style",
         metavar="STYLE",
     ),
     Option(
@@ -397,6 +403,7 @@ OPTIONS: tuple[Option, ...] = (
         "TTL of a producer offset record registered with ttl_ms=0",
         "24h",
         _duration_parser(1),
+        to="producers.default_ttl_ms",
         metavar="DURATION",
     ),
     Option(
@@ -404,6 +411,7 @@ OPTIONS: tuple[Option, ...] = (
         "largest ttl_ms a producer registration may ask for",
         "7d",
         _duration_parser(1),
+        to="producers.max_ttl_ms",
         metavar="DURATION",
     ),
     Option(
@@ -411,6 +419,7 @@ OPTIONS: tuple[Option, ...] = (
         "most offsets in one producer registration",
         "100000",
         _int_parser(1, 10_000_000, "an integer 1-10000000"),
+        to="producers.max_offsets",
         metavar="N",
     ),
     Option(
@@ -418,6 +427,7 @@ OPTIONS: tuple[Option, ...] = (
         "a snapshot still CREATED this long after CreateSnapshot (timeout_ms=0) is aborted",
         "10m",
         _duration_parser(1),
+        to="snapshots.default_timeout_ms",
         metavar="DURATION",
     ),
     Option(
@@ -425,6 +435,7 @@ OPTIONS: tuple[Option, ...] = (
         "largest timeout_ms a CreateSnapshot may ask for",
         "7d",
         _duration_parser(1),
+        to="snapshots.max_timeout_ms",
         metavar="DURATION",
     ),
     Option(
@@ -432,6 +443,7 @@ OPTIONS: tuple[Option, ...] = (
         "most tasks in one snapshot",
         "5000",
         _int_parser(1, 20_000, "an integer 1-20000"),
+        to="snapshots.max_tasks",
         metavar="N",
     ),
     Option(
@@ -439,6 +451,7 @@ OPTIONS: tuple[Option, ...] = (
         "most checkpoint bytes in one ReportTaskSnapshot (B, KiB, MiB, GiB)",
         "64MiB",
         _size_parser(1, 1024**3),
+        to="snapshots.max_report_bytes",
         metavar="SIZE",
     ),
     Option(
@@ -446,6 +459,7 @@ OPTIONS: tuple[Option, ...] = (
         "completed snapshots kept per app unless SetRetentionPolicy says otherwise",
         "3",
         _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        to="snapshots.default_keep_last_completed",
         metavar="N",
     ),
     Option(
@@ -453,6 +467,7 @@ OPTIONS: tuple[Option, ...] = (
         "age after which ended snapshots are deleted unless SetRetentionPolicy says otherwise",
         "7d",
         _duration_parser(1),
+        to="snapshots.default_completed_ttl_ms",
         metavar="DURATION",
     ),
     Option(
@@ -460,6 +475,7 @@ OPTIONS: tuple[Option, ...] = (
         "most partitions one job may mark for backlog tracking (and report in one call)",
         "10000",
         _int_parser(1, 100_000, "an integer 1-100000"),
+        to="backlog.max_partitions",
         metavar="N",
     ),
     Option(
@@ -467,6 +483,7 @@ OPTIONS: tuple[Option, ...] = (
         "shortest duration_ms a lease may ask for",
         "1s",
         _duration_parser(1),
+        to="leases.min_duration_ms",
         metavar="DURATION",
     ),
     Option(
@@ -474,6 +491,7 @@ OPTIONS: tuple[Option, ...] = (
         "longest duration_ms a lease may ask for",
         "7d",
         _duration_parser(1),
+        to="leases.max_duration_ms",
         metavar="DURATION",
     ),
     Option(
@@ -481,6 +499,7 @@ OPTIONS: tuple[Option, ...] = (
         "most snapshots in one AcquireSnapshots or ReleaseSnapshots call",
         "1000",
         _int_parser(1, 10_000, "an integer 1-10000"),
+        to="leases.max_snapshots",
         metavar="N",
     ),
     Option(
@@ -488,6 +507,7 @@ OPTIONS: tuple[Option, ...] = (
         "how far replicas' clocks may disagree: a lease pins until its expiry plus this",
         "5s",
         _duration_parser(0),
+        to=("snapshots.max_clock_skew_ms", "leases.max_clock_skew_ms"),
         metavar="DURATION",
     ),
     Option(
@@ -495,6 +515,7 @@ OPTIONS: tuple[Option, ...] = (
         "time between janitor passes (expiry, orphans); 0s disables the janitor on this replica",
         "60s",
         _duration_parser(0),
+        to="janitor.cleanup_interval_ms",
         metavar="DURATION",
     ),
     Option(
@@ -502,6 +523,7 @@ OPTIONS: tuple[Option, ...] = (
         "age below which an unreferenced payload object is never deleted (uploads in flight)",
         "1h",
         _duration_parser(1),
+        to="janitor.orphan_grace_ms",
         metavar="DURATION",
     ),
     Option(
@@ -509,6 +531,7 @@ OPTIONS: tuple[Option, ...] = (
         "time between orphan sweeps (each lists the payload objects older than --orphan-grace)",
         "15m",
         _duration_parser(1),
+        to="janitor.orphan_sweep_interval_ms",
         metavar="DURATION",
     ),
     Option(
@@ -516,6 +539,7 @@ OPTIONS: tuple[Option, ...] = (
         "most deletions per janitor step and pass",
         "1000",
         _int_parser(1, 1_000_000, "an integer 1-1000000"),
+        to="janitor.batch",
         metavar="N",
     ),
     Option(
@@ -523,6 +547,7 @@ OPTIONS: tuple[Option, ...] = (
         "log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         "INFO",
         _choice_parser(_LOG_LEVELS, fold_case=True),
+        to="logging.level",
         metavar="LEVEL",
     ),
 )
@@ -538,6 +563,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=opt.metavar,
             help=f"{opt.help} (env {opt.env}; default {opt.shown_default})",
         )
+
+
+#: Cross-option checks, run after every value parsed.
+CHECKS: tuple[NotAbove, ...] = (
+    NotAbove("producer_default_ttl", "producer_max_ttl", "raise the maximum or lower the default"),
+    NotAbove("snapshot_default_timeout", "snapshot_max_timeout", "raise the maximum or lower the default"),
+    NotAbove("lease_min_duration", "lease_max_duration"),
+)
+
+#: Policy fields that no option sets: fixed limits, at their dataclass default. Listed so that the
+#: table's completeness test tells a forgotten option from a deliberate constant.
+FIXED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("snapshots", "max_ttl_ms"),  # the longest TTL a snapshot or a retention policy may ask for
+        ("snapshots", "max_offsets_per_task"),
+    }
+)
+
+
+def sections() -> dict[str, type[Any]]:
+    """``Config``'s sections: attribute name -> the dataclass it holds."""
+    hints = get_type_hints(Config)
+    return {f.name: hints[f.name] for f in fields(Config)}
 
 
 def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
@@ -556,75 +604,31 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
         elif opt.default is not None:
             raw, source = opt.default, f"default of {opt.flag}"
         else:
-            values[opt.name] = None
-            continue
+            continue  # derived below, from the values parsed here
         try:
             values[opt.name] = opt.parse(raw)
         except ValueError as e:
             raise ConfigError(f"invalid {source}: {e}") from None
+    for opt in OPTIONS:
+        if opt.name not in values:
+            if opt.derive is None:
+                raise AssertionError(f"option {opt.name} has neither a default nor a derive")
+            values[opt.name] = opt.derive(values)
 
-    if values["producer_default_ttl"] > values["producer_max_ttl"]:
-        raise ConfigError(
-            f"--producer-default-ttl ({values['producer_default_ttl']} ms) exceeds --producer-max-ttl "
-            f"({values['producer_max_ttl']} ms): raise the maximum or lower the default"
-        )
-    if values["snapshot_default_timeout"] > values["snapshot_max_timeout"]:
-        raise ConfigError(
-            f"--snapshot-default-timeout ({values['snapshot_default_timeout']} ms) exceeds "
-            f"--snapshot-max-timeout ({values['snapshot_max_timeout']} ms): "
-            "raise the maximum or lower the default"
-        )
-    if values["lease_min_duration"] > values["lease_max_duration"]:
-        raise ConfigError(
-            f"--lease-min-duration ({values['lease_min_duration']} ms) exceeds --lease-max-duration "
-            f"({values['lease_max_duration']} ms)"
-        )
-    data_dir = Path(values["data_dir"])
-    return Config(
-        grpc=GrpcConfig(
-            host=values["host"],
-            port=values["port"],
-            max_workers=values["max_workers"],
-            max_concurrent_rpcs=values["max_concurrent_rpcs"],
-            shutdown_grace_ms=values["shutdown_grace"],
-        ),
-        metrics=MetricsConfig(host=values["metrics_host"] or values["host"], port=values["metrics_port"]),
-        storage=StorageConfig(
-            data_dir=str(data_dir),
-            metadata_uri=values["metadata"] or (data_dir / "metadata").as_uri(),
-            blobs_uri=values["blobs"] or (data_dir / "blobs").as_uri(),
-            zk_session_timeout_ms=values["zk_session_timeout"],
-            zk_connect_timeout_ms=values["zk_connect_timeout"],
-            s3_addressing_style=values["s3_addressing_style"],
-        ),
-        producers=ProducersConfig(
-            default_ttl_ms=values["producer_default_ttl"],
-            max_ttl_ms=values["producer_max_ttl"],
-            max_offsets=values["producer_max_offsets"],
-        ),
-        snapshots=SnapshotsConfig(
-            default_timeout_ms=values["snapshot_default_timeout"],
-            max_timeout_ms=values["snapshot_max_timeout"],
-            max_tasks=values["snapshot_max_tasks"],
-            max_report_bytes=values["snapshot_max_report_size"],
-            keep_last_completed=values["retention_keep_last_completed"],
-            completed_ttl_ms=values["retention_completed_ttl"],
-        ),
-        backlog=BacklogConfig(max_partitions=values["backlog_max_partitions"]),
-        leases=LeasesConfig(
-            min_duration_ms=values["lease_min_duration"],
-            max_duration_ms=values["lease_max_duration"],
-            max_snapshots=values["lease_max_snapshots"],
-            max_clock_skew_ms=values["max_clock_skew"],
-        ),
-        janitor=JanitorConfig(
-            cleanup_interval_ms=values["cleanup_interval"],
-            orphan_grace_ms=values["orphan_grace"],
-            orphan_sweep_interval_ms=values["orphan_sweep_interval"],
-            batch=values["cleanup_batch"],
-        ),
-        logging=LoggingConfig(level=values["log_level"]),
-    )
+    by_name = {opt.name: opt for opt in OPTIONS}
+    for check in CHECKS:
+        low, high = values[check.low], values[check.high]
+        if low > high:
+            advice = f": {check.advice}" if check.advice else ""
+            raise ConfigError(
+                f"{by_name[check.low].flag} ({low} ms) exceeds {by_name[check.high].flag} ({high} ms){advice}"
+            )
+
+    fed: dict[str, dict[str, Any]] = {name: {} for name in sections()}
+    for opt in OPTIONS:
+        for section, name in opt.targets:
+            fed[section][name] = values[opt.name]
+    return Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
 
 
 # --- redaction ---------------------------------------------------------------------------------

@@ -8,11 +8,7 @@ from dataclasses import dataclass, field
 
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.config import Config
-from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
-from snapcoord.coordinator.domain.leases import LeasePolicy
-from snapcoord.coordinator.domain.producers import ProducerPolicy
-from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics
@@ -50,37 +46,20 @@ class Services:
             deps.metadata,
             deps.blobs,
             deps.clock,
-            ProducerPolicy(
-                default_ttl_ms=config.producers.default_ttl_ms,
-                max_ttl_ms=config.producers.max_ttl_ms,
-                max_offsets=config.producers.max_offsets,
-            ),
+            config.producers,
             metrics,
         )
         snapshots = SnapshotRegistry(
             deps.metadata,
             deps.blobs,
             deps.clock,
-            SnapshotPolicy(
-                default_timeout_ms=config.snapshots.default_timeout_ms,
-                max_timeout_ms=config.snapshots.max_timeout_ms,
-                max_tasks=config.snapshots.max_tasks,
-                max_report_bytes=config.snapshots.max_report_bytes,
-                default_keep_last_completed=config.snapshots.keep_last_completed,
-                default_completed_ttl_ms=config.snapshots.completed_ttl_ms,
-                max_clock_skew_ms=config.leases.max_clock_skew_ms,
-            ),
+            config.snapshots,
             metrics,
         )
         leases = LeaseRegistry(
             deps.metadata,
             deps.clock,
-            LeasePolicy(
-                min_duration_ms=config.leases.min_duration_ms,
-                max_duration_ms=config.leases.max_duration_ms,
-                max_snapshots=config.leases.max_snapshots,
-                max_clock_skew_ms=config.leases.max_clock_skew_ms,
-            ),
+            config.leases,
             snapshots,
             metrics,
         )
@@ -88,7 +67,7 @@ class Services:
             deps.metadata,
             deps.blobs,
             deps.clock,
-            BacklogPolicy(max_partitions=config.backlog.max_partitions),
+            config.backlog,
             metrics,
             # The elected janitor refreshes the backlog gauges every pass; a replica that stopped
             # leading exports 0 once its last values are this old.

@@ -27,11 +27,13 @@ class SnapshotRef:
 
 @dataclass(frozen=True)
 class LeasePolicy:
-    """Server-side limits, from the configuration."""
+    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
 
     min_duration_ms: int = 1_000
     max_duration_ms: int = 7 * 24 * 3_600_000
+    #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call.
     max_snapshots: int = 1_000
+    #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
     max_clock_skew_ms: int = 5_000
 
 

@@ -19,10 +19,13 @@ from snapcoord.coordinator.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class ProducerPolicy:
-    """Server-side limits, from the configuration."""
+    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
 
+    #: TTL of a record registered with ttl_ms=0.
     default_ttl_ms: int = 24 * 3_600_000
+    #: Largest ttl_ms a caller may ask for; beyond it INVALID_ARGUMENT.
     max_ttl_ms: int = 7 * 24 * 3_600_000
+    #: Most offsets in one registration.
     max_offsets: int = 100_000
 
 

@@ -36,14 +36,21 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class SnapshotPolicy:
-    """Server-side limits and defaults, from the configuration."""
+    """Server-side limits and defaults, from the configuration (``config.OPTIONS`` names the option
+    of each field; ``config.FIXED`` lists the fields no option sets)."""
 
+    #: A snapshot still CREATED this long after creation (timeout_ms=0) is aborted ("timeout").
     default_timeout_ms: int = 10 * 60_000
     max_timeout_ms: int = 7 * 24 * 3_600_000
+    #: Longest TTL a snapshot or a retention policy may ask for (fixed: no option).
     max_ttl_ms: int = 365 * 24 * 3_600_000
+    #: Most tasks in one snapshot's task set.
     max_tasks: int = 5_000
+    #: Most committed offsets in one task report (fixed: no option).
     max_offsets_per_task: int = 10_000
+    #: Most checkpoint bytes in one ReportTaskSnapshot; also sizes the gRPC message limit.
     max_report_bytes: int = 64 * 1024 * 1024
+    #: Retention for apps without a SetRetentionPolicy override.
     default_keep_last_completed: int = 3
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
     #: A lease pins until its expiry plus this margin (replicas' clocks may disagree).
