@@ -1,0 +1,373 @@
+"""deploy/: the Kubernetes manifests, the Prometheus rules and the Grafana dashboard are true to the code.
+
+The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
+that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
+the coordinator (read from ``config.OPTIONS``), and every value must load. The rules pass
+``promtool check rules`` and their unit tests, and every metric name used by the rules and the
+dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
+``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.coordinator import CoordinatorProcess
+from harness.process import wait_until
+from harness.seaweed import SeaweedS3Server
+from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
+from snapcoord.coordinator import api, config
+
+ROOT = Path(__file__).resolve().parents[1]
+KUSTOMIZE_DIRS = ("deploy/kubernetes/base", "deploy/kubernetes/overlays/example")
+RULES = ROOT / "deploy" / "prometheus" / "snapcoord.rules.yml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "snapcoord.rules.test.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "snapcoord.json"
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+#: Kubernetes version the manifests are validated for (the newest kubernetes-validate ships).
+K8S_VERSION = kubernetes_validate.latest_version()
+#: Variables boto3 reads from its standard chain; everything else must be a coordinator option.
+BOTO3_CHAIN_VARS = {
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+}
+#: Series Prometheus makes itself rather than scraping them from the coordinator.
+PROMETHEUS_SYNTHETIC = {"up"}
+OPTION_ENVS = {opt.env for opt in config.OPTIONS}
+DEFAULTS = {opt.name: opt.default for opt in config.OPTIONS}
+
+
+def tool(name: str) -> str:
+    """The tool next to this interpreter (the venv's bin), else on PATH; a missing one fails."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: run scripts/install-test-deps")
+    return found
+
+
+def render(directory: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [tool("kubectl"), "kustomize", str(ROOT / directory)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=KUSTOMIZE_DIRS)
+def manifests(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render(request.param)
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert isinstance(c, dict)
+    return c
+
+
+def coordinator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The environment the coordinator container gets: its ConfigMap, Secret and env entries."""
+    c = container(docs)
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+        if "secretRef" in source:
+            env.update(one(docs, "Secret", source["secretRef"]["name"])["stringData"])
+    env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+    return env
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- Kubernetes --------------------------------------------------------------------------------
+
+
+def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]]) -> None:
+    kinds = sorted(d["kind"] for d in manifests)
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Secret",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor",
+        ]
+    )
+    for doc in manifests:
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":
+            # A CRD of the Prometheus Operator: not in the Kubernetes schemas kubernetes-validate
+            # ships; test_service_monitor_scrapes_the_metrics_port checks it instead.
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises ValidationError
+
+
+def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
+    monitor = one(manifests, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) == {"selector", "endpoints"}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    services = [d for d in manifests if d["kind"] == "Service"]
+    scraped = [
+        s for s in services if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+    ]
+    assert [s["metadata"]["name"] for s in scraped] == ["snapcoord"], "scrape each replica once"
+    (port,) = [p for p in scraped[0]["spec"]["ports"] if p["name"] == endpoint["port"]]
+    (container_port,) = [p for p in container(manifests)["ports"] if p["name"] == port["targetPort"]]
+    assert container_port["containerPort"] == int(coordinator_env(manifests)["SNAPCOORD_METRICS_PORT"])
+
+
+def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[str, Any]]) -> None:
+    env = coordinator_env(manifests)
+    assert env, "the coordinator gets no settings"
+    for name in env:
+        assert name in OPTION_ENVS or name in BOTO3_CHAIN_VARS, (
+            f"the manifests set {name}, which nothing reads"
+        )
+    cfg = config.load({}, env)  # raises ConfigError on a value the coordinator rejects
+    assert cfg.storage.metadata_uri.startswith("zk://")
+    assert cfg.storage.blobs_uri.startswith("s3://")
+    # Service links would put SNAPCOORD_PORT=tcp://... (from the Service "snapcoord") into the pod.
+    assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
+    secret = one(manifests, "Secret")
+    assert all(value.startswith("EXAMPLE") for value in secret["stringData"].values())
+
+
+def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
+    env = coordinator_env(manifests)
+    cfg = config.load({}, env)
+    c = container(manifests)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        grpc_probe = c[probe]["grpc"]  # Kubernetes' native gRPC probe: grpc.health.v1.Health/Check
+        assert grpc_probe["port"] == cfg.grpc.port, probe
+        assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES}, probe
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    pre_stop_s = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
+    assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+
+
+def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, Any]]) -> None:
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])  # type: ignore[index]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid == 10001
+    c = container(manifests)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    data_dir = re.search(r"SNAPCOORD_DATA_DIR=(\S+)", DOCKERFILE)[1]  # type: ignore[index]
+    assert set(mounts) == {"/tmp", data_dir}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert all("emptyDir" in volumes[name] for name in mounts.values())
+
+
+def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str, Any]]) -> None:
+    deployment = one(manifests, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod_labels)
+    pdb = one(manifests, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    headless = one(manifests, "Service", "snapcoord-headless")["spec"]
+    cluster = one(manifests, "Service", "snapcoord")["spec"]
+    assert headless["clusterIP"] == "None" and cluster["type"] == "ClusterIP"
+    for spec in (headless, cluster):
+        assert selects(spec["selector"], pod_labels)
+    assert {p["name"] for p in cluster["ports"]} == {"grpc", "metrics"}
+    resources = container(manifests)["resources"]
+    assert resources["requests"]["memory"] and resources["limits"]["memory"]
+
+
+# --- Prometheus rules --------------------------------------------------------------------------
+
+
+def _rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = subprocess.run(
+        [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_cover_every_alert() -> None:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing = {
+        case["alertname"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case["exp_alerts"]  # a case where the alert must fire, not only one where it must not
+    }
+    assert firing == {rule["alert"] for rule in _rules()}
+    done = subprocess.run(
+        [tool("promtool"), "test", "rules", str(RULE_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=RULE_TESTS.parent,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
+    (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
+    interval_ms = config.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
+    assert config.parse_duration_ms(rule["for"]) == 2 * interval_ms
+
+
+# --- metric names ------------------------------------------------------------------------------
+
+#: PromQL keywords, and aggregations (which may be followed by ``by (...)`` rather than by ``(``).
+_NOT_METRICS = {
+    *(
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+    ),
+    *("sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values"),
+    *("bottomk", "topk", "quantile"),
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (functions, keywords and labels left out)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        if text[m.end() :].lstrip().startswith("(") or m.group() in _NOT_METRICS:
+            continue  # a function or aggregation, or a keyword
+        names.add(m.group())
+    return names
+
+
+def test_metric_names_extraction() -> None:
+    assert metric_names(
+        'sum by (le, grpc_method) (rate(a_bucket{job="x",grpc_code=~"A|B"}[5m])) / on() '
+        "(max(b) or on() vector(0)) > bool 0.5 and c"
+    ) == {"a_bucket", "b", "c"}
+
+
+_SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("", "_sum", "_count"),
+}
+
+
+def _dashboard_exprs() -> list[str]:
+    def walk(panels: list[dict[str, Any]]) -> Iterator[str]:
+        for panel in panels:
+            yield from (t["expr"] for t in panel.get("targets", []))
+            yield from walk(panel.get("panels", []))
+
+    return list(walk(json.loads(DASHBOARD.read_text())["panels"]))
+
+
+@pytest.mark.timeout(180)
+def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
+    tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
+) -> None:
+    env = {"SNAPCOORD_METADATA": zk_uri, "SNAPCOORD_BLOBS": s3_uri, **s3_server.env()}
+    # A short janitor interval so that its step metrics exist by the time we scrape.
+    args = ["--cleanup-interval", "1s"]
+    with CoordinatorProcess(tmp_path / "coordinator", env=env, args=args) as coordinator:
+        with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+            client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
+            with pytest.raises(NotFound):
+                client.get_producer_offsets("no-such-sink")
+            snapshot = client.create_snapshot("app", ["t"])
+            client.report_task_snapshot(
+                "app", snapshot.generation, TaskSnapshot("t", (Offset("s", 0, 1),), {})
+            )
+            with client.lease("restore", [SnapshotRef("app", snapshot.generation)], duration_s=60):
+                pass
+            client.mark_backlog("job", [Offset("orders", 0, 10)])
+            client.report_progress("job", [Offset("orders", 0, 10)])
+        # The names the manifests' probes ask for are ones the health service answers SERVING.
+        probed = {
+            c[p]["grpc"].get("service", "")
+            for c in [container(render(KUSTOMIZE_DIRS[0]))]
+            for p in ("startupProbe", "readinessProbe", "livenessProbe")
+        }
+        for service in probed:
+            assert coordinator.health(service) == 1, f"health of {service!r} is not SERVING"  # 1 = SERVING
+
+        def scrape() -> set[str] | None:
+            with urllib.request.urlopen(coordinator.metrics_url, timeout=10) as reply:
+                text = reply.read().decode()
+            names = set()
+            for family in text_string_to_metric_families(text):
+                names |= {sample.name for sample in family.samples}
+                # A labelled metric no call has touched yet has HELP and TYPE but no samples.
+                names |= {family.name + suffix for suffix in _SAMPLE_SUFFIXES.get(family.type, ("",))}
+            return names if "snapcoord_janitor_passes_total" in names else None
+
+        exported = wait_until(scrape, timeout=60, interval=0.5, what="janitor step metrics")
+    used = {name for rule in _rules() for name in metric_names(rule["expr"])}
+    used |= {name for expr in _dashboard_exprs() for name in metric_names(expr)}
+    assert used - PROMETHEUS_SYNTHETIC, "no metric names found in the rules and dashboard"
+    missing = sorted(used - exported - PROMETHEUS_SYNTHETIC)
+    assert not missing, f"the rules or the dashboard use metrics the coordinator does not export: {missing}"
