@@ -37,8 +37,9 @@ RULES = ROOT / "deploy" / "prometheus" / "snapcoord.rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "snapcoord.rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "snapcoord.json"
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
-#: Kubernetes version the manifests are validated for (the newest kubernetes-validate ships).
-K8S_VERSION = kubernetes_validate.latest_version()
+#: Kubernetes versions the manifests are valid for: 1.27, where gRPC probes became GA, and the
+#: newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 #: Variables boto3 reads from its standard chain; everything else must be a coordinator option.
 BOTO3_CHAIN_VARS = {
     "AWS_ENDPOINT_URL_S3",
@@ -132,7 +133,8 @@ def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]])
             # A CRD of the Prometheus Operator: not in the Kubernetes schemas kubernetes-validate
             # ships; test_service_monitor_scrapes_the_metrics_port checks it instead.
             continue
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises ValidationError
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
 
 
 def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
@@ -181,7 +183,9 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
         assert grpc_probe["port"] == cfg.grpc.port, probe
         assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES}, probe
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
-    pre_stop_s = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    sleep, seconds = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep"
+    pre_stop_s = int(seconds)
     # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
     assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
