@@ -10,11 +10,15 @@ dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing t
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +29,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.coordinator import CoordinatorProcess
-from harness.process import wait_until
+from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_command, split_hostport
+from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator import api, config
@@ -102,9 +106,13 @@ def coordinator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
         if "configMapRef" in source:
             env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
         if "secretRef" in source:
-            env.update(one(docs, "Secret", source["secretRef"]["name"])["stringData"])
+            env.update(secret_data(one(docs, "Secret", source["secretRef"]["name"])))
     env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
     return env
+
+
+def secret_data(secret: dict[str, Any]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -163,13 +171,16 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
     cfg = config.load({}, env)  # raises ConfigError on a value the coordinator rejects
     assert cfg.storage.metadata_uri.startswith("zk://")
     assert cfg.storage.blobs_uri.startswith("s3://")
+    # Generated names carry a content hash: a changed setting or key is a new pod template.
+    for kind in ("ConfigMap", "Secret"):
+        assert re.fullmatch(r"snapcoord(-s3)?-[a-z0-9]{10}", one(manifests, kind)["metadata"]["name"]), kind
     # Service links would put SNAPCOORD_PORT=tcp://... (from the Service "snapcoord") into the pod.
     assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
 def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
-    secret = one(manifests, "Secret")
-    assert all(value.startswith("EXAMPLE") for value in secret["stringData"].values())
+    values = secret_data(one(manifests, "Secret"))
+    assert values and all(value.startswith("EXAMPLE") for value in values.values())
 
 
 def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
@@ -225,6 +236,10 @@ def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str
     for spec in (headless, cluster):
         assert selects(spec["selector"], pod_labels)
     assert {p["name"] for p in cluster["ports"]} == {"grpc", "metrics"}
+    # The image tag is the coordinator's version (the Dockerfile builds it).
+    version = tomllib.loads((ROOT / "coordinator" / "pyproject.toml").read_text())["project"]["version"]
+    image = container(manifests)["image"]
+    assert image.rpartition("/")[2] == f"snapcoord:{version}", image
     resources = container(manifests)["resources"]
     assert resources["requests"]["memory"] and resources["limits"]["memory"]
 
@@ -375,3 +390,90 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
     assert used - PROMETHEUS_SYNTHETIC, "no metric names found in the rules and dashboard"
     missing = sorted(used - exported - PROMETHEUS_SYNTHETIC)
     assert not missing, f"the rules or the dashboard use metrics the coordinator does not export: {missing}"
+
+
+# --- the pod's filesystem: read-only root, uid 10001, writable /tmp and data directory -----------
+
+# Runs inside `unshare --mount` (a private mount namespace: nothing here is visible outside):
+# every mount but the kernel's pseudo filesystems becomes read-only, /tmp becomes an empty tmpfs
+# (the pod's emptyDir), and the coordinator runs as the image's uid with its data dir on that tmpfs.
+_READ_ONLY_POD = r"""
+set -eu
+for mountpoint in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
+  case "$mountpoint" in /proc*|/sys*|/dev*) continue ;; esac
+  mount -o remount,bind,ro "$mountpoint"
+done
+if touch "$PROBE" 2>/dev/null; then echo "the root filesystem is still writable" >&2; exit 99; fi
+mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
+install -d -o "$UID_GID" -g "$UID_GID" /tmp/data
+cd /tmp/data
+exec setpriv --reuid "$UID_GID" --regid "$UID_GID" --clear-groups -- "$@"
+"""
+
+
+@pytest.mark.timeout(180)
+def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
+    tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("building the read-only mount namespace needs root (unshare --mount)")
+    docs = render(KUSTOMIZE_DIRS[0])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    uid = pod["securityContext"]["runAsUser"]
+    assert {m["mountPath"] for m in container(docs)["volumeMounts"]} >= {"/tmp"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+    env.update(s3_server.env())
+    # What the image sets (PYTHONDONTWRITEBYTECODE) and what the pod's user has (HOME = data dir).
+    env.update(
+        {
+            "SNAPCOORD_METADATA": zk_uri,
+            "SNAPCOORD_BLOBS": s3_uri,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HOME": "/tmp/data",
+            "UID_GID": str(uid),
+            "PROBE": str(tmp_path / "written-through-the-read-only-root"),
+        }
+    )
+    argv = [*snapcoord_command(), "serve", "--port", "0", "--metrics-port", "0", "--data-dir", "/tmp/data"]
+    proc = ManagedProcess(
+        [
+            tool("unshare"),
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            _READ_ONLY_POD,
+            "pod",
+            *argv,
+        ],
+        log_path=tmp_path / "coordinator.log",
+        cwd=tmp_path,
+        env=env,
+        name="snapcoord (read-only root)",
+    )
+    try:
+
+        def serving_line() -> str | None:
+            assert proc.alive(), proc.output()
+            return next((line for line in proc.output().splitlines() if SERVING_LINE_RE.match(line)), None)
+
+        line = wait_until(serving_line, timeout=60, interval=0.1, what="the serving line")
+        m = SERVING_LINE_RE.match(line)
+        assert m is not None
+        target = f"127.0.0.1:{split_hostport(m['grpc'])[1]}"
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(rf"^Uid:\s+{uid}\s+{uid}\s+{uid}\s+{uid}$", status, re.MULTILINE), status
+        with CoordinatorClient(target, timeout_s=30) as client:
+            client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
+            snapshot = client.create_snapshot("app", ["t"])
+            report = TaskSnapshot("t", (Offset("s", 0, 1),), {"state": b"x" * (4 << 20)})
+            done = client.report_task_snapshot("app", snapshot.generation, report)
+            assert done.state.name == "COMPLETED"
+            restored = client.get_snapshot("app", snapshot.generation, include_checkpoints=True)
+            assert restored.tasks[0].checkpoints == {"state": b"x" * (4 << 20)}
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.terminate(timeout=60) == 0, proc.output()
+        assert "Traceback" not in proc.output(), proc.output()
+    finally:
+        proc.kill()
