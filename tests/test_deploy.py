@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
 import urllib.request
 from collections.abc import Iterator
@@ -395,8 +396,10 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
 # --- the pod's filesystem: read-only root, uid 10001, writable /tmp and data directory -----------
 
 # Runs inside `unshare --mount` (a private mount namespace: nothing here is visible outside):
-# every mount but the kernel's pseudo filesystems becomes read-only, /tmp becomes an empty tmpfs
-# (the pod's emptyDir), and the coordinator runs as the image's uid with its data dir on that tmpfs.
+# every mount but the kernel's pseudo filesystems becomes read-only, then /tmp alone is made
+# writable again (the pod's emptyDir; bound onto itself rather than replaced, so that a venv or
+# checkout under /tmp stays visible), and the coordinator runs as the image's uid, its data
+# directory and working directory under /tmp.
 _READ_ONLY_POD = r"""
 set -eu
 for mountpoint in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
@@ -404,9 +407,8 @@ for mountpoint in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
   mount -o remount,bind,ro "$mountpoint"
 done
 if touch "$PROBE" 2>/dev/null; then echo "the root filesystem is still writable" >&2; exit 99; fi
-mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
-install -d -o "$UID_GID" -g "$UID_GID" /tmp/data
-cd /tmp/data
+mount --bind /tmp /tmp
+cd "$DATA"
 exec setpriv --reuid "$UID_GID" --regid "$UID_GID" --clear-groups -- "$@"
 """
 
@@ -423,18 +425,22 @@ def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
     assert {m["mountPath"] for m in container(docs)["volumeMounts"]} >= {"/tmp"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
     env.update(s3_server.env())
+    # Not tmp_path: pytest's base directory is private to root. Removed in `finally`.
+    data = Path(tempfile.mkdtemp(prefix="snapcoord-read-only-", dir="/tmp"))
+    os.chown(data, uid, uid)
     # What the image sets (PYTHONDONTWRITEBYTECODE) and what the pod's user has (HOME = data dir).
     env.update(
         {
             "SNAPCOORD_METADATA": zk_uri,
             "SNAPCOORD_BLOBS": s3_uri,
             "PYTHONDONTWRITEBYTECODE": "1",
-            "HOME": "/tmp/data",
+            "HOME": str(data),
+            "DATA": str(data),
             "UID_GID": str(uid),
             "PROBE": str(tmp_path / "written-through-the-read-only-root"),
         }
     )
-    argv = [*snapcoord_command(), "serve", "--port", "0", "--metrics-port", "0", "--data-dir", "/tmp/data"]
+    argv = [*snapcoord_command(), "serve", "--port", "0", "--metrics-port", "0", "--data-dir", str(data)]
     proc = ManagedProcess(
         [
             tool("unshare"),
@@ -477,3 +483,4 @@ def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
         assert "Traceback" not in proc.output(), proc.output()
     finally:
         proc.kill()
+        shutil.rmtree(data)
