@@ -346,6 +346,21 @@ def _dashboard_exprs() -> list[str]:
     return list(walk(json.loads(DASHBOARD.read_text())["panels"]))
 
 
+def test_dashboard_is_importable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "snapcoord" and dashboard["schemaVersion"] >= 36
+    (variable,) = dashboard["templating"]["list"]
+    assert variable == {**variable, "name": "datasource", "type": "datasource", "query": "prometheus"}
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        for target in [panel, *panel["targets"]]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
 @pytest.mark.timeout(180)
 def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
     tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
