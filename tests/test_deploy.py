@@ -1,0 +1,501 @@
+"""deploy/: the Kubernetes manifests, the Prometheus rules and the Grafana dashboard are true to the code.
+
+The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
+that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
+the coordinator (read from ``config.OPTIONS``), and every value must load. The rules pass
+``promtool check rules`` and their unit tests, and every metric name used by the rules and the
+dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
+``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import tomllib
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_command, split_hostport
+from harness.process import ManagedProcess, wait_until
+from harness.seaweed import SeaweedS3Server
+from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
+from snapcoord.coordinator import api, config
+
+ROOT = Path(__file__).resolve().parents[1]
+KUSTOMIZE_DIRS = ("deploy/kubernetes/base", "deploy/kubernetes/overlays/example")
+RULES = ROOT / "deploy" / "prometheus" / "snapcoord.rules.yml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "snapcoord.rules.test.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "snapcoord.json"
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+#: Kubernetes versions the manifests are valid for: 1.27, where gRPC probes became GA, and the
+#: newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+#: Variables boto3 reads from its standard chain; everything else must be a coordinator option.
+BOTO3_CHAIN_VARS = {
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+}
+#: Series Prometheus makes itself rather than scraping them from the coordinator.
+PROMETHEUS_SYNTHETIC = {"up"}
+OPTION_ENVS = {opt.env for opt in config.OPTIONS}
+DEFAULTS = {opt.name: opt.default for opt in config.OPTIONS}
+
+
+def tool(name: str) -> str:
+    """The tool next to this interpreter (the venv's bin), else on PATH; a missing one fails."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: run scripts/install-test-deps")
+    return found
+
+
+def render(directory: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [tool("kubectl"), "kustomize", str(ROOT / directory)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=KUSTOMIZE_DIRS)
+def manifests(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render(request.param)
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert isinstance(c, dict)
+    return c
+
+
+def coordinator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The environment the coordinator container gets: its ConfigMap, Secret and env entries."""
+    c = container(docs)
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+        if "secretRef" in source:
+            env.update(secret_data(one(docs, "Secret", source["secretRef"]["name"])))
+    env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+    return env
+
+
+def secret_data(secret: dict[str, Any]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- Kubernetes --------------------------------------------------------------------------------
+
+
+def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]]) -> None:
+    kinds = sorted(d["kind"] for d in manifests)
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Secret",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor",
+        ]
+    )
+    for doc in manifests:
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":
+            # A CRD of the Prometheus Operator: not in the Kubernetes schemas kubernetes-validate
+            # ships; test_service_monitor_scrapes_the_metrics_port checks it instead.
+            continue
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
+
+
+def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
+    monitor = one(manifests, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) == {"selector", "endpoints"}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    services = [d for d in manifests if d["kind"] == "Service"]
+    scraped = [
+        s for s in services if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+    ]
+    assert [s["metadata"]["name"] for s in scraped] == ["snapcoord"], "scrape each replica once"
+    (port,) = [p for p in scraped[0]["spec"]["ports"] if p["name"] == endpoint["port"]]
+    (container_port,) = [p for p in container(manifests)["ports"] if p["name"] == port["targetPort"]]
+    assert container_port["containerPort"] == int(coordinator_env(manifests)["SNAPCOORD_METRICS_PORT"])
+
+
+def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[str, Any]]) -> None:
+    env = coordinator_env(manifests)
+    assert env, "the coordinator gets no settings"
+    for name in env:
+        assert name in OPTION_ENVS or name in BOTO3_CHAIN_VARS, (
+            f"the manifests set {name}, which nothing reads"
+        )
+    cfg = config.load({}, env)  # raises ConfigError on a value the coordinator rejects
+    assert cfg.storage.metadata_uri.startswith("zk://")
+    assert cfg.storage.blobs_uri.startswith("s3://")
+    # Generated names carry a content hash: a changed setting or key is a new pod template.
+    for kind in ("ConfigMap", "Secret"):
+        assert re.fullmatch(r"snapcoord(-s3)?-[a-z0-9]{10}", one(manifests, kind)["metadata"]["name"]), kind
+    # Service links would put SNAPCOORD_PORT=tcp://... (from the Service "snapcoord") into the pod.
+    assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
+    values = secret_data(one(manifests, "Secret"))
+    assert values and all(value.startswith("EXAMPLE") for value in values.values())
+
+
+def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
+    env = coordinator_env(manifests)
+    cfg = config.load({}, env)
+    c = container(manifests)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        grpc_probe = c[probe]["grpc"]  # Kubernetes' native gRPC probe: grpc.health.v1.Health/Check
+        assert grpc_probe["port"] == cfg.grpc.port, probe
+        assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES}, probe
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    sleep, seconds = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep"
+    pre_stop_s = int(seconds)
+    # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
+    assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+
+
+def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, Any]]) -> None:
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])  # type: ignore[index]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid == 10001
+    c = container(manifests)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    data_dir = re.search(r"SNAPCOORD_DATA_DIR=(\S+)", DOCKERFILE)[1]  # type: ignore[index]
+    assert set(mounts) == {"/tmp", data_dir}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert all("emptyDir" in volumes[name] for name in mounts.values())
+
+
+def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str, Any]]) -> None:
+    deployment = one(manifests, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod_labels)
+    pdb = one(manifests, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    headless = one(manifests, "Service", "snapcoord-headless")["spec"]
+    cluster = one(manifests, "Service", "snapcoord")["spec"]
+    assert headless["clusterIP"] == "None" and cluster["type"] == "ClusterIP"
+    for spec in (headless, cluster):
+        assert selects(spec["selector"], pod_labels)
+    assert {p["name"] for p in cluster["ports"]} == {"grpc", "metrics"}
+    # The image tag is the coordinator's version (the Dockerfile builds it).
+    version = tomllib.loads((ROOT / "coordinator" / "pyproject.toml").read_text())["project"]["version"]
+    image = container(manifests)["image"]
+    assert image.rpartition("/")[2] == f"snapcoord:{version}", image
+    resources = container(manifests)["resources"]
+    assert resources["requests"]["memory"] and resources["limits"]["memory"]
+
+
+# --- Prometheus rules --------------------------------------------------------------------------
+
+
+def _rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = subprocess.run(
+        [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_cover_every_alert() -> None:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing = {
+        case["alertname"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case["exp_alerts"]  # a case where the alert must fire, not only one where it must not
+    }
+    assert firing == {rule["alert"] for rule in _rules()}
+    done = subprocess.run(
+        [tool("promtool"), "test", "rules", str(RULE_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=RULE_TESTS.parent,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
+    (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
+    interval_ms = config.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
+    assert config.parse_duration_ms(rule["for"]) == 2 * interval_ms
+
+
+# --- metric names ------------------------------------------------------------------------------
+
+#: PromQL keywords, and aggregations (which may be followed by ``by (...)`` rather than by ``(``).
+_NOT_METRICS = {
+    *(
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+    ),
+    *("sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values"),
+    *("bottomk", "topk", "quantile"),
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (functions, keywords and labels left out)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        if text[m.end() :].lstrip().startswith("(") or m.group() in _NOT_METRICS:
+            continue  # a function or aggregation, or a keyword
+        names.add(m.group())
+    return names
+
+
+def test_metric_names_extraction() -> None:
+    assert metric_names(
+        'sum by (le, grpc_method) (rate(a_bucket{job="x",grpc_code=~"A|B"}[5m])) / on() '
+        "(max(b) or on() vector(0)) > bool 0.5 and c"
+    ) == {"a_bucket", "b", "c"}
+
+
+_SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("", "_sum", "_count"),
+}
+
+
+def _dashboard_exprs() -> list[str]:
+    def walk(panels: list[dict[str, Any]]) -> Iterator[str]:
+        for panel in panels:
+            yield from (t["expr"] for t in panel.get("targets", []))
+            yield from walk(panel.get("panels", []))
+
+    return list(walk(json.loads(DASHBOARD.read_text())["panels"]))
+
+
+def test_dashboard_is_importable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "snapcoord" and dashboard["schemaVersion"] >= 36
+    (variable,) = dashboard["templating"]["list"]
+    assert variable == {**variable, "name": "datasource", "type": "datasource", "query": "prometheus"}
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        for target in [panel, *panel["targets"]]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
+@pytest.mark.timeout(180)
+def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
+    tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
+) -> None:
+    env = {"SNAPCOORD_METADATA": zk_uri, "SNAPCOORD_BLOBS": s3_uri, **s3_server.env()}
+    # A short janitor interval so that its step metrics exist by the time we scrape.
+    args = ["--cleanup-interval", "1s"]
+    with CoordinatorProcess(tmp_path / "coordinator", env=env, args=args) as coordinator:
+        with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+            client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
+            with pytest.raises(NotFound):
+                client.get_producer_offsets("no-such-sink")
+            snapshot = client.create_snapshot("app", ["t"])
+            client.report_task_snapshot(
+                "app", snapshot.generation, TaskSnapshot("t", (Offset("s", 0, 1),), {})
+            )
+            with client.lease("restore", [SnapshotRef("app", snapshot.generation)], duration_s=60):
+                pass
+            client.mark_backlog("job", [Offset("orders", 0, 10)])
+            client.report_progress("job", [Offset("orders", 0, 10)])
+        # The names the manifests' probes ask for are ones the health service answers SERVING.
+        probed = {
+            c[p]["grpc"].get("service", "")
+            for c in [container(render(KUSTOMIZE_DIRS[0]))]
+            for p in ("startupProbe", "readinessProbe", "livenessProbe")
+        }
+        for service in probed:
+            assert coordinator.health(service) == 1, f"health of {service!r} is not SERVING"  # 1 = SERVING
+
+        def scrape() -> set[str] | None:
+            with urllib.request.urlopen(coordinator.metrics_url, timeout=10) as reply:
+                text = reply.read().decode()
+            names = set()
+            for family in text_string_to_metric_families(text):
+                names |= {sample.name for sample in family.samples}
+                # A labelled metric no call has touched yet has HELP and TYPE but no samples.
+                names |= {family.name + suffix for suffix in _SAMPLE_SUFFIXES.get(family.type, ("",))}
+            return names if "snapcoord_janitor_passes_total" in names else None
+
+        exported = wait_until(scrape, timeout=60, interval=0.5, what="janitor step metrics")
+    used = {name for rule in _rules() for name in metric_names(rule["expr"])}
+    used |= {name for expr in _dashboard_exprs() for name in metric_names(expr)}
+    assert used - PROMETHEUS_SYNTHETIC, "no metric names found in the rules and dashboard"
+    missing = sorted(used - exported - PROMETHEUS_SYNTHETIC)
+    assert not missing, f"the rules or the dashboard use metrics the coordinator does not export: {missing}"
+
+
+# --- the pod's filesystem: read-only root, uid 10001, writable /tmp and data directory -----------
+
+# Runs inside `unshare --mount` (a private mount namespace: nothing here is visible outside):
+# every mount but the kernel's pseudo filesystems becomes read-only, then /tmp alone is made
+# writable again (the pod's emptyDir; bound onto itself rather than replaced, so that a venv or
+# checkout under /tmp stays visible), and the coordinator runs as the image's uid, its data
+# directory and working directory under /tmp.
+_READ_ONLY_POD = r"""
+set -eu
+for mountpoint in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
+  case "$mountpoint" in /proc*|/sys*|/dev*) continue ;; esac
+  mount -o remount,bind,ro "$mountpoint"
+done
+if touch "$PROBE" 2>/dev/null; then echo "the root filesystem is still writable" >&2; exit 99; fi
+mount --bind /tmp /tmp
+cd "$DATA"
+exec setpriv --reuid "$UID_GID" --regid "$UID_GID" --clear-groups -- "$@"
+"""
+
+
+@pytest.mark.timeout(180)
+def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
+    tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("building the read-only mount namespace needs root (unshare --mount)")
+    docs = render(KUSTOMIZE_DIRS[0])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    uid = pod["securityContext"]["runAsUser"]
+    assert {m["mountPath"] for m in container(docs)["volumeMounts"]} >= {"/tmp"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+    env.update(s3_server.env())
+    # Not tmp_path: pytest's base directory is private to root. Removed in `finally`.
+    data = Path(tempfile.mkdtemp(prefix="snapcoord-read-only-", dir="/tmp"))
+    os.chown(data, uid, uid)
+    # What the image sets (PYTHONDONTWRITEBYTECODE) and what the pod's user has (HOME = data dir).
+    env.update(
+        {
+            "SNAPCOORD_METADATA": zk_uri,
+            "SNAPCOORD_BLOBS": s3_uri,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HOME": str(data),
+            "DATA": str(data),
+            "UID_GID": str(uid),
+            "PROBE": str(tmp_path / "written-through-the-read-only-root"),
+        }
+    )
+    argv = [*snapcoord_command(), "serve", "--port", "0", "--metrics-port", "0", "--data-dir", str(data)]
+    proc = ManagedProcess(
+        [
+            tool("unshare"),
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            _READ_ONLY_POD,
+            "pod",
+            *argv,
+        ],
+        log_path=tmp_path / "coordinator.log",
+        cwd=tmp_path,
+        env=env,
+        name="snapcoord (read-only root)",
+    )
+    try:
+
+        def serving_line() -> str | None:
+            assert proc.alive(), proc.output()
+            return next((line for line in proc.output().splitlines() if SERVING_LINE_RE.match(line)), None)
+
+        line = wait_until(serving_line, timeout=60, interval=0.1, what="the serving line")
+        m = SERVING_LINE_RE.match(line)
+        assert m is not None
+        target = f"127.0.0.1:{split_hostport(m['grpc'])[1]}"
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(rf"^Uid:\s+{uid}\s+{uid}\s+{uid}\s+{uid}$", status, re.MULTILINE), status
+        with CoordinatorClient(target, timeout_s=30) as client:
+            client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
+            snapshot = client.create_snapshot("app", ["t"])
+            report = TaskSnapshot("t", (Offset("s", 0, 1),), {"state": b"x" * (4 << 20)})
+            done = client.report_task_snapshot("app", snapshot.generation, report)
+            assert done.state.name == "COMPLETED"
+            restored = client.get_snapshot("app", snapshot.generation, include_checkpoints=True)
+            assert restored.tasks[0].checkpoints == {"state": b"x" * (4 << 20)}
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.terminate(timeout=60) == 0, proc.output()
+        assert "Traceback" not in proc.output(), proc.output()
+    finally:
+        proc.kill()
+        shutil.rmtree(data)
