@@ -4,6 +4,7 @@ It binds port 0 for gRPC and metrics and reports both on its serving line, so te
 ports. stdout (where only the serving line belongs) and stderr (the log) go to separate files;
 their tails are part of every error raised here. Inherited ``SNAPCOORD_*`` variables are dropped
 so that a developer's shell cannot change what a test runs against; pass ``env`` to set some.
+The log is text (``SNAPCOORD_LOG_FORMAT=text``) unless ``args`` or ``env`` say otherwise.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ class CoordinatorProcess:
             *self.args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+        # stderr is a file here, so the default (auto) would be JSON; the tests that read the log
+        # read text. Tests of the JSON format pass --log-format json (a flag beats this).
+        env["SNAPCOORD_LOG_FORMAT"] = "text"
         env.update(self.extra_env)
         env["_SNAPCOORD_HARNESS_STDERR"] = str(self.stderr_path)
         # ManagedProcess sends stdout and stderr to one file; split stderr off with a shell that
