@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +33,9 @@ from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.config import load as load_config
 from snapcoord.coordinator.server import CoordinatorServer, build_server
 from snapcoord.coordinator.services import Deps
+
+if TYPE_CHECKING:
+    from snapcoord.coordinator.tracing import Tracing
 
 SERVING_LINE_RE = re.compile(r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)$")
 _ANY_ADDRESS = {"0.0.0.0", "::", ""}
@@ -269,11 +273,12 @@ def serve_in_process(
     *,
     handlers: Sequence[grpc.GenericRpcHandler] = (),
     grace_s: float = 0.0,
+    tracing: Tracing | None = None,
     **flags: str,
 ) -> Iterator[InProcessCoordinator]:
     """Build, add the test-only ``handlers``, start; on exit shut down with ``grace_s``."""
     config = coordinator_config(**flags)
-    server, port = build_server(config, deps)
+    server, port = build_server(config, deps, tracing=tracing)
     if handlers:
         server.grpc.add_generic_rpc_handlers(tuple(handlers))
     server.start()
