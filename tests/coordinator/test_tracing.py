@@ -9,7 +9,9 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,19 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from harness.coordinator import CoordinatorProcess, embedded_deps, serve_in_process, snapcoord_command
+from harness.coordinator import (
+    CoordinatorProcess,
+    ProbeService,
+    embedded_deps,
+    serve_in_process,
+    snapcoord_command,
+)
 from harness.stores import Stores
 from snapcoord.client import CoordinatorClient, NotFound, Offset, TaskSnapshot
 from snapcoord.client import tracing as client_tracing
@@ -158,6 +167,26 @@ def test_a_reports_span_names_its_ids_and_health_checks_are_not_traced(
     assert not [s for s in finished if "Health" in s.name]
 
 
+def test_a_streamed_response_ends_its_span_when_the_stream_ends(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    probe = ProbeService()
+    with (
+        embedded_deps(tmp_path) as deps,
+        serve_in_process(deps, handlers=[probe.handler()], tracing=Tracing(_PROVIDER)) as server,
+        server.channel() as channel,
+    ):
+        count = channel.unary_stream(f"/{ProbeService.SERVICE}/Count")
+        assert [bytes(m) for m in count(b"3", timeout=30)] == [b"0", b"1", b"2"]
+        with pytest.raises(grpc.RpcError) as failed:
+            list(count(b"2!", timeout=30))
+        assert failed.value.code() == grpc.StatusCode.ABORTED
+    method = f"{ProbeService.SERVICE}/Count"
+    ended = [s for s in spans.get_finished_spans() if s.name == method]
+    codes = sorted(dict(s.attributes or {})["rpc.grpc.status_code"] for s in ended)  # type: ignore[type-var]
+    assert codes == [0, grpc.StatusCode.ABORTED.value[0]]
+
+
 # -- the store wrapper --------------------------------------------------------------------------
 
 
@@ -274,6 +303,67 @@ def test_the_console_exporter_joins_the_callers_trace_and_the_logs_name_it(
     rpc_lines = [json.loads(line) for line in proc.stderr_text().splitlines() if '"snapcoord.rpc"' in line]
     (logged,) = [line for line in rpc_lines if line.get("lease_id") == "traced-lease"]
     assert logged["trace_id"] == f"{driver.get_span_context().trace_id:032x}"
+
+
+class _OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC trace receiver: keeps what exporters send, as a collector would get it."""
+
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metadata: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        with self._lock:
+            self.requests.append(request)
+            self.metadata.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[tuple[dict[str, str], Any]]:
+        """(resource attributes, span) of every span received."""
+        out: list[tuple[dict[str, str], Any]] = []
+        with self._lock:
+            for request in self.requests:
+                for resource_spans in request.resource_spans:
+                    resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                    for scope_spans in resource_spans.scope_spans:
+                        out.extend((resource, span) for span in scope_spans.spans)
+        return out
+
+
+def test_the_otlp_exporter_sends_to_the_endpoint_the_standard_variables_name(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    receiver = _OtlpReceiver()
+    collector = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)  # type: ignore[no-untyped-call]
+    port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=team-a",
+            "OTEL_SERVICE_NAME": "snapcoord-eu1",
+        }
+        with CoordinatorProcess(tmp_path, args=["--otel-exporter", "otlp"], env=env) as proc:
+            with (
+                CoordinatorClient(proc.target) as client,
+                _PROVIDER.get_tracer("test").start_as_current_span("driver") as driver,
+            ):
+                client.register_producer_offsets("otlp-producer", [Offset("s", 0, 1)])
+            assert proc.terminate() == 0  # the batch processor flushes at exit
+    finally:
+        collector.stop(None)
+    received = receiver.spans()
+    server = [span for _, span in received if span.name == REGISTER and span.kind == span.SPAN_KIND_SERVER]
+    assert len(server) == 1, [span.name for _, span in received]
+    assert server[0].trace_id == driver.get_span_context().trace_id.to_bytes(16, "big")
+    assert {resource["service.name"] for resource, _ in received} == {"snapcoord-eu1"}
+    children = [span for _, span in received if span.parent_span_id == server[0].span_id]
+    assert {"localfs.put"} <= {span.name for span in children}
+    assert all(m.get("x-tenant") == "team-a" for m in receiver.metadata)
 
 
 def _base_env() -> dict[str, str]:

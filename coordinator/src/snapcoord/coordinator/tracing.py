@@ -127,13 +127,20 @@ class RpcSpan:
     def each_active(self, responses: Iterator[Any]) -> Iterator[Any]:
         """``responses``, with the span current while each one is produced (grpc pulls a streamed
         response from its own threads, outside ``active``)."""
-        while True:
-            with self.active():
-                try:
-                    item = next(responses)
-                except StopIteration:
-                    return
-            yield item
+        try:
+            while True:
+                with self.active():
+                    try:
+                        item = next(responses)
+                    except StopIteration:
+                        return
+                yield item
+        finally:
+            # Closed early (the client left): close the handler's generator too, as ``yield from``
+            # would have, so its own cleanup runs now.
+            close = getattr(responses, "close", None)
+            if close is not None:
+                close()
 
     def record_exception(self, exc: BaseException) -> None:
         self._span.record_exception(exc)
