@@ -252,6 +252,10 @@ def without_otel(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return {"PYTHONPATH": str(site), "TEST_OTEL_BLOCK_LOG": str(attempts)}, attempts
 
 
+FORWARDED_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+FORWARDED_PARENT = "00f067aa0ba902b7"
+
+
 def _span_lines(proc: CoordinatorProcess) -> list[dict[str, Any]]:
     """The console exporter's spans: the JSON objects among the coordinator's stdout lines."""
     return [json.loads(line) for line in proc.stdout_lines() if line.startswith("{")]
@@ -290,6 +294,22 @@ def test_the_console_exporter_joins_the_callers_trace_and_the_logs_name_it(
         )
         assert done.returncode == 0 and "not found, as expected" in done.stdout, done.stderr
         assert "opentelemetry" in attempts.read_text()  # it did try, and went on without
+        # A task process with the API but no tracer provider forwards the carrier it attached.
+        forwarded = textwrap.dedent(
+            f"""
+            from snapcoord.client import CoordinatorClient, NotFound, tracing
+            carrier = {{"traceparent": "00-{FORWARDED_TRACE}-{FORWARDED_PARENT}-01"}}
+            with CoordinatorClient({proc.target!r}) as client, tracing.attached(carrier):
+                try:
+                    client.get_lease("forwarded-lease")
+                except NotFound:
+                    print("not found, as expected")
+            """
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", forwarded], env=_base_env(), capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and "not found, as expected" in done.stdout, done.stderr
         assert proc.terminate() == 0  # flushes the exporter
     server_spans = [s for s in _span_lines(proc) if s["kind"] == "SpanKind.SERVER"]
     by_lease = {s["attributes"].get("snapcoord.lease_id"): s for s in server_spans}
@@ -299,6 +319,8 @@ def test_the_console_exporter_joins_the_callers_trace_and_the_logs_name_it(
     assert traced["parent_id"] == f"0x{client_span.context.span_id:016x}"
     assert traced["resource"]["attributes"]["service.name"] == "snapcoord"
     assert by_lease["plain-lease"]["parent_id"] is None
+    assert by_lease["forwarded-lease"]["context"]["trace_id"] == f"0x{FORWARDED_TRACE}"
+    assert by_lease["forwarded-lease"]["parent_id"] == f"0x{FORWARDED_PARENT}"
 
     rpc_lines = [json.loads(line) for line in proc.stderr_text().splitlines() if '"snapcoord.rpc"' in line]
     (logged,) = [line for line in rpc_lines if line.get("lease_id") == "traced-lease"]

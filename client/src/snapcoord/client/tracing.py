@@ -73,17 +73,25 @@ def span(name: str, **attributes: Any) -> Iterator[None]:
 
 
 class CallSpan:
-    """One call's CLIENT span: its headers for every attempt, and its outcome."""
+    """One call's CLIENT span: its headers for every attempt, and its outcome.
 
-    def __init__(self, span: Any) -> None:
+    Without a span of its own (no tracer provider configured) it still forwards the current
+    context when ``forward``: a task that ``attached`` its driver's carrier passes it on.
+    """
+
+    def __init__(self, span: Any, *, forward: bool = False) -> None:
         self._span = span
+        self._forward = forward
 
     def metadata(self, base: tuple[tuple[str, str], ...] | None) -> tuple[tuple[str, str], ...] | None:
         """``base`` plus the trace headers of this span (``base`` as it is without a trace)."""
-        if self._span is None:
+        if self._span is None and not self._forward:
             return base
         carrier: dict[str, str] = {}
-        _otel_propagate.inject(carrier, context=_otel_trace.set_span_in_context(self._span))
+        if self._span is not None:
+            _otel_propagate.inject(carrier, context=_otel_trace.set_span_in_context(self._span))
+        else:
+            _otel_propagate.inject(carrier)
         if not carrier:
             return base
         return (*(base or ()), *carrier.items())
@@ -98,13 +106,29 @@ class CallSpan:
             self._span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, code))
 
 
+_tracer_of: tuple[Any, Any] | None = None  # (provider, its tracer): get_tracer is not free
+
+
+def _tracer() -> Any:
+    """The client's tracer from the configured provider; None when none is configured (the API
+    alone, or OTEL_SDK_DISABLED), where a span would record nothing and cost a few microseconds."""
+    global _tracer_of
+    provider = _otel_trace.get_tracer_provider()
+    if isinstance(provider, (_otel_trace.ProxyTracerProvider, _otel_trace.NoOpTracerProvider)):
+        return None
+    cached = _tracer_of
+    if cached is None or cached[0] is not provider:
+        cached = _tracer_of = (provider, provider.get_tracer(_INSTRUMENTATION))
+    return cached[1]
+
+
 @contextlib.contextmanager
 def call_span(service: str, method: str) -> Iterator[CallSpan]:
     """The CLIENT span of one call (retries included), current inside the block."""
-    if not AVAILABLE:
-        yield CallSpan(None)
+    tracer = _tracer() if AVAILABLE else None
+    if tracer is None:
+        yield CallSpan(None, forward=AVAILABLE)
         return
-    tracer = _otel_trace.get_tracer(_INSTRUMENTATION)
     with tracer.start_as_current_span(
         f"{service}/{method}",
         kind=_otel_trace.SpanKind.CLIENT,
