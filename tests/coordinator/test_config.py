@@ -72,6 +72,8 @@ CONTRACT = {
     "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "1000"),
     "--max-clock-skew": ("SNAPCOORD_MAX_CLOCK_SKEW", "5s"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
+    "--log-format": ("SNAPCOORD_LOG_FORMAT", "auto"),
+    "--otel-exporter": ("SNAPCOORD_OTEL_EXPORTER", "none"),
 }
 
 # option name -> (a valid raw value, another valid raw value, where it lands, expected for the first)
@@ -118,6 +120,8 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
     "max_clock_skew": ("0s", "10s", ("leases", "max_clock_skew_ms"), 0),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
+    "log_format": ("json", "text", ("logging", "format"), "json"),
+    "otel_exporter": ("console", "otlp", ("tracing", "exporter"), "console"),
 }
 
 # option name -> an invalid raw value
@@ -154,6 +158,8 @@ BAD: dict[str, str] = {
     "lease_max_snapshots": "0",
     "max_clock_skew": "-1s",
     "log_level": "verbose",
+    "log_format": "JSON",
+    "otel_exporter": "jaeger",
 }
 
 

@@ -4,6 +4,7 @@ It binds port 0 for gRPC and metrics and reports both on its serving line, so te
 ports. stdout (where only the serving line belongs) and stderr (the log) go to separate files;
 their tails are part of every error raised here. Inherited ``SNAPCOORD_*`` variables are dropped
 so that a developer's shell cannot change what a test runs against; pass ``env`` to set some.
+The log is text (``SNAPCOORD_LOG_FORMAT=text``) unless ``args`` or ``env`` say otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +33,9 @@ from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.config import load as load_config
 from snapcoord.coordinator.server import CoordinatorServer, build_server
 from snapcoord.coordinator.services import Deps
+
+if TYPE_CHECKING:
+    from snapcoord.coordinator.tracing import Tracing
 
 SERVING_LINE_RE = re.compile(r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)$")
 _ANY_ADDRESS = {"0.0.0.0", "::", ""}
@@ -117,6 +122,9 @@ class CoordinatorProcess:
             *self.args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+        # stderr is a file here, so the default (auto) would be JSON; the tests that read the log
+        # read text. Tests of the JSON format pass --log-format json (a flag beats this).
+        env["SNAPCOORD_LOG_FORMAT"] = "text"
         env.update(self.extra_env)
         env["_SNAPCOORD_HARNESS_STDERR"] = str(self.stderr_path)
         # ManagedProcess sends stdout and stderr to one file; split stderr off with a shell that
@@ -265,11 +273,12 @@ def serve_in_process(
     *,
     handlers: Sequence[grpc.GenericRpcHandler] = (),
     grace_s: float = 0.0,
+    tracing: Tracing | None = None,
     **flags: str,
 ) -> Iterator[InProcessCoordinator]:
     """Build, add the test-only ``handlers``, start; on exit shut down with ``grace_s``."""
     config = coordinator_config(**flags)
-    server, port = build_server(config, deps)
+    server, port = build_server(config, deps, tracing=tracing)
     if handlers:
         server.grpc.add_generic_rpc_handlers(tuple(handlers))
     server.start()

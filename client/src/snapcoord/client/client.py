@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import grpc
 
 from snapcoord.client import _convert as cv
-from snapcoord.client._channel import LazyChannel, MiB, TlsConfig
+from snapcoord.client import tracing
+from snapcoord.client._channel import SERVICE_OF, LazyChannel, MiB, TlsConfig
 from snapcoord.client._retry import RetryPolicy, call_with_retry
 from snapcoord.client._types import (
     AcquireResult,
@@ -32,7 +33,7 @@ from snapcoord.client._types import (
     SnapshotRef,
     TaskSnapshot,
 )
-from snapcoord.client.errors import error_from_rpc
+from snapcoord.client.errors import SnapcoordError, error_from_rpc
 from snapcoord.client.lease import LeaseKeeper
 
 R = TypeVar("R")
@@ -122,14 +123,24 @@ class CoordinatorClient:
         if budget <= 0:
             raise ValueError(f"timeout_s must be positive, got {budget}")
 
-        def attempt(remaining_s: float) -> Any:
-            rpc = self._channel.method(method)
-            try:
-                return rpc(request, timeout=remaining_s, metadata=self._channel.metadata)
-            except grpc.RpcError as e:
-                raise error_from_rpc(e, method) from e
+        with tracing.call_span(SERVICE_OF[method], method) as span:
+            # The trace headers name this call's span, so every attempt joins the caller's trace.
+            metadata = span.metadata(self._channel.metadata)
 
-        return convert(call_with_retry(attempt, method=method, policy=self._retry, timeout_s=budget))
+            def attempt(remaining_s: float) -> Any:
+                rpc = self._channel.method(method)
+                try:
+                    return rpc(request, timeout=remaining_s, metadata=metadata)
+                except grpc.RpcError as e:
+                    raise error_from_rpc(e, method) from e
+
+            try:
+                reply = call_with_retry(attempt, method=method, policy=self._retry, timeout_s=budget)
+            except SnapcoordError as e:
+                span.finish(e.code, e.attempts)
+                raise
+            span.finish("OK", 1)
+        return convert(reply)
 
     # -- ProducerOffsetService -------------------------------------------------------------------------
     def register_producer_offsets(

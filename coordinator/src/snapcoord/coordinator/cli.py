@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from snapcoord.coordinator import __version__, config
+from snapcoord.coordinator import __version__, config, logging_setup
 
 _log = logging.getLogger("snapcoord")
 
@@ -72,11 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
     except config.ConfigError as e:
         serve_parser.error(str(e))  # exits 2 with usage
-    logging.basicConfig(
-        level=cfg.logging.level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)
     # Imported here so that --help and config errors do not pay for grpc and the backends.
     from snapcoord.coordinator.errors import SnapcoordError
     from snapcoord.coordinator.server import run

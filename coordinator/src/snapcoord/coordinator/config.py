@@ -16,6 +16,7 @@ the environment; everything else gets a frozen ``Config``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -107,6 +108,21 @@ class JanitorConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     level: str
+    #: ``json`` (one object per line), ``text``, or ``auto``: json unless stderr is a terminal.
+    format: Literal["auto", "json", "text"]
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry tracing; the ``OTEL_*`` variables (endpoint, sampler, service name) are read
+    by the OpenTelemetry SDK itself, as everywhere else."""
+
+    #: ``none`` (tracing off), ``otlp`` (OTLP over gRPC) or ``console`` (spans printed to stdout).
+    exporter: Literal["none", "otlp", "console"]
+
+    @property
+    def enabled(self) -> bool:
+        return self.exporter != "none"
 
 
 @dataclass(frozen=True)
@@ -125,6 +141,7 @@ class Config:
     backlog: BacklogPolicy
     janitor: JanitorConfig
     logging: LoggingConfig
+    tracing: TracingConfig
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """The configuration as plain data, safe to log: credentials in URIs are redacted."""
@@ -235,6 +252,33 @@ def _uri_parser(schemes: Sequence[str], example: str) -> Callable[[str], str]:
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: What each ``--otel-exporter`` needs importable, beyond the API and SDK.
+_OTEL_MODULES: Mapping[str, tuple[str, ...]] = {
+    "none": (),
+    "console": ("opentelemetry.sdk.trace",),
+    "otlp": ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
+}
+
+
+def _otel_exporter(text: str) -> str:
+    """A choice of ``_OTEL_MODULES``, refused when the ``otel`` extra is not installed: better exit
+    2 at start, naming the fix, than serve without the traces the operator asked for."""
+    value = _choice_parser(tuple(_OTEL_MODULES), fold_case=False)(text)
+    missing = [name for name in _OTEL_MODULES[value] if not _importable(name)]
+    if missing:
+        raise ValueError(
+            f"tracing needs the OpenTelemetry extra ({missing[0]} is not installed): "
+            "pip install 'snapcoord[otel]'"
+        )
+    return value
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
 
 
 def _under_data_dir(name: str) -> Callable[[Mapping[str, Any]], str]:
@@ -549,6 +593,23 @@ OPTIONS: tuple[Option, ...] = (
         _choice_parser(_LOG_LEVELS, fold_case=True),
         to="logging.level",
         metavar="LEVEL",
+    ),
+    Option(
+        "log_format",
+        "log lines: json (one object per line), text, or auto (json unless stderr is a terminal)",
+        "auto",
+        _choice_parser(("auto", "json", "text"), fold_case=False),
+        to="logging.format",
+        metavar="FORMAT",
+    ),
+    Option(
+        "otel_exporter",
+        "OpenTelemetry traces: none, otlp (OTLP/gRPC, OTEL_EXPORTER_OTLP_* apply) or console; "
+        "needs pip install 'snapcoord[otel]'",
+        "none",
+        _otel_exporter,
+        to="tracing.exporter",
+        metavar="EXPORTER",
     ),
 )
 

@@ -9,18 +9,26 @@ with ``context.abort`` or ``context.set_code``.
 The wrapper keeps the shape of each handler: unary responses are recorded when the handler
 returns, streamed responses when the stream ends (closed early = CANCELLED), and grpc_health's
 non-blocking ``Watch`` (which returns at once and sends from other threads) when the RPC ends.
+
+When a call finishes it is also logged (``call_log``: method, code, latency, request ids) and,
+with tracing on, its SERVER span ends; the span is current while the handler runs, so the
+stores' spans become its children. The tracer is a ``CallTracer`` (``tracing.Tracing`` when
+the ``otel`` extra is in use), so this module never imports OpenTelemetry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
+from snapcoord.coordinator import call_log
 from snapcoord.coordinator.metrics import GrpcServerMetrics
 from snapcoord.coordinator.status import Status, status_for, unimplemented
 
@@ -33,6 +41,30 @@ _CODE_LABELS: dict[grpc.StatusCode, str] = {
     for code in grpc.StatusCode
 }
 _CODE_LABELS[grpc.StatusCode.OK] = "OK"
+
+
+class CallSpan(Protocol):
+    """The trace span of one call (``tracing.RpcSpan``)."""
+
+    trace_id: str | None
+
+    def active(self) -> AbstractContextManager[None]: ...
+
+    def each_active(self, responses: Iterator[Any]) -> Iterator[Any]: ...
+
+    def record_exception(self, exc: BaseException) -> None: ...
+
+    def finish(self, code: grpc.StatusCode, ids: dict[str, str | int]) -> None: ...
+
+
+class CallTracer(Protocol):
+    """Starts a call's span under the trace context its metadata carries (``tracing.Tracing``)."""
+
+    def start_call(self, method: str, metadata: Sequence[tuple[str, Any]] | None) -> CallSpan: ...
+
+
+#: Services whose calls get no span: health probes arrive every few seconds from every checker.
+_UNTRACED_SERVICE_PREFIX = "grpc."
 
 
 def code_label(code: grpc.StatusCode) -> str:
@@ -77,31 +109,57 @@ def _abort(context: grpc.ServicerContext, call: _Call, status: Status) -> NoRetu
 
 
 class _Call:
-    """One RPC's metrics; ``finish`` records it exactly once, from whichever thread ends it."""
+    """One RPC's metrics, log line and span; ``finish`` records it exactly once, from whichever
+    thread ends it."""
 
-    def __init__(self, metrics: GrpcServerMetrics, labels: tuple[str, str, str]) -> None:
+    def __init__(
+        self,
+        metrics: GrpcServerMetrics,
+        labels: tuple[str, str, str],
+        method: str,
+        request: Any,
+        span: CallSpan | None,
+    ) -> None:
         self._metrics = metrics
         self._labels = labels
+        self._method = method
+        self._request = request
+        self.span = span
         self._start = time.perf_counter()
         self._lock = threading.Lock()
         self._done = False
         metrics.started.labels(*labels).inc()
+
+    def active(self) -> AbstractContextManager[None]:
+        """The call's span current in this thread, for the block (nothing without tracing)."""
+        return self.span.active() if self.span is not None else contextlib.nullcontext()
 
     def finish(self, code: grpc.StatusCode) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
-        self._metrics.handling_seconds.labels(*self._labels).observe(time.perf_counter() - self._start)
+        latency_s = time.perf_counter() - self._start
+        self._metrics.handling_seconds.labels(*self._labels).observe(latency_s)
         self._metrics.handled.labels(*self._labels, code_label(code)).inc()
+        logged = call_log.wants_line(code)
+        if self.span is None and not logged:
+            return  # the common case at INFO: an OK call, no tracing; spare reading the ids
+        ids = call_log.request_ids(self._request)
+        if self.span is not None:
+            self.span.finish(code, ids)
+        if logged:
+            trace_id = self.span.trace_id if self.span is not None else None
+            call_log.log_finished(self._method, code, latency_s, ids, trace_id)
 
 
 class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method."""
 
-    def __init__(self, metrics: GrpcServerMetrics, *, version: str) -> None:
+    def __init__(self, metrics: GrpcServerMetrics, *, version: str, tracer: CallTracer | None = None) -> None:
         self._metrics = metrics
         self._version = version
+        self._tracer = tracer
         self._open_streams = _OpenStreams()
 
     def end_open_streams(self) -> int:
@@ -126,7 +184,8 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         service, name = _split_method(method)
         rpc_type = _rpc_type(handler)
         labels = (rpc_type, service, name)
-        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams)
+        tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
+        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 wrap.unary_response(handler.unary_unary),
@@ -166,16 +225,21 @@ class _Wrapper:
         method: str,
         labels: tuple[str, str, str],
         open_streams: _OpenStreams,
+        tracer: CallTracer | None,
     ) -> None:
         self._open_streams = open_streams
+        self._tracer = tracer
         self._metrics = metrics
         self._version = version
         self._method = method
         self._labels = labels
 
-    def _start(self, context: grpc.ServicerContext) -> _Call:
+    def _start(self, request: Any, context: grpc.ServicerContext) -> _Call:
         _log.debug("rpc %s from %s", self._method, context.peer())
-        return _Call(self._metrics, self._labels)
+        span = None
+        if self._tracer is not None:
+            span = self._tracer.start_call(self._method, context.invocation_metadata())
+        return _Call(self._metrics, self._labels, self._method, request, span)
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
         """Record and raise the status for ``exc`` (``context.abort`` raises)."""
@@ -192,6 +256,8 @@ class _Wrapper:
             )
         status = status_for(exc)
         if status.unexpected:
+            if call.span is not None:
+                call.span.record_exception(exc)
             _log.error("%s failed with %s", self._method, type(exc).__name__, exc_info=exc)
         else:
             _log.debug("%s -> %s (%s): %s", self._method, status.code.name, status.reason, status.message)
@@ -199,11 +265,12 @@ class _Wrapper:
 
     def unary_response(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
         def run(request: Any, context: grpc.ServicerContext) -> Any:
-            call = self._start(context)
-            try:
-                response = behavior(request, context)
-            except Exception as e:
-                self._fail(e, context, call)
+            call = self._start(request, context)
+            with call.active():
+                try:
+                    response = behavior(request, context)
+                except Exception as e:
+                    self._fail(e, context, call)
             call.finish(context.code() or grpc.StatusCode.OK)
             return response
 
@@ -211,11 +278,14 @@ class _Wrapper:
 
     def streamed_response(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            call = self._start(context)
-            try:
-                responses = iter(behavior(request, context))
-            except Exception as e:
-                self._fail(e, context, call)
+            call = self._start(request, context)
+            with call.active():
+                try:
+                    responses = iter(behavior(request, context))
+                except Exception as e:
+                    self._fail(e, context, call)
+            if call.span is not None:
+                responses = call.span.each_active(responses)
             return self._relay(responses, context, call)
 
         return run
@@ -238,7 +308,7 @@ class _Wrapper:
         def run(
             request: Any, context: grpc.ServicerContext, send_response_callback: Callable[[Any], None]
         ) -> Any:
-            stream = _PushedStream(self._start(context), context, send_response_callback)
+            stream = _PushedStream(self._start(request, context), context, send_response_callback)
             self._open_streams.add(stream)
             # Registered before the behavior's own callbacks, so it runs first when the RPC ends:
             # a stream that ends without anyone sending its end was cancelled.

@@ -17,8 +17,9 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import FrameType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -40,6 +41,9 @@ from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import backlog_pb2, producer_pb2
+
+if TYPE_CHECKING:  # imported at run time only with tracing on: OpenTelemetry is an optional extra
+    from snapcoord.coordinator.tracing import Tracing
 
 _log = logging.getLogger(__name__)
 
@@ -109,12 +113,23 @@ def hostport(host: str, port: int) -> str:
 
 
 def build_server(
-    config: Config, deps: Deps, *, registry: CollectorRegistry | None = None
+    config: Config,
+    deps: Deps,
+    *,
+    registry: CollectorRegistry | None = None,
+    tracing: Tracing | None = None,
 ) -> tuple[CoordinatorServer, int]:
-    """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port."""
+    """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port.
+
+    With ``tracing``, every RPC gets a span and the stores are wrapped so that their calls are
+    child spans of it (the backends themselves know nothing of tracing).
+    """
     registry = registry if registry is not None else new_registry()
+    if tracing is not None:
+        traced_metadata = tracing.trace_metadata(deps.metadata)
+        deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
-    interceptor = ServerInterceptor(GrpcServerMetrics(registry), version=__version__)
+    interceptor = ServerInterceptor(GrpcServerMetrics(registry), version=__version__, tracer=tracing)
     server = grpc.server(
         executor,
         interceptors=(interceptor,),
@@ -163,6 +178,11 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1).
     """
     _log.info("snapcoord %s starting; effective config: %s", __version__, json.dumps(config.describe()))
+    tracing: Tracing | None = None
+    if config.tracing.enabled:
+        from snapcoord.coordinator import tracing as otel
+
+        tracing = otel.from_config(config.tracing)
     storage = config.storage
     metadata = open_metadata_store(storage.metadata_uri, options=storage.metadata_options())
     blobs: BlobStore | None = None
@@ -170,7 +190,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     try:
         blobs = open_blob_store(storage.blobs_uri, options=storage.blob_options())
         blobs.check()  # a missing bucket or a rejected key fails the start, not a later RPC
-        server, port = build_server(config, Deps(metadata=metadata, blobs=blobs))
+        server, port = build_server(config, Deps(metadata=metadata, blobs=blobs), tracing=tracing)
         stop = _StopSignals(server)
         drained = False
         try:
@@ -200,6 +220,8 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
         if blobs is not None:
             blobs.close()
         metadata.close()
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
     _log.info("stopped")
     return 0
 
