@@ -44,11 +44,12 @@ def stored_on(server: InProcessCoordinator, producer_ids: list[str]) -> set[str]
 def test_calls_spread_over_every_replica(tmp_path: Path, form: str) -> None:
     with replicas(tmp_path, 3) as servers:
         addresses = [s.target for s in servers]
-        target: str | list[str] = {
+        forms: dict[str, str | list[str]] = {
             "ipv4-list": "ipv4:" + ",".join(addresses),
             "comma-list": ",".join(addresses),
             "sequence": addresses,
-        }[form]
+        }
+        target = forms[form]
         ids = [f"p{i}" for i in range(30)]
         with CoordinatorClient(target, timeout_s=30) as client:
             # round_robin connects to the replicas one by one and meanwhile uses the READY ones, so
@@ -79,7 +80,10 @@ def test_dns_name_resolving_to_one_address_works(tmp_path: Path) -> None:
 
 
 def test_a_killed_replica_drops_out_of_the_rotation(tmp_path: Path) -> None:
-    with replicas(tmp_path, 2) as servers, CoordinatorClient([s.target for s in servers], timeout_s=30) as client:
+    with (
+        replicas(tmp_path, 2) as servers,
+        CoordinatorClient([s.target for s in servers], timeout_s=30) as client,
+    ):
         for i in range(4):
             client.register_producer_offsets(f"warm{i}", [Offset("s", 0, 1)])
         servers[0].server.shutdown(0)
