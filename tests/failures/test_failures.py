@@ -70,7 +70,10 @@ def run_fault(cluster: Cluster, tmp_path: Path, name: str, fault: Callable[[], N
     """``fault`` breaks something and returns once the cluster has recovered from it."""
     with under_load(cluster, tmp_path, name) as load:
         t0 = time.time()
-        fault()
+        try:
+            fault()
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{cluster.describe()}") from None
         t1 = time.time()
     return verify(cluster, load, name, (t0, t1))
 

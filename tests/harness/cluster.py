@@ -61,6 +61,10 @@ class Replica(CoordinatorProcess):
             return None
         return int(float(m.group(1))) if m else None
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def pause(self) -> None:
         assert self._proc is not None
         os.kill(self._proc.pid, signal.SIGSTOP)
@@ -151,6 +155,15 @@ class Cluster:
                 self.replace(i)
         for r in self.replicas:
             wait_until(r.is_serving, timeout=120, interval=0.2, what=f"replica {r.target} SERVING")
+
+    def describe(self) -> str:
+        """Each node's mode and each replica's health and janitor gauge, for failure messages."""
+        nodes = ", ".join(f"zk{n.myid}={n.mode()}" for n in self.ensemble.nodes)
+        replicas = ", ".join(
+            f"replica{i}(pid {r.pid}, health {r.safe_health()}, janitor leader {r.is_janitor_leader()})"
+            for i, r in enumerate(self.replicas)
+        )
+        return f"{nodes}; {replicas}; logs under {self.workdir}"
 
     def wait_health(self, status: int, *, timeout: float = 120.0) -> None:
         """Wait until every running replica reports ``status`` (SERVING or NOT_SERVING)."""

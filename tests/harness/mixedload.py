@@ -84,7 +84,7 @@ def _run_worker(
                 result = fn(*args, **kwargs)
             except SnapcoordError as e:
                 row = Row(worker, op, key, False, e.code, start, time.time(), value)
-                row.extra = {"reason": e.reason, "details": e.details[:200]}
+                row.extra = {"reason": e.reason, "details": e.details[:200], "metadata": dict(e.metadata)}
                 out.write(json.dumps(row.__dict__) + "\n")
                 return None
             row = Row(worker, op, key, True, "OK", start, time.time(), value)
@@ -253,6 +253,11 @@ class Verdict:
     dangling: list[str]
     race_violations: list[str]
     bad_codes: dict[str, int]
+    #: Refusals that contradict an earlier acknowledgement (a renew answered NOT_FOUND after the
+    #: lease's acquire was acknowledged, a report SNAPSHOT_FENCED for the generation the worker's
+    #: own create returned): a replica acted on a view older than another replica's write. Not
+    #: data loss (nothing acknowledged is missing), so reported rather than part of ``ok``.
+    stale_refusals: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -265,6 +270,8 @@ class Verdict:
             + "".join(f"\n  lost: {x}" for x in self.lost[:10])
             + "".join(f"\n  dangling: {x}" for x in self.dangling[:10])
             + "".join(f"\n  race: {x}" for x in self.race_violations[:10])
+            + f"; {len(self.stale_refusals)} stale refusals"
+            + "".join(f"\n  stale: {x}" for x in self.stale_refusals[:5])
         )
 
 
@@ -333,7 +340,26 @@ def check_history(rows: Sequence[Row], client: CoordinatorClient) -> Verdict:
         if winners and winners[0].extra["stored"] != [winners[0].value]:
             races.append(f"{key}: winner {winners[0].worker} was told {winners[0].extra['stored']}")
     dangling.extend(scan_for_dangling(client, {r.key.rsplit("/", 2)[0] for r in reports}))
-    return Verdict(len(acked), lost, dangling, races, bad)
+    return Verdict(len(acked), lost, dangling, races, bad, stale_refusals(rows))
+
+
+def stale_refusals(rows: Sequence[Row]) -> list[str]:
+    """Refusals that an acknowledgement earlier in the same worker's history contradicts."""
+    acquired = {r.key: r.end for r in rows if r.ok and r.op == "acquire"}
+    created = {(r.key, r.extra["generation"]): r.end for r in rows if r.ok and r.op == "create"}
+    found = []
+    for r in rows:
+        if r.ok:
+            continue
+        if r.op == "renew" and r.code == "NOT_FOUND" and acquired.get(r.key, r.start) < r.start:
+            found.append(f"renew {r.key}: NOT_FOUND {r.start - acquired[r.key]:.3f}s after its acquire")
+        if r.op == "report" and r.extra.get("reason") == "SNAPSHOT_FENCED":
+            # Fenced means a newer generation exists; the worker never creates one while reporting.
+            app, gen, _ = r.key.rsplit("/", 2)
+            current = int(r.extra.get("metadata", {}).get("current_generation", "-1"))
+            if created.get((app, int(gen)), r.start) < r.start and current <= int(gen):
+                found.append(f"report {r.key}: {r.extra['details']}")
+    return found
 
 
 def scan_for_dangling(client: CoordinatorClient, apps: Iterable[str]) -> list[str]:
