@@ -9,6 +9,7 @@ retention keeps every completed snapshot so the history checks can read them all
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import signal
@@ -17,10 +18,12 @@ from pathlib import Path
 from types import TracebackType
 
 from grpc_health.v1 import health_pb2
+from kazoo.client import KazooClient
 
 from harness.coordinator import CoordinatorProcess
 from harness.ensemble import QUORUM_TIMEOUT_S, ZooKeeperEnsemble
 from harness.process import ServerStartError, wait_until
+from snapcoord.coordinator.storage.election import election_path
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -50,14 +53,14 @@ class Replica(CoordinatorProcess):
             return False
         try:
             m = _LEADER_RE.search(self.metrics_text())
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
         return m is not None and float(m.group(1)) == 1.0
 
     def rss_bytes(self) -> int | None:
         try:
             m = _RSS_RE.search(self.metrics_text())
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return None
         return int(float(m.group(1))) if m else None
 
@@ -93,6 +96,7 @@ class Cluster:
         self.ensemble = ZooKeeperEnsemble(self.workdir / "zk")
         self.blobs_uri = blobs_uri
         self.chroot = chroot
+        self._spawned = 0
         self.replicas = [self._replica(i) for i in range(replicas)]
 
     def _replica(self, i: int, metadata: str | None = None, port: int = 0) -> Replica:
@@ -105,7 +109,10 @@ class Cluster:
         ]
         if port:
             args += ["--port", str(port)]  # the last --port wins over the harness's --port 0
-        return Replica(self.workdir / f"replica{i}", args=args, start_timeout_s=120)
+        # A fresh workdir per process: CoordinatorProcess reads the first serving line of its stdout
+        # file, and a restart in the same workdir would append to the old one.
+        self._spawned += 1
+        return Replica(self.workdir / f"replica{i}-{self._spawned}", args=args, start_timeout_s=120)
 
     @property
     def target(self) -> str:
@@ -164,6 +171,23 @@ class Cluster:
             for i, r in enumerate(self.replicas)
         )
         return f"{nodes}; {replicas}; logs under {self.workdir}"
+
+    def janitor_contenders(self) -> int | None:
+        """How many replicas' sessions hold a node in the janitor election (None: cannot ask ZK).
+
+        The nodes are ephemeral, so a replica's node disappears exactly when ZooKeeper expires
+        its session: this is how a test sees a session expire from outside the replica.
+        """
+        client = KazooClient(hosts=self.ensemble.hosts, timeout=10)
+        try:
+            client.start(timeout=30)
+            return len(client.get_children(f"/{self.chroot}{election_path('janitor')}"))
+        except Exception:
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                client.stop()
+            client.close()
 
     def wait_health(self, status: int, *, timeout: float = 120.0) -> None:
         """Wait until every running replica reports ``status`` (SERVING or NOT_SERVING)."""

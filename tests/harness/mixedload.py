@@ -345,8 +345,14 @@ def check_history(rows: Sequence[Row], client: CoordinatorClient) -> Verdict:
 
 def stale_refusals(rows: Sequence[Row]) -> list[str]:
     """Refusals that an acknowledgement earlier in the same worker's history contradicts."""
-    acquired = {r.key: r.end for r in rows if r.ok and r.op == "acquire"}
-    created = {(r.key, r.extra["generation"]): r.end for r in rows if r.ok and r.op == "create"}
+    acquired: dict[str, float] = {}
+    created: dict[tuple[str, int], float] = {}
+    for r in rows:  # the first acknowledgement of each lease and generation
+        if r.ok and r.op == "acquire":
+            acquired[r.key] = min(acquired.get(r.key, r.end), r.end)
+        elif r.ok and r.op == "create":
+            key = (r.key, r.extra["generation"])
+            created[key] = min(created.get(key, r.end), r.end)
     found = []
     for r in rows:
         if r.ok:
