@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the harness that starts real ZooKeepe
 
 from harness.cluster import NOT_SERVING, Cluster  # noqa: E402
 from harness.mixedload import MixedLoad, check_history, window  # noqa: E402
-from harness.process import wait_until  # noqa: E402
+from harness.process import install_sigterm_cleanup, wait_until  # noqa: E402
 from harness.seaweed import SeaweedS3Server  # noqa: E402
 from snapcoord.client import CoordinatorClient  # noqa: E402
 
@@ -88,8 +88,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--pause", type=float, default=0.02, help="seconds each worker waits between cycles")
     args = parser.parse_args()
+    install_sigterm_cleanup()  # a SIGTERM stops the servers first (the watchdogs cover SIGKILL)
     budget_s = args.minutes * 60
-    fault_every_s = min(args.fault_every * 60, budget_s / 3)
+    fault_every_s = min(args.fault_every * 60, budget_s / 4)
 
     with tempfile.TemporaryDirectory(prefix="snapcoord-soak-") as tmp:
         s3 = SeaweedS3Server(Path(tmp) / "s3")
@@ -118,7 +119,8 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
                 mib = ["-" if b is None else f"{b / 2**20:.0f}" for b in rss[-1][1]]
                 print(f"t={now - started:6.0f}s rss MiB per replica: {' '.join(mib)}", flush=True)
                 next_rss = now + 60
-            if now >= next_fault and now < started + budget_s - 60:
+            # No fault in the last quarter (at most a minute): the run ends on a healed cluster.
+            if now >= next_fault and now < started + budget_s - min(60, budget_s / 4):
                 t0 = time.time()
                 what = FAULTS[k % len(FAULTS)](c)
                 k += 1
@@ -133,7 +135,9 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
         load.stop()
     rows = load.rows()
     print("\n## soak results")
-    print(f"duration {time.time() - started:.0f}s, {len(rows)} calls: {window(rows)}")
+    overall = window(rows)
+    elapsed = time.time() - started
+    print(f"duration {elapsed:.0f}s: {overall.ok}/{overall.calls} calls ok, codes {overall.codes}")
     for what, t0, t1 in faults:
         print(f"- {what}: {window(rows, t0, t1)}")
     first = next((b for _, b in rss if all(x is not None for x in b)), None)
