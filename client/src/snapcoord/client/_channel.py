@@ -57,8 +57,9 @@ SERVICE_OF: Mapping[str, str] = {
 SERVICE_CONFIG: str = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 #: Keepalive pings find a replica that vanished without a TCP reset (a partition, a frozen VM)
-#: within about a minute. Pings only while calls are in flight, and no more often than the
-#: coordinator's gRPC server accepts by default, so it never answers with GOAWAY (too_many_pings).
+#: within about a minute and a half. Pings go only while calls are in flight: a gRPC server by
+#: default refuses pings closer than 5 minutes on a connection carrying no data (GOAWAY
+#: too_many_pings), and snapcoord's calls are short unary calls, so their connections carry data.
 KEEPALIVE_OPTIONS: Mapping[str, int] = {
     "grpc.keepalive_time_ms": 60_000,
     "grpc.keepalive_timeout_ms": 20_000,

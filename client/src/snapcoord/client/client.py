@@ -59,13 +59,13 @@ DEFAULT_GRPC_OPTIONS: Mapping[str, Any] = {
 class CoordinatorClient:
     """A thin, typed client for one coordinator or several replicas.
 
-    ``target`` is a gRPC target (``host:port``, ``dns:///name:port``, ``ipv4:10.0.0.1:50051,10.0.0.2:50051``),
+    ``target`` is a gRPC target (``host:port``, ``dns:///name:port``, ``ipv4:10.0.0.1:1,10.0.0.2:1``),
     a comma-separated list of IP addresses, or a sequence of them; calls are spread over every
-    address with gRPC's ``round_robin`` policy (``grpc_options`` may override it). ``timeout_s`` bounds every
-    call, retries included, unless the call passes its own. ``tls`` switches to TLS (mutual with a
-    key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call credentials
-    over TLS, as plain metadata otherwise: use plaintext only on trusted paths). Message size limits
-    default to 128 MiB each way because checkpoints can be large.
+    address with gRPC's ``round_robin`` policy (``grpc_options`` may override it). ``timeout_s``
+    bounds every call, retries included, unless the call passes its own. ``tls`` switches to TLS
+    (mutual with a key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call
+    credentials over TLS, as plain metadata otherwise: use plaintext only on trusted paths).
+    Message size limits default to 128 MiB each way because checkpoints can be large.
 
     The client is thread-safe and cheap to keep. It cannot be pickled: a Spark task builds its own
     from the target. After a fork the child's first call opens the child's own channel.
