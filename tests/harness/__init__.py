@@ -6,6 +6,7 @@ scripts (bench/, manual debugging) can start the same servers.
 
 from __future__ import annotations
 
+from harness.ensemble import ZooKeeperEnsemble
 from harness.faults import TcpProxy, drop_zk_connection, expire_zk_session
 from harness.ports import free_port, free_port_block, is_port_free
 from harness.process import HarnessError, PortInUseError, ServerStartError
@@ -18,6 +19,7 @@ __all__ = [
     "SeaweedS3Server",
     "ServerStartError",
     "TcpProxy",
+    "ZooKeeperEnsemble",
     "ZooKeeperServer",
     "drop_zk_connection",
     "expire_zk_session",

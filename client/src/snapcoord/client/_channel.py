@@ -9,6 +9,8 @@ break the parent's connection. Pickling is refused outright, with an error that 
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import threading
 import weakref
@@ -47,6 +49,70 @@ SERVICE_OF: Mapping[str, str] = {
     for service in module.DESCRIPTOR.services_by_name.values()
     for method in service.methods
 }
+
+
+#: Spread calls over every address the target resolves to (several replicas behind a DNS name or
+#: an ``ipv4:a,b`` list) instead of gRPC's default ``pick_first``, which sends everything to one.
+#: A replica that goes away (or reports NOT_SERVING by closing) drops out of the rotation.
+SERVICE_CONFIG: str = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
+#: Keepalive pings find a replica that vanished without a TCP reset (a partition, a frozen VM)
+#: within about a minute and a half. Pings go only while calls are in flight: a gRPC server by
+#: default refuses pings closer than 5 minutes on a connection carrying no data (GOAWAY
+#: too_many_pings), and snapcoord's calls are short unary calls, so their connections carry data.
+KEEPALIVE_OPTIONS: Mapping[str, int] = {
+    "grpc.keepalive_time_ms": 60_000,
+    "grpc.keepalive_timeout_ms": 20_000,
+    "grpc.keepalive_permit_without_calls": 0,
+}
+
+
+def normalize_target(target: str | Sequence[str]) -> str:
+    """One gRPC target for a coordinator address, a comma-separated list, or a sequence of them.
+
+    A single address or any URI-style target (``dns:///name:port``, ``ipv4:a:1,b:2``, ``unix:``)
+    is passed through. Several ``host:port`` addresses become gRPC's ``ipv4:`` or ``ipv6:`` list,
+    which gRPC only allows for IP literals: several *names* belong behind one DNS name
+    (``dns:///coordinators:50051``), so that case is refused with that advice.
+    """
+    if isinstance(target, str):
+        text = target.strip()
+        if _has_scheme(text):
+            return text
+        parts = [p.strip() for p in text.split(",")]
+    else:
+        parts = [str(p).strip() for p in target]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise ValueError("target must be a gRPC target such as 'localhost:50051'")
+    if len(parts) == 1:
+        return parts[0]
+    families = {_ip_family(p) for p in parts}
+    if None in families or len(families) != 1:
+        raise ValueError(
+            f"several addresses must all be IPv4 or all IPv6 literals with ports, got {parts}; "
+            "put replicas known by name behind one DNS name and use 'dns:///name:port'"
+        )
+    family = families.pop()
+    return f"{family}:{','.join(parts)}"
+
+
+def _has_scheme(text: str) -> bool:
+    """``dns:///x``, ``ipv4:1.2.3.4:5``, ``unix:/p``: a scheme, not a ``host:port``."""
+    scheme, _, rest = text.partition(":")
+    return scheme in ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock", "xds") and bool(rest)
+
+
+def _ip_family(address: str) -> str | None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return "ipv4" if ip.version == 4 else "ipv6"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,15 @@ import grpc
 
 from snapcoord.client import _convert as cv
 from snapcoord.client import tracing
-from snapcoord.client._channel import SERVICE_OF, LazyChannel, MiB, TlsConfig
+from snapcoord.client._channel import (
+    KEEPALIVE_OPTIONS,
+    SERVICE_CONFIG,
+    SERVICE_OF,
+    LazyChannel,
+    MiB,
+    TlsConfig,
+    normalize_target,
+)
 from snapcoord.client._retry import RetryPolicy, call_with_retry
 from snapcoord.client._types import (
     AcquireResult,
@@ -45,17 +53,21 @@ DEFAULT_GRPC_OPTIONS: Mapping[str, Any] = {
     "grpc.initial_reconnect_backoff_ms": 250,
     "grpc.max_reconnect_backoff_ms": 10_000,
     "grpc.primary_user_agent": "snapcoord-python-client",
+    "grpc.service_config": SERVICE_CONFIG,
+    **KEEPALIVE_OPTIONS,
 }
 
 
 class CoordinatorClient:
-    """A thin, typed client for one coordinator address (or a load balancer in front of several).
+    """A thin, typed client for one coordinator or several replicas.
 
-    ``target`` is a gRPC target (``host:port``, ``dns:///name:port``...). ``timeout_s`` bounds every
-    call, retries included, unless the call passes its own. ``tls`` switches to TLS (mutual with a
-    key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call credentials
-    over TLS, as plain metadata otherwise: use plaintext only on trusted paths). Message size limits
-    default to 128 MiB each way because checkpoints can be large.
+    ``target`` is a gRPC target (``host:port``, ``dns:///name:port``, ``ipv4:10.0.0.1:1,10.0.0.2:1``),
+    a comma-separated list of IP addresses, or a sequence of them; calls are spread over every
+    address with gRPC's ``round_robin`` policy (``grpc_options`` may override it). ``timeout_s``
+    bounds every call, retries included, unless the call passes its own. ``tls`` switches to TLS
+    (mutual with a key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call
+    credentials over TLS, as plain metadata otherwise: use plaintext only on trusted paths).
+    Message size limits default to 128 MiB each way because checkpoints can be large.
 
     The client is thread-safe and cheap to keep. It cannot be pickled: a Spark task builds its own
     from the target. After a fork the child's first call opens the child's own channel.
@@ -63,7 +75,7 @@ class CoordinatorClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         timeout_s: float = 30.0,
         tls: TlsConfig | None = None,
@@ -73,8 +85,7 @@ class CoordinatorClient:
         max_send_message_bytes: int = 128 * MiB,
         grpc_options: Mapping[str, Any] | Sequence[tuple[str, Any]] = (),
     ) -> None:
-        if not target:
-            raise ValueError("target must be a gRPC target such as 'localhost:50051'")
+        target = normalize_target(target)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._timeout_s = float(timeout_s)
