@@ -52,6 +52,8 @@ CONTRACT = {
     "--shutdown-grace": ("SNAPCOORD_SHUTDOWN_GRACE", "10s"),
     "--zk-session-timeout": ("SNAPCOORD_ZK_SESSION_TIMEOUT", "10s"),
     "--zk-connect-timeout": ("SNAPCOORD_ZK_CONNECT_TIMEOUT", "15s"),
+    "--zk-max-request-bytes": ("SNAPCOORD_ZK_MAX_REQUEST_BYTES", "1048575"),
+    "--blob-probe-interval": ("SNAPCOORD_BLOB_PROBE_INTERVAL", "5s"),
     "--s3-addressing-style": ("SNAPCOORD_S3_ADDRESSING_STYLE", "auto"),
     "--producer-default-ttl": ("SNAPCOORD_PRODUCER_DEFAULT_TTL", "24h"),
     "--producer-max-ttl": ("SNAPCOORD_PRODUCER_MAX_TTL", "7d"),
@@ -93,6 +95,8 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "shutdown_grace": ("500ms", "1m", ("grpc", "shutdown_grace_ms"), 500),
     "zk_session_timeout": ("5s", "6s", ("storage", "zk_session_timeout_ms"), 5000),
     "zk_connect_timeout": ("2m", "3m", ("storage", "zk_connect_timeout_ms"), 120_000),
+    "zk_max_request_bytes": ("4194304", "2097152", ("storage", "zk_max_request_bytes"), 4_194_304),
+    "blob_probe_interval": ("500ms", "30s", ("storage", "blob_probe_interval_ms"), 500),
     "s3_addressing_style": ("path", "virtual", ("storage", "s3_addressing_style"), "path"),
     "producer_default_ttl": ("1h", "2h", ("producers", "default_ttl_ms"), 3_600_000),
     "producer_max_ttl": ("30d", "14d", ("producers", "max_ttl_ms"), 30 * 86_400_000),
@@ -134,6 +138,8 @@ BAD: dict[str, str] = {
     "shutdown_grace": "10",
     "zk_session_timeout": "0s",
     "zk_connect_timeout": "1.5s",
+    "zk_max_request_bytes": "1MiB",
+    "blob_probe_interval": "0s",
     "s3_addressing_style": "Path",
     "producer_default_ttl": "0s",
     "producer_max_ttl": "forever",
@@ -186,7 +192,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         blobs_uri=f"file://{data_dir}/blobs",
         zk_session_timeout_ms=10_000,
         zk_connect_timeout_ms=15_000,
+        zk_max_request_bytes=1_048_575,
         s3_addressing_style="auto",
+        blob_probe_interval_ms=5_000,
     )
     assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000

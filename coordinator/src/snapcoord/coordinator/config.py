@@ -74,12 +74,18 @@ class StorageConfig:
     blobs_uri: str
     zk_session_timeout_ms: int
     zk_connect_timeout_ms: int
+    #: The ensemble's jute.maxbuffer: the largest request ZooKeeper accepts (the limits that keep
+    #: every legal request under it are derived from it too, see ``zk_budget``).
+    zk_max_request_bytes: int
     s3_addressing_style: Literal["auto", "path", "virtual"]
+    #: How often health probes the blob store (services that write payloads follow it).
+    blob_probe_interval_ms: int
 
     def metadata_options(self) -> MetadataOptions:
         return MetadataOptions(
             zk_session_timeout_ms=self.zk_session_timeout_ms,
             zk_connect_timeout_ms=self.zk_connect_timeout_ms,
+            zk_max_request_bytes=self.zk_max_request_bytes,
         )
 
     def blob_options(self) -> BlobOptions:
@@ -388,6 +394,22 @@ OPTIONS: tuple[Option, ...] = (
         "15s",
         _duration_parser(1),
         to="storage.zk_connect_timeout_ms",
+        metavar="DURATION",
+    ),
+    Option(
+        "zk_max_request_bytes",
+        "ZooKeeper's jute.maxbuffer in bytes (set it to the ensemble's); request-size limits derive from it",
+        "1048575",
+        _int_parser(65_536, 1_073_741_824, "an integer 65536-1073741824 (bytes)"),
+        to=("storage.zk_max_request_bytes", "snapshots.max_request_bytes", "leases.max_request_bytes"),
+        metavar="BYTES",
+    ),
+    Option(
+        "blob_probe_interval",
+        "how often health probes the blob store (services that write payloads follow it)",
+        "5s",
+        _duration_parser(1),
+        to="storage.blob_probe_interval_ms",
         metavar="DURATION",
     ),
     Option(

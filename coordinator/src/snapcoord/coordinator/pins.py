@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from snapcoord.coordinator.domain.leases import decode_pins, encode_pins, pinned_by_live_lease
+from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
+from snapcoord.coordinator.domain.snapshots import State
 from snapcoord.coordinator.expiry_index import entry_path
 from snapcoord.coordinator.snapshots.layout import RETENTION, gen_path, ref
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
@@ -30,6 +32,12 @@ def pin_path(app_id: str, generation: int) -> str:
 def snapshot_path(app_id: str, generation: int) -> str:
     """The header node of a snapshot; a lease checks its version when it pins the snapshot."""
     return gen_path(app_id, generation)
+
+
+def pinnable(header: Node | None) -> bool:
+    """May a lease pin the snapshot with this header node? Not when it is absent or DELETING: the
+    deletion checked the pins when it marked the header, so a pin now would hold nothing."""
+    return header is not None and decode_snapshot(header.data).state is not State.DELETING
 
 
 def pinned(node: Node | None, now_ms: int, skew_ms: int) -> bool:

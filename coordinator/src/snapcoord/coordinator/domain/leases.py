@@ -35,6 +35,8 @@ class LeasePolicy:
     max_snapshots: int = 1_000
     #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
     max_clock_skew_ms: int = 5_000
+    #: ZooKeeper's jute.maxbuffer: bounds the leases one snapshot's pin index may list.
+    max_request_bytes: int = 1_048_575
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ class State(enum.Enum):
     CREATED = "CREATED"
     COMPLETED = "COMPLETED"
     ABORTED = "ABORTED"
+    #: Being deleted step by step (its task nodes in bounded batches, the header last): gone for
+    #: readers, leases and retention; whoever finds it finishes the deletion.
+    DELETING = "DELETING"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class SnapshotPolicy:
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
     #: A lease pins until its expiry plus this margin (replicas' clocks may disagree).
     max_clock_skew_ms: int = 5_000
+    #: ZooKeeper's jute.maxbuffer: the header and report byte budgets derive from it.
+    max_request_bytes: int = 1_048_575
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ def acquire(
             continue
         path = pins.snapshot_path(ref.app_id, ref.generation)
         header = reads.node(path)
-        if header is None:
+        if header is None or not pins.pinnable(header):
             unavailable.append(ref)
             continue
         ops.append(Check(path, header.version))  # a delete racing this pin fails one of the two

@@ -229,20 +229,39 @@ class SnapshotRegistry:
         return outcome.snapshot
 
     def delete(self, app_id: str, generation: int) -> bool:
-        """Delete an ended snapshot and its payloads; False when there was none."""
+        """Delete an ended snapshot and its payloads; False when there was none.
+
+        In steps, so that no transaction outgrows ZooKeeper's request limit whatever the task
+        count: mark the header DELETING (checked against its pins; from then on it reads as gone),
+        delete the task nodes in batches of at most half the limit (each batch's objects after it
+        commits), then the header. A deletion that stops midway is finished by the next call or
+        by the janitor (the mark leaves a retention trigger)."""
         require_id("app_id", app_id)
-        deleted = self._kernel.run(
+        now = self._clock.now_ms()
+        marked = self._kernel.run(
             "snapshot_delete",
             {"app_id": app_id, "generation": generation},
-            decide.delete_reads(app_id, generation) if generation > 0 else [],
-            lambda reads, pending: decide.delete(
-                app_id, generation, reads, pending, self._clock.now_ms(), self._policy.max_clock_skew_ms
+            decide.delete_reads(app_id, generation, now) if generation > 0 else [],
+            lambda reads, pending: decide.delete_mark(
+                app_id, generation, reads, pending, now, self._policy.max_clock_skew_ms
             ),
         )
-        if deleted:
+        if not marked:
+            return False
+        batch_bytes = self._policy.max_request_bytes // 2
+        while True:
+            step = self._kernel.run(
+                "snapshot_delete_step",
+                {"app_id": app_id, "generation": generation},
+                decide.delete_step_reads(app_id, generation),
+                lambda reads, pending: decide.delete_step(app_id, generation, reads, pending, batch_bytes),
+            )
+            if step is not decide.Step.MORE:
+                break
+        if step is decide.Step.FINISHED:
             self._metrics.snapshots_deleted.inc()
             _log.info("deleted app %s generation %d", app_id, generation)
-        return deleted
+        return True
 
     def set_retention(self, app_id: str, keep_last_completed: int, completed_ttl_ms: int) -> RetentionPolicy:
         """Store the app's override (0 = server default) and return the policy now in force."""
