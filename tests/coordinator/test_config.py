@@ -66,12 +66,14 @@ CONTRACT = {
     "--snapshot-max-timeout": ("SNAPCOORD_SNAPSHOT_MAX_TIMEOUT", "7d"),
     "--snapshot-max-tasks": ("SNAPCOORD_SNAPSHOT_MAX_TASKS", "5000"),
     "--snapshot-max-report-size": ("SNAPCOORD_SNAPSHOT_MAX_REPORT_SIZE", "64MiB"),
+    "--snapshot-max-checkpoints": ("SNAPCOORD_SNAPSHOT_MAX_CHECKPOINTS", "64"),
     "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
     "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
     "--backlog-max-partitions": ("SNAPCOORD_BACKLOG_MAX_PARTITIONS", "10000"),
     "--lease-min-duration": ("SNAPCOORD_LEASE_MIN_DURATION", "1s"),
     "--lease-max-duration": ("SNAPCOORD_LEASE_MAX_DURATION", "7d"),
-    "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "1000"),
+    "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "256"),
+    "--lease-max-holders": ("SNAPCOORD_LEASE_MAX_HOLDERS", "4"),
     "--max-clock-skew": ("SNAPCOORD_MAX_CLOCK_SKEW", "5s"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
 }
@@ -109,6 +111,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "snapshot_max_timeout": ("1d", "2d", ("snapshots", "max_timeout_ms"), 86_400_000),
     "snapshot_max_tasks": ("10", "20", ("snapshots", "max_tasks"), 10),
     "snapshot_max_report_size": ("512KiB", "1GiB", ("snapshots", "max_report_bytes"), 512 * 1024),
+    "snapshot_max_checkpoints": ("8", "9", ("snapshots", "max_checkpoints_per_report"), 8),
     "retention_keep_last_completed": ("7", "8", ("snapshots", "default_keep_last_completed"), 7),
     "retention_completed_ttl": (
         "30d",
@@ -120,6 +123,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "lease_min_duration": ("500ms", "2s", ("leases", "min_duration_ms"), 500),
     "lease_max_duration": ("1d", "2d", ("leases", "max_duration_ms"), 86_400_000),
     "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
+    "lease_max_holders": ("2", "3", ("leases", "max_holders"), 2),
     "max_clock_skew": ("0s", "10s", ("leases", "max_clock_skew_ms"), 0),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
 }
@@ -152,12 +156,14 @@ BAD: dict[str, str] = {
     "snapshot_max_timeout": "0s",
     "snapshot_max_tasks": "0",
     "snapshot_max_report_size": "64MB",
+    "snapshot_max_checkpoints": "0",
     "retention_keep_last_completed": "0",
     "retention_completed_ttl": "never",
     "backlog_max_partitions": "100001",
     "lease_min_duration": "0s",
     "lease_max_duration": "1",
     "lease_max_snapshots": "0",
+    "lease_max_holders": "0",
     "max_clock_skew": "-1s",
     "log_level": "verbose",
 }
@@ -383,8 +389,8 @@ def test_every_field_is_filled_by_exactly_one_option_or_is_a_declared_constant()
     assert {s for s, _ in FIXED} <= set(sections())
 
 
-def test_only_the_clock_skew_fans_out_and_it_reaches_both_policies() -> None:
-    assert [o.name for o in OPTIONS if len(o.targets) > 1] == ["max_clock_skew"]
+def test_only_the_clock_skew_and_the_request_limit_fan_out() -> None:
+    assert [o.name for o in OPTIONS if len(o.targets) > 1] == ["zk_max_request_bytes", "max_clock_skew"]
     cfg = load({"max_clock_skew": "7s"}, {})
     assert cfg.snapshots.max_clock_skew_ms == cfg.leases.max_clock_skew_ms == 7000
 
@@ -462,3 +468,14 @@ def test_policy_options_reach_the_running_services(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as e:
             backlog.MarkBacklog(backlog_pb2.MarkBacklogRequest(job_id="j", boundaries=boundaries), timeout=30)
         assert "2 partitions per job" in _invalid(e.value)
+
+
+def test_lease_limits_that_outgrow_a_zookeeper_request_are_refused() -> None:
+    """#11 D5: a legal AcquireSnapshots must fit one ZooKeeper request, so limits under which one
+    would not are a configuration error naming both lease limits; a larger limit admits them."""
+    with pytest.raises(ConfigError, match=r"--lease-max-snapshots=1000 and --lease-max-holders=4.*lower one"):
+        load({"lease_max_snapshots": "1000"}, {})
+    cfg = load({"lease_max_snapshots": "1000", "zk_max_request_bytes": "4194304"}, {})
+    assert cfg.leases.max_snapshots == 1000 and cfg.leases.max_request_bytes == 4_194_304
+    assert cfg.snapshots.max_request_bytes == 4_194_304
+    assert cfg.storage.metadata_options().zk_max_request_bytes == 4_194_304

@@ -23,10 +23,9 @@ from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 
 HOUR_MS = 3_600_000
-#: A small request limit, so that 40 tasks take several batches (each at most 2 KiB of paths).
-POLICY = SnapshotPolicy(
-    max_request_bytes=4096, default_keep_last_completed=1, default_completed_ttl_ms=HOUR_MS
-)
+POLICY = SnapshotPolicy(default_keep_last_completed=1, default_completed_ttl_ms=HOUR_MS)
+#: Small deletion steps, so that 40 tasks take several batches (each at most 2 KiB of paths).
+BATCH_BYTES = 2048
 TASKS = tuple(f"task-{i:03d}" for i in range(40))
 
 
@@ -54,7 +53,14 @@ def clock() -> ManualClock:
 
 
 def registry(metadata: MetadataStore, stores: Stores, clock: ManualClock) -> SnapshotRegistry:
-    return SnapshotRegistry(metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(new_registry()))
+    return SnapshotRegistry(
+        metadata,
+        stores.blobs,
+        clock,
+        POLICY,
+        CoordinatorMetrics(new_registry()),
+        delete_batch_bytes=BATCH_BYTES,
+    )
 
 
 def complete(snapshots: SnapshotRegistry, app_id: str, tasks: tuple[str, ...] = TASKS) -> int:

@@ -16,6 +16,7 @@ the environment; everything else gets a frozen ``Config``.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_type_hints
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from snapcoord.coordinator import zk_budget
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
@@ -400,7 +402,9 @@ OPTIONS: tuple[Option, ...] = (
         "zk_max_request_bytes",
         "ZooKeeper's jute.maxbuffer in bytes (set it to the ensemble's); request-size limits derive from it",
         "1048575",
-        _int_parser(65_536, 1_073_741_824, "an integer 65536-1073741824 (bytes)"),
+        _int_parser(
+            1_048_575, 1_073_741_824, "an integer 1048575-1073741824 (bytes; 1048575 is ZooKeeper's default)"
+        ),
         to=("storage.zk_max_request_bytes", "snapshots.max_request_bytes", "leases.max_request_bytes"),
         metavar="BYTES",
     ),
@@ -477,6 +481,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "snapshot_max_checkpoints",
+        "most checkpoint entries in one ReportTaskSnapshot",
+        "64",
+        _int_parser(1, 10_000, "an integer 1-10000"),
+        to="snapshots.max_checkpoints_per_report",
+        metavar="N",
+    ),
+    Option(
         "retention_keep_last_completed",
         "completed snapshots kept per app unless SetRetentionPolicy says otherwise",
         "3",
@@ -518,10 +530,18 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "lease_max_snapshots",
-        "most snapshots in one AcquireSnapshots or ReleaseSnapshots call",
-        "1000",
+        "most snapshots in one AcquireSnapshots or ReleaseSnapshots call, and held by one lease",
+        "256",
         _int_parser(1, 10_000, "an integer 1-10000"),
         to="leases.max_snapshots",
+        metavar="N",
+    ),
+    Option(
+        "lease_max_holders",
+        "most live leases holding one snapshot",
+        "4",
+        _int_parser(1, 1_000, "an integer 1-1000"),
+        to="leases.max_holders",
         metavar="N",
     ),
     Option(
@@ -650,7 +670,33 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     for opt in OPTIONS:
         for section, name in opt.targets:
             fed[section][name] = values[opt.name]
-    return Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
+    cfg = Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
+    _check_lease_requests_fit(cfg)
+    return cfg
+
+
+def _check_lease_requests_fit(cfg: Config) -> None:
+    """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request.
+    (Snapshot sizes are bounded by byte budgets derived from the limit, producer and backlog
+    transactions are small or split; ``tests/coordinator/test_zk_budget.py`` checks every RPC.)"""
+    row = _worst_lease_request(cfg.leases)
+    if not row.fits:
+        raise ConfigError(
+            f"with --lease-max-snapshots={cfg.leases.max_snapshots} and --lease-max-holders="
+            f"{cfg.leases.max_holders}, {row.rpc} may send a {row.request_bytes}-byte ZooKeeper request; "
+            f"--zk-max-request-bytes is {row.limit}: lower one of the two lease limits"
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _worst_lease_request(leases: LeasePolicy) -> zk_budget.Row:
+    limits = zk_budget.Limits(leases=leases)
+    rows = [
+        zk_budget.Row(rpc, len(ops), zk_budget.transaction_bytes(ops, limits), leases.max_request_bytes)
+        for rpc, build in zk_budget.WORST_CASE.items()
+        if rpc.startswith("LeaseService/") and (ops := build(limits))
+    ]
+    return max(rows, key=lambda r: r.request_bytes)
 
 
 # --- redaction ---------------------------------------------------------------------------------

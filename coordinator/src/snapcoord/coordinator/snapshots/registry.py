@@ -19,7 +19,11 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
-from snapcoord.coordinator.domain.snapshot_codec import decode_task_report
+from snapcoord.coordinator.domain.snapshot_codec import (
+    decode_task_report,
+    encode_snapshot,
+    encode_task_report,
+)
 from snapcoord.coordinator.domain.snapshots import (
     MAX_REASON_CHARS,
     TIMEOUT_REASON,
@@ -27,14 +31,16 @@ from snapcoord.coordinator.domain.snapshots import (
     RetentionPolicy,
     Snapshot,
     SnapshotPolicy,
+    SnapshotRecord,
+    State,
     TaskReport,
     empty_snapshot,
-    report_digest,
+    report_digest_of,
     validate_create,
     validate_report,
     validate_retention,
 )
-from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound
+from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
@@ -78,6 +84,7 @@ class SnapshotRegistry:
         metrics: CoordinatorMetrics,
         *,
         cache_size: int = 10_000,
+        delete_batch_bytes: int | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -85,6 +92,8 @@ class SnapshotRegistry:
         self._policy = policy
         self._metrics = metrics
         self._kernel = CommitKernel(metadata, blobs, metrics)
+        #: Path bytes of task deletes per deletion step: half a request (tests make it small).
+        self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
         self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
@@ -104,6 +113,7 @@ class SnapshotRegistry:
         tasks, ttl, timeout, label_items = validate_create(
             app_id, task_ids, ttl_ms, timeout_ms, labels, self._policy
         )
+        self._check_header_size(app_id, tasks, label_items)
         request = decide.CreateRequest(app_id, tasks, ttl, timeout, label_items)
         outcome = self._kernel.run(
             "snapshot_create",
@@ -187,13 +197,23 @@ class SnapshotRegistry:
         items = validate_report(app_id, generation, task_id, offsets, checkpoints, self._policy)
         refs: list[CheckpointRef] = []
         payloads: dict[str, bytes] = {}
+        hashes: dict[str, str] = {}
         for store, payload in sorted(checkpoints.items()):
             key = checkpoint_key(app_id, generation, task_id, uuid.uuid4().hex)
-            refs.append(CheckpointRef(store, key, len(payload), hashlib.sha256(payload).hexdigest()))
+            hashes[store] = hashlib.sha256(payload).hexdigest()  # once: the ref and the digest use it
+            refs.append(CheckpointRef(store, key, len(payload), hashes[store]))
             payloads[key] = payload
-        request = decide.ReportRequest(
-            app_id, generation, task_id, items, report_digest(items, checkpoints), tuple(refs), payloads
-        )
+        digest = report_digest_of(items, hashes)
+        stored_size = len(encode_task_report(TaskReport(task_id, items, tuple(refs), digest)))
+        if stored_size > self._policy.report_budget_bytes:
+            raise InvalidArgument(
+                f"task.committed_offsets and task.checkpoints make a {stored_size}-byte stored report; "
+                f"the limit is {self._policy.report_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): report fewer offsets or shorter stream names",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
+            )
+        request = decide.ReportRequest(app_id, generation, task_id, items, digest, tuple(refs), payloads)
         outcome = self._kernel.run(
             "snapshot_report",
             {"app_id": app_id, "generation": generation},
@@ -248,7 +268,7 @@ class SnapshotRegistry:
         )
         if not marked:
             return False
-        batch_bytes = self._policy.max_request_bytes // 2
+        batch_bytes = self._delete_batch_bytes
         while True:
             step = self._kernel.run(
                 "snapshot_delete_step",
@@ -302,6 +322,36 @@ class SnapshotRegistry:
         return self._janitor.sweep_orphans(grace_ms, limit)
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _check_header_size(
+        self, app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
+    ) -> None:
+        """Refuse a task set whose header could outgrow its share of a ZooKeeper request: sized at
+        its largest, as an aborted snapshot with the longest reason and the widest numbers."""
+        widest = 2**63 - 1
+        largest = SnapshotRecord(
+            app_id,
+            widest,
+            State.ABORTED,
+            tasks,
+            len(tasks),
+            widest,
+            widest,
+            widest,
+            widest,
+            widest,
+            labels,
+            "r" * MAX_REASON_CHARS,
+        )
+        size = len(encode_snapshot(largest))
+        if size > self._policy.header_budget_bytes:
+            raise InvalidArgument(
+                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
+                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): use fewer or shorter task ids",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
+            )
 
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
         return decide.stored(self._metadata.get(gen_path(app_id, generation)))
