@@ -50,6 +50,8 @@ CONTRACT = {
     "--max-workers": ("SNAPCOORD_MAX_WORKERS", "32"),
     "--max-concurrent-rpcs": ("SNAPCOORD_MAX_CONCURRENT_RPCS", "256"),
     "--shutdown-grace": ("SNAPCOORD_SHUTDOWN_GRACE", "10s"),
+    "--payload-budget": ("SNAPCOORD_PAYLOAD_BUDGET", "1GiB"),
+    "--payload-budget-wait": ("SNAPCOORD_PAYLOAD_BUDGET_WAIT", "10s"),
     "--zk-session-timeout": ("SNAPCOORD_ZK_SESSION_TIMEOUT", "10s"),
     "--zk-connect-timeout": ("SNAPCOORD_ZK_CONNECT_TIMEOUT", "15s"),
     "--zk-max-request-bytes": ("SNAPCOORD_ZK_MAX_REQUEST_BYTES", "1048575"),
@@ -95,6 +97,8 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "max_workers": ("4", "8", ("grpc", "max_workers"), 4),
     "max_concurrent_rpcs": ("16", "32", ("grpc", "max_concurrent_rpcs"), 16),
     "shutdown_grace": ("500ms", "1m", ("grpc", "shutdown_grace_ms"), 500),
+    "payload_budget": ("256MiB", "2GiB", ("grpc", "payload_budget_bytes"), 256 * 1024 * 1024),
+    "payload_budget_wait": ("0s", "1m", ("grpc", "payload_budget_wait_ms"), 0),
     "zk_session_timeout": ("5s", "6s", ("storage", "zk_session_timeout_ms"), 5000),
     "zk_connect_timeout": ("2m", "3m", ("storage", "zk_connect_timeout_ms"), 120_000),
     "zk_max_request_bytes": ("4194304", "2097152", ("storage", "zk_max_request_bytes"), 4_194_304),
@@ -140,6 +144,8 @@ BAD: dict[str, str] = {
     "max_workers": "0",
     "max_concurrent_rpcs": "many",
     "shutdown_grace": "10",
+    "payload_budget": "1KiB",
+    "payload_budget_wait": "10",
     "zk_session_timeout": "0s",
     "zk_connect_timeout": "1.5s",
     "zk_max_request_bytes": "1MiB",
@@ -188,7 +194,13 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load({}, {})
     data_dir = tmp_path / "snapcoord-data"
     assert cfg.grpc == config.GrpcConfig(
-        host="0.0.0.0", port=50051, max_workers=32, max_concurrent_rpcs=256, shutdown_grace_ms=10_000
+        host="0.0.0.0",
+        port=50051,
+        max_workers=32,
+        max_concurrent_rpcs=256,
+        shutdown_grace_ms=10_000,
+        payload_budget_bytes=1024**3,
+        payload_budget_wait_ms=10_000,
     )
     assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464)
     assert cfg.metrics.enabled

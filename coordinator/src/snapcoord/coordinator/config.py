@@ -52,6 +52,10 @@ class GrpcConfig:
     max_concurrent_rpcs: int
     #: How long SIGTERM waits for in-flight calls before cancelling them.
     shutdown_grace_ms: int
+    #: Checkpoint payload bytes all calls together may hold (reports uploading, GetSnapshot reading).
+    payload_budget_bytes: int
+    #: How long a call waits for room in that budget before RESOURCE_EXHAUSTED.
+    payload_budget_wait_ms: int
 
 
 @dataclass(frozen=True)
@@ -380,6 +384,22 @@ OPTIONS: tuple[Option, ...] = (
         "10s",
         _duration_parser(0),
         to="grpc.shutdown_grace_ms",
+        metavar="DURATION",
+    ),
+    Option(
+        "payload_budget",
+        "checkpoint payload bytes all calls together may hold in memory (B, KiB, MiB, GiB)",
+        "1GiB",
+        _size_parser(1024 * 1024, 1024**4),
+        to="grpc.payload_budget_bytes",
+        metavar="SIZE",
+    ),
+    Option(
+        "payload_budget_wait",
+        "how long a call waits for room in --payload-budget before RESOURCE_EXHAUSTED",
+        "10s",
+        _duration_parser(0),
+        to="grpc.payload_budget_wait_ms",
         metavar="DURATION",
     ),
     Option(

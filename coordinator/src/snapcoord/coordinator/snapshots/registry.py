@@ -42,6 +42,7 @@ from snapcoord.coordinator.domain.snapshots import (
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
@@ -85,6 +86,7 @@ class SnapshotRegistry:
         *,
         cache_size: int = 10_000,
         delete_batch_bytes: int | None = None,
+        payload_budget: PayloadBudget | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -94,6 +96,8 @@ class SnapshotRegistry:
         self._kernel = CommitKernel(metadata, blobs, metrics)
         #: Path bytes of task deletes per deletion step: half a request (tests make it small).
         self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
+        #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
+        self._budget = payload_budget or PayloadBudget(2**62, 0)
         self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
@@ -142,16 +146,18 @@ class SnapshotRegistry:
         reports = self._read_reports(app_id, generation)
         payloads: dict[tuple[str, str], bytes] = {}
         if include_checkpoints:
-            for report in reports:
-                for ref in report.checkpoints:
-                    try:
-                        payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
-                    except BlobNotFound:
-                        if self._read(app_id, generation) is None:
-                            raise NotFound(
-                                f"app {app_id!r} generation {generation} was deleted meanwhile"
-                            ) from None
-                        raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+            size = sum(ref.size for report in reports for ref in report.checkpoints)
+            with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
+                for report in reports:
+                    for ref in report.checkpoints:
+                        try:
+                            payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
+                        except BlobNotFound:
+                            if self._read(app_id, generation) is None:
+                                raise NotFound(
+                                    f"app {app_id!r} generation {generation} was deleted meanwhile"
+                                ) from None
+                            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
         return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
 
     def list_page(self, app_id: str, page_size: int, page_token: str) -> tuple[list[Snapshot], str]:
@@ -214,14 +220,16 @@ class SnapshotRegistry:
                 metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
             )
         request = decide.ReportRequest(app_id, generation, task_id, items, digest, tuple(refs), payloads)
-        outcome = self._kernel.run(
-            "snapshot_report",
-            {"app_id": app_id, "generation": generation},
-            request.reads(),
-            lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
-            # Every task of the snapshot may win a round before this one.
-            contenders=self._policy.max_tasks,
-        )
+        size = sum(len(p) for p in payloads.values())
+        with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
+            outcome = self._kernel.run(
+                "snapshot_report",
+                {"app_id": app_id, "generation": generation},
+                request.reads(),
+                lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+                # Every task of the snapshot may win a round before this one.
+                contenders=self._policy.max_tasks,
+            )
         if outcome.changed:
             self._metrics.snapshots_completed.inc()
             header = outcome.snapshot.record
