@@ -501,6 +501,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "snapshot_max_inline_read",
+        "most payload bytes GetSnapshot returns with include_checkpoints; ReadCheckpoint streams beyond",
+        "64MiB",
+        _size_parser(1, 1024**3),
+        to="snapshots.max_inline_read_bytes",
+        metavar="SIZE",
+    ),
+    Option(
         "snapshot_max_checkpoints",
         "most checkpoint entries in one ReportTaskSnapshot",
         "64",

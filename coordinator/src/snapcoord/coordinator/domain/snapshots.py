@@ -65,6 +65,9 @@ class SnapshotPolicy:
     max_clock_skew_ms: int = 5_000
     #: Most checkpoint entries in one ReportTaskSnapshot (each is a blob put and a ref in the report).
     max_checkpoints_per_report: int = 64
+    #: Most payload bytes GetSnapshot returns inline (include_checkpoints); beyond, ReadCheckpoint
+    #: streams each payload.
+    max_inline_read_bytes: int = 64 * 1024 * 1024
     #: ZooKeeper's jute.maxbuffer: the header and report byte budgets derive from it.
     max_request_bytes: int = 1_048_575
 

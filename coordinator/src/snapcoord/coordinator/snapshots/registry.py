@@ -7,10 +7,11 @@ the reads that are not decisions (pages, payloads), metrics and logs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from snapcoord.coordinator import pins
@@ -19,6 +20,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
+from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
     decode_task_report,
     encode_snapshot,
@@ -62,6 +64,8 @@ from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 _log = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 50
+#: The pieces ReadCheckpoint streams: large enough for throughput, small next to any budget.
+CHUNK_BYTES = 1024 * 1024
 MAX_PAGE_SIZE = 1000
 
 
@@ -147,6 +151,18 @@ class SnapshotRegistry:
         payloads: dict[tuple[str, str], bytes] = {}
         if include_checkpoints:
             size = sum(ref.size for report in reports for ref in report.checkpoints)
+            if size > self._policy.max_inline_read_bytes:
+                raise InvalidArgument(
+                    f"include_checkpoints would return {size} payload bytes in one message; the limit "
+                    f"is {self._policy.max_inline_read_bytes} (--snapshot-max-inline-read): get the "
+                    "snapshot without them and stream each payload with ReadCheckpoint",
+                    reason=Reason.TOO_LARGE,
+                    metadata={
+                        "field": "include_checkpoints",
+                        "limit": self._policy.max_inline_read_bytes,
+                        "size": size,
+                    },
+                )
             with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
                 for report in reports:
                     for ref in report.checkpoints:
@@ -159,6 +175,42 @@ class SnapshotRegistry:
                                 ) from None
                             raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
         return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
+
+    def read_checkpoint(
+        self, app_id: str, generation: int, task_id: str, store: str
+    ) -> tuple[CheckpointRef, Generator[bytes, None, None]]:
+        """One checkpoint payload as pieces of at most ``CHUNK_BYTES``, read from the blob store as
+        the caller consumes them; each piece is held from the payload budget while it is in
+        memory. The ref comes first (size, hash) so the caller can frame the stream."""
+        require_id("app_id", app_id)
+        require_id("task_id", task_id)
+        require_id("store", store)
+        if generation <= 0 or self._read(app_id, generation) is None:
+            raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
+        node = self._metadata.get(task_path(app_id, generation, task_id))
+        report = decode_task_report(node.data) if node is not None else None
+        if report is None:
+            raise NotFound(f"task {task_id!r} has not reported for app {app_id!r} generation {generation}")
+        ref = next((c for c in report.checkpoints if c.store == store), None)
+        if ref is None:
+            raise NotFound(f"task {task_id!r} has no checkpoint for store {quote_prefix(store)}")
+        try:
+            pieces = self._blobs.get_stream(ref.object_key, CHUNK_BYTES)
+        except BlobNotFound:
+            if self._read(app_id, generation) is None:
+                raise NotFound(f"app {app_id!r} generation {generation} was deleted meanwhile") from None
+            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+        return ref, self._budgeted(pieces, f"ReadCheckpoint of {ref.object_key}")
+
+    def _budgeted(self, pieces: Generator[bytes, None, None], what: str) -> Generator[bytes, None, None]:
+        """``pieces``, each held from the payload budget until the next is asked for."""
+        with contextlib.closing(pieces):
+            while True:
+                with self._budget.hold(CHUNK_BYTES, what):
+                    piece = next(pieces, None)
+                    if piece is None:
+                        return
+                    yield piece
 
     def list_page(self, app_id: str, page_size: int, page_token: str) -> tuple[list[Snapshot], str]:
         """Snapshot headers, newest first, and the token of the next page."""
