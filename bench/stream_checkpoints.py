@@ -1,10 +1,10 @@
 """Moving a 500 MB snapshot in and out, against the raw S3 throughput in the same run (#11 D8).
 
-    bench/run stream_checkpoints [--mb 500] [--tasks 8]
+    bench/run stream_checkpoints [--mb 500] [--tasks 32] [--threads 8]
 
 In: ``--tasks`` tasks report one checkpoint each (``--mb``/tasks MB, sent as ReportTaskSnapshot
-messages from as many threads); out: every payload streamed back with ReadCheckpoint (1 MiB
-pieces), from as many threads. Raw: the same objects put and got with boto3 from as many threads.
+messages from ``--threads`` threads); out: every payload streamed back with ReadCheckpoint (1 MiB
+pieces), from as many threads. Raw: the same objects put and got with boto3, same threads.
 Prints MB/s for each, and the peak RSS of this process (coordinator and clients share it; the
 coordinator's share is what ReadCheckpoint keeps to a few pieces per call).
 """
@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import boto3
+from botocore.config import Config
 from common import in_process_coordinator, real_servers
 
 from snapcoord.client import CoordinatorClient, TaskSnapshot
@@ -26,10 +28,10 @@ from snapcoord.client import CoordinatorClient, TaskSnapshot
 MB = 1_000_000
 
 
-def timed(label: str, total_bytes: int, threads: int, work: Callable[[int], object]) -> float:
+def timed(label: str, total_bytes: int, items: int, threads: int, work: Callable[[int], object]) -> float:
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(work, range(threads)))
+        list(pool.map(work, range(items)))
     elapsed = time.perf_counter() - started
     rate = total_bytes / MB / elapsed
     print(f"{label:42s} {total_bytes / MB:8.0f} MB  {elapsed:7.2f} s  {rate:8.1f} MB/s")
@@ -41,7 +43,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--mb", type=int, default=500, help="snapshot size in MB (default 500)")
-    parser.add_argument("--tasks", type=int, default=8, help="tasks, one checkpoint each (default 8)")
+    parser.add_argument("--tasks", type=int, default=32, help="tasks, one checkpoint each (default 32)")
+    parser.add_argument("--threads", type=int, default=8, help="client threads (default 8)")
     args = parser.parse_args()
     per_task = args.mb * MB // args.tasks
     payloads = [os.urandom(per_task) for _ in range(args.tasks)]
@@ -49,18 +52,24 @@ def main() -> None:
     with real_servers() as (zk, s3):
         os.environ.update(s3.env())
         run_id = uuid.uuid4().hex[:8]
-        raw = s3.client()
+        raw = boto3.client(
+            "s3",
+            endpoint_url=s3.endpoint_url,
+            config=Config(read_timeout=600, connect_timeout=30, s3={"addressing_style": "path"}),
+        )
         print(f"# stream_checkpoints: {args.mb} MB in {args.tasks} checkpoints; S3 {s3.endpoint_url}")
         timed(
             "raw S3 put_object",
             total,
             args.tasks,
+            args.threads,
             lambda i: raw.put_object(Bucket=s3.bucket, Key=f"raw-{run_id}/{i}", Body=payloads[i]),
         )
         timed(
             "raw S3 get_object (streamed body)",
             total,
             args.tasks,
+            args.threads,
             lambda i: _drain(raw.get_object(Bucket=s3.bucket, Key=f"raw-{run_id}/{i}")["Body"]),
         )
         size_flag = f"{per_task // (1024 * 1024) + 2}MiB"
@@ -79,6 +88,7 @@ def main() -> None:
                 "in: ReportTaskSnapshot (parallel tasks)",
                 total,
                 args.tasks,
+                args.threads,
                 lambda i: client.report_task_snapshot(
                     "bench", g, TaskSnapshot(tasks[i], (), {"state": payloads[i]})
                 ),
@@ -87,6 +97,7 @@ def main() -> None:
                 "out: ReadCheckpoint (1 MiB pieces)",
                 total,
                 args.tasks,
+                args.threads,
                 lambda i: _count(client.read_checkpoint("bench", g, tasks[i], "state")),
             )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
