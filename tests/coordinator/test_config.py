@@ -50,8 +50,12 @@ CONTRACT = {
     "--max-workers": ("SNAPCOORD_MAX_WORKERS", "32"),
     "--max-concurrent-rpcs": ("SNAPCOORD_MAX_CONCURRENT_RPCS", "256"),
     "--shutdown-grace": ("SNAPCOORD_SHUTDOWN_GRACE", "10s"),
+    "--payload-budget": ("SNAPCOORD_PAYLOAD_BUDGET", "1GiB"),
+    "--payload-budget-wait": ("SNAPCOORD_PAYLOAD_BUDGET_WAIT", "10s"),
     "--zk-session-timeout": ("SNAPCOORD_ZK_SESSION_TIMEOUT", "10s"),
     "--zk-connect-timeout": ("SNAPCOORD_ZK_CONNECT_TIMEOUT", "15s"),
+    "--zk-max-request-bytes": ("SNAPCOORD_ZK_MAX_REQUEST_BYTES", "1048575"),
+    "--blob-probe-interval": ("SNAPCOORD_BLOB_PROBE_INTERVAL", "5s"),
     "--s3-addressing-style": ("SNAPCOORD_S3_ADDRESSING_STYLE", "auto"),
     "--producer-default-ttl": ("SNAPCOORD_PRODUCER_DEFAULT_TTL", "24h"),
     "--producer-max-ttl": ("SNAPCOORD_PRODUCER_MAX_TTL", "7d"),
@@ -64,12 +68,15 @@ CONTRACT = {
     "--snapshot-max-timeout": ("SNAPCOORD_SNAPSHOT_MAX_TIMEOUT", "7d"),
     "--snapshot-max-tasks": ("SNAPCOORD_SNAPSHOT_MAX_TASKS", "5000"),
     "--snapshot-max-report-size": ("SNAPCOORD_SNAPSHOT_MAX_REPORT_SIZE", "64MiB"),
+    "--snapshot-max-inline-read": ("SNAPCOORD_SNAPSHOT_MAX_INLINE_READ", "64MiB"),
+    "--snapshot-max-checkpoints": ("SNAPCOORD_SNAPSHOT_MAX_CHECKPOINTS", "64"),
     "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
     "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
     "--backlog-max-partitions": ("SNAPCOORD_BACKLOG_MAX_PARTITIONS", "10000"),
     "--lease-min-duration": ("SNAPCOORD_LEASE_MIN_DURATION", "1s"),
     "--lease-max-duration": ("SNAPCOORD_LEASE_MAX_DURATION", "7d"),
-    "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "1000"),
+    "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "256"),
+    "--lease-max-holders": ("SNAPCOORD_LEASE_MAX_HOLDERS", "4"),
     "--max-clock-skew": ("SNAPCOORD_MAX_CLOCK_SKEW", "5s"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
     "--log-format": ("SNAPCOORD_LOG_FORMAT", "auto"),
@@ -93,8 +100,12 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "max_workers": ("4", "8", ("grpc", "max_workers"), 4),
     "max_concurrent_rpcs": ("16", "32", ("grpc", "max_concurrent_rpcs"), 16),
     "shutdown_grace": ("500ms", "1m", ("grpc", "shutdown_grace_ms"), 500),
+    "payload_budget": ("256MiB", "2GiB", ("grpc", "payload_budget_bytes"), 256 * 1024 * 1024),
+    "payload_budget_wait": ("0s", "1m", ("grpc", "payload_budget_wait_ms"), 0),
     "zk_session_timeout": ("5s", "6s", ("storage", "zk_session_timeout_ms"), 5000),
     "zk_connect_timeout": ("2m", "3m", ("storage", "zk_connect_timeout_ms"), 120_000),
+    "zk_max_request_bytes": ("4194304", "2097152", ("storage", "zk_max_request_bytes"), 4_194_304),
+    "blob_probe_interval": ("500ms", "30s", ("storage", "blob_probe_interval_ms"), 500),
     "s3_addressing_style": ("path", "virtual", ("storage", "s3_addressing_style"), "path"),
     "producer_default_ttl": ("1h", "2h", ("producers", "default_ttl_ms"), 3_600_000),
     "producer_max_ttl": ("30d", "14d", ("producers", "max_ttl_ms"), 30 * 86_400_000),
@@ -107,6 +118,8 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "snapshot_max_timeout": ("1d", "2d", ("snapshots", "max_timeout_ms"), 86_400_000),
     "snapshot_max_tasks": ("10", "20", ("snapshots", "max_tasks"), 10),
     "snapshot_max_report_size": ("512KiB", "1GiB", ("snapshots", "max_report_bytes"), 512 * 1024),
+    "snapshot_max_inline_read": ("1MiB", "2MiB", ("snapshots", "max_inline_read_bytes"), 1024 * 1024),
+    "snapshot_max_checkpoints": ("8", "9", ("snapshots", "max_checkpoints_per_report"), 8),
     "retention_keep_last_completed": ("7", "8", ("snapshots", "default_keep_last_completed"), 7),
     "retention_completed_ttl": (
         "30d",
@@ -118,6 +131,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "lease_min_duration": ("500ms", "2s", ("leases", "min_duration_ms"), 500),
     "lease_max_duration": ("1d", "2d", ("leases", "max_duration_ms"), 86_400_000),
     "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
+    "lease_max_holders": ("2", "3", ("leases", "max_holders"), 2),
     "max_clock_skew": ("0s", "10s", ("leases", "max_clock_skew_ms"), 0),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
     "log_format": ("json", "text", ("logging", "format"), "json"),
@@ -136,8 +150,12 @@ BAD: dict[str, str] = {
     "max_workers": "0",
     "max_concurrent_rpcs": "many",
     "shutdown_grace": "10",
+    "payload_budget": "1KiB",
+    "payload_budget_wait": "10",
     "zk_session_timeout": "0s",
     "zk_connect_timeout": "1.5s",
+    "zk_max_request_bytes": "1MiB",
+    "blob_probe_interval": "0s",
     "s3_addressing_style": "Path",
     "producer_default_ttl": "0s",
     "producer_max_ttl": "forever",
@@ -150,12 +168,15 @@ BAD: dict[str, str] = {
     "snapshot_max_timeout": "0s",
     "snapshot_max_tasks": "0",
     "snapshot_max_report_size": "64MB",
+    "snapshot_max_inline_read": "big",
+    "snapshot_max_checkpoints": "0",
     "retention_keep_last_completed": "0",
     "retention_completed_ttl": "never",
     "backlog_max_partitions": "100001",
     "lease_min_duration": "0s",
     "lease_max_duration": "1",
     "lease_max_snapshots": "0",
+    "lease_max_holders": "0",
     "max_clock_skew": "-1s",
     "log_level": "verbose",
     "log_format": "JSON",
@@ -182,7 +203,13 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load({}, {})
     data_dir = tmp_path / "snapcoord-data"
     assert cfg.grpc == config.GrpcConfig(
-        host="0.0.0.0", port=50051, max_workers=32, max_concurrent_rpcs=256, shutdown_grace_ms=10_000
+        host="0.0.0.0",
+        port=50051,
+        max_workers=32,
+        max_concurrent_rpcs=256,
+        shutdown_grace_ms=10_000,
+        payload_budget_bytes=1024**3,
+        payload_budget_wait_ms=10_000,
     )
     assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464)
     assert cfg.metrics.enabled
@@ -192,7 +219,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         blobs_uri=f"file://{data_dir}/blobs",
         zk_session_timeout_ms=10_000,
         zk_connect_timeout_ms=15_000,
+        zk_max_request_bytes=1_048_575,
         s3_addressing_style="auto",
+        blob_probe_interval_ms=5_000,
     )
     assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
@@ -381,8 +410,8 @@ def test_every_field_is_filled_by_exactly_one_option_or_is_a_declared_constant()
     assert {s for s, _ in FIXED} <= set(sections())
 
 
-def test_only_the_clock_skew_fans_out_and_it_reaches_both_policies() -> None:
-    assert [o.name for o in OPTIONS if len(o.targets) > 1] == ["max_clock_skew"]
+def test_only_the_clock_skew_and_the_request_limit_fan_out() -> None:
+    assert [o.name for o in OPTIONS if len(o.targets) > 1] == ["zk_max_request_bytes", "max_clock_skew"]
     cfg = load({"max_clock_skew": "7s"}, {})
     assert cfg.snapshots.max_clock_skew_ms == cfg.leases.max_clock_skew_ms == 7000
 
@@ -460,3 +489,14 @@ def test_policy_options_reach_the_running_services(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as e:
             backlog.MarkBacklog(backlog_pb2.MarkBacklogRequest(job_id="j", boundaries=boundaries), timeout=30)
         assert "2 partitions per job" in _invalid(e.value)
+
+
+def test_lease_limits_that_outgrow_a_zookeeper_request_are_refused() -> None:
+    """#11 D5: a legal AcquireSnapshots must fit one ZooKeeper request, so limits under which one
+    would not are a configuration error naming both lease limits; a larger limit admits them."""
+    with pytest.raises(ConfigError, match=r"--lease-max-snapshots=1000 and --lease-max-holders=4.*lower one"):
+        load({"lease_max_snapshots": "1000"}, {})
+    cfg = load({"lease_max_snapshots": "1000", "zk_max_request_bytes": "4194304"}, {})
+    assert cfg.leases.max_snapshots == 1000 and cfg.leases.max_request_bytes == 4_194_304
+    assert cfg.snapshots.max_request_bytes == 4_194_304
+    assert cfg.storage.metadata_options().zk_max_request_bytes == 4_194_304

@@ -15,10 +15,11 @@ at least 3, on ZooKeeper + S3). The long mode is the same test with a larger num
 ``SNAPCOORD_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest tests/coordinator/test_fuzz_rpcs.py``;
 ``SNAPCOORD_FUZZ_SEED`` unset there means random exploration (CI runs derandomized).
 
-Sizes stay small on purpose (lists of at most 4, payloads of at most 64 bytes): the scale limits
-of #11 (D5 ZooKeeper request size, D6 deleting large snapshots, D7 checkpoint entry count, D8
-payload bytes in flight) need registry changes that are phase 2 of the issue, with their own
-tests built on ``storage.zk_request_size``.
+Sizes stay small (lists of at most 8, payloads of at most 64 bytes) so that many calls fit a
+run; the server runs with small count limits (4 checkpoints per report, 4 snapshots per lease, 2
+holders per snapshot, 1 KiB inline reads) so that the fuzzer reaches the limits of #11 D5-D8 and
+their refusals. The largest legal sizes have their own tests (``test_largest_requests``,
+``test_zk_budget``, ``test_payload_memory``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ METHODS = [
     for service in module.DESCRIPTOR.services_by_name.values()
     for m in service.methods
 ]
+#: RPCs that answer with a stream (the rest are unary).
+SERVER_STREAMING = {
+    m.name
+    for module in _FILES
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for m in service.methods
+    if m.server_streaming
+}
 BAD_CODES = {
     grpc.StatusCode.INTERNAL,
     grpc.StatusCode.UNKNOWN,
@@ -141,10 +150,10 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 def _field(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-        return st.dictionaries(_scalar(key), _scalar(value), max_size=3)
+        return st.dictionaries(_scalar(key), _scalar(value), max_size=6)
     one = messages(field.message_type, depth + 1) if field.message_type is not None else _scalar(field)
     if _is_repeated(field):
-        return st.lists(one, max_size=4)
+        return st.lists(one, max_size=8)
     return one
 
 
@@ -193,7 +202,13 @@ class Target:
 def _serve(metadata_uri: str, blobs_uri: str) -> Iterator[Target]:
     deps = Deps(metadata=open_metadata_store(metadata_uri), blobs=open_blob_store(blobs_uri))
     try:
-        with serve_in_process(deps) as coordinator:
+        with serve_in_process(
+            deps,
+            snapshot_max_checkpoints="4",
+            lease_max_snapshots="4",
+            lease_max_holders="2",
+            snapshot_max_inline_read="1KiB",
+        ) as coordinator:
             target = Target(coordinator, deps)
             yield target
             target.channel.close()
@@ -221,13 +236,16 @@ def zk_s3(
 
 def check_call(target: Target, method: str, response: Descriptor, request: Any) -> None:
     before = dump(target.deps.metadata, target.deps.blobs)
-    call = target.channel.unary_unary(
+    streaming = method.rsplit("/", 1)[1] in SERVER_STREAMING
+    call = (target.channel.unary_stream if streaming else target.channel.unary_unary)(
         method,
         request_serializer=type(request).SerializeToString,
         response_deserializer=message_factory.GetMessageClass(response).FromString,
     )
     try:
-        call(request, timeout=120)
+        result = call(request, timeout=120)
+        if streaming:
+            list(result)  # the status of a stream comes with its end
         event("OK")  # --hypothesis-show-statistics shows how many calls got through
     except grpc.RpcError as e:
         code, details = e.code(), e.details() or ""
@@ -273,4 +291,5 @@ def test_fuzz_zookeeper_s3(
 
 
 def test_every_rpc_is_fuzzed() -> None:
-    assert len(METHODS) == 22
+    assert len(METHODS) == 23
+    assert {"ReadCheckpoint"} == SERVER_STREAMING

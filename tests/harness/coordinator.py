@@ -94,6 +94,13 @@ class CoordinatorProcess:
         return f"{self._connect_host(self.host)}:{self.grpc_port}"
 
     @property
+    def pid(self) -> int:
+        """The coordinator's process id (the shell that starts it execs it: same pid)."""
+        if self._proc is None:
+            raise RuntimeError("the coordinator has not started")
+        return self._proc.pid
+
+    @property
     def metrics_url(self) -> str:
         if self.metrics_port is None:
             raise RuntimeError("the coordinator has not started, or runs without metrics")

@@ -6,7 +6,9 @@ import pytest
 
 from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
-from snapcoord.coordinator.errors import NotFound, Reason
+from snapcoord.coordinator.domain.snapshot_codec import encode_snapshot
+from snapcoord.coordinator.domain.snapshots import SnapshotRecord, State
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.leases import decide
 from snapcoord.coordinator.leases.decide import Acquired, Clocks, Released
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS
@@ -21,6 +23,9 @@ CLOCKS = Clocks(NOW, SKEW, "nonce")
 A = SnapshotRef("a", 1)
 B = SnapshotRef("b", 2)
 RECORD = f"{RECORDS}/job"
+
+
+HEADER = encode_snapshot(SnapshotRecord("a", 1, State.COMPLETED, ("t",), 1, 1, 2, 2, 3, 0, (), ""))
 
 
 def node(data: bytes, version: int = 0) -> Node:
@@ -72,7 +77,7 @@ ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired
         with_nodes(
             lease_reads(None),
             {
-                snapshot_path("a", 1): node(b"", 4),
+                snapshot_path("a", 1): node(HEADER, 4),
                 snapshot_path("b", 2): None,
                 pin_path("a", 1): None,
                 pin_path("b", 2): None,
@@ -86,7 +91,7 @@ ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired
         with_nodes(
             lease_reads(EXPIRED, 6),
             {
-                snapshot_path("a", 1): node(b"", 4),
+                snapshot_path("a", 1): node(HEADER, 4),
                 pin_path("a", 1): None,
                 pin_path("b", 2): node(encode_pins({"job": NOW - 5_000, "other": NOW + 1}), 2),
             },
@@ -236,3 +241,39 @@ def test_remove_takes_the_lease_out_of_its_pins() -> None:
     assert isinstance(decision, Commit)
     assert decision.ops[0] == SetData(pin_path("a", 1), encode_pins({"x": NOW}), 7)
     assert decision.ops[-1] == Create(f"{RETENTION}/{NOW // MINUTE}/a@unpinned-nonce", b"")
+
+
+def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots() -> None:
+    """A DELETING snapshot comes back unavailable (its deletion checked the pins already); a
+    snapshot held by max_holders other live leases, or a lease beyond max_snapshots, is refused
+    (#11 D5: every legal acquire fits a ZooKeeper request); expired holders do not count."""
+    deleting = encode_snapshot(SnapshotRecord("a", 1, State.DELETING, ("t",), 1, 1, 2, 2, 3, 0, (), ""))
+    reads = with_nodes(lease_reads(None), {snapshot_path("a", 1): node(deleting, 4), pin_path("a", 1): None})
+    decision = decide.acquire("job", 1_000, (A,), reads, None, CLOCKS)
+    assert isinstance(decision, Commit) and decision.result.unavailable == (A,)
+    assert not any(op.path == pin_path("a", 1) for op in decision.ops)
+
+    two = Clocks(NOW, SKEW, "nonce", max_snapshots=1, max_holders=2)
+    holders = {"x": NOW + 10_000, "y": NOW + 10_000, "old": NOW - 5_000}
+    full = with_nodes(
+        lease_reads(None),
+        {snapshot_path("a", 1): node(HEADER, 4), pin_path("a", 1): node(encode_pins(holders), 2)},
+    )
+    with pytest.raises(FailedPrecondition) as refused:
+        decide.acquire("job", 1_000, (A,), full, None, two)
+    assert refused.value.reason is Reason.TOO_LARGE and "already held by 2 leases; the limit is 2" in str(
+        refused.value
+    )
+    room = {"x": NOW + 10_000, "old": NOW - 5_000}
+    ok = with_nodes(
+        lease_reads(None),
+        {snapshot_path("a", 1): node(HEADER, 4), pin_path("a", 1): node(encode_pins(room), 2)},
+    )
+    decision = decide.acquire("job", 1_000, (A,), ok, None, two)
+    assert isinstance(decision, Commit)
+    pin_write = next(op for op in decision.ops if op.path == pin_path("a", 1))
+    assert pin_write == SetData(pin_path("a", 1), encode_pins({"x": NOW + 10_000, "job": NOW + 1_000}), 2)
+
+    both = with_nodes(ok, {snapshot_path("b", 2): node(HEADER, 1), pin_path("b", 2): None})
+    with pytest.raises(InvalidArgument, match="would hold 2 snapshots"):
+        decide.acquire("job", 1_000, (A, B), both, None, two)

@@ -288,58 +288,52 @@ ENDED = header(2, State.COMPLETED)
 REPORTED = TaskReport("t1", OFFSETS, (REF,), "d")
 
 
-def delete_reads(
-    record: SnapshotRecord | None, pins: dict[str, int] | None, tasks: tuple[str, ...] = ()
-) -> Reads:
+TRIGGER = decide.deleting_trigger("app", 2, NOW)
+
+
+def delete_reads(record: SnapshotRecord | None, pins: dict[str, int] | None) -> Reads:
     return Reads(
         {
             gen(2): node(encode_snapshot(record), 8) if record is not None else None,
             PIN: node(encode_pins(pins), 3) if pins is not None else None,
-        },
-        {TASKS: tasks},
+            TRIGGER: None,
+        }
     )
 
 
-DELETED = Commit(
-    [Create(PIN, b""), Delete(PIN, None), Delete(TASK, None), Delete(TASKS, None), Delete(gen(2), 8)],
+MARKED = replace(ENDED, state=State.DELETING)
+MARK = Commit(
+    [Create(PIN, b""), Delete(PIN, None), SetData(gen(2), encode_snapshot(MARKED), 8), Create(TRIGGER, b"")],
     True,
-    cleanup=(REF.object_key,),
+    buckets=((RETENTION, NOW),),
     ensure=(PINS,),
 )
-DELETE_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
+MARK_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
     ("no snapshot", delete_reads(None, None), None, Done(False)),
     (
-        "an ended snapshot's tasks: read them",
-        delete_reads(ENDED, None, ("t1",)),
+        "unpinned, no pin index: guard by creating and deleting it; mark DELETING with a trigger",
+        delete_reads(ENDED, None),
         None,
-        More([ReadNode(TASK)]),
-    ),
-    (
-        "unpinned, no pin index: guard by creating and deleting it, delete the nodes, then the payloads",
-        delete_reads(ENDED, None, ("t1",)).merged(read((TASK, node(encode_task_report(REPORTED))))),
-        None,
-        DELETED,
+        MARK,
     ),
     (
         "a pin index whose leases all expired: guard by its version",
         delete_reads(ENDED, {"lease": NOW - 10_000}),
         None,
-        Commit([Check(PIN, 3), Delete(TASKS, None), Delete(gen(2), 8)], True),
+        Commit(
+            [Check(PIN, 3), SetData(gen(2), encode_snapshot(MARKED), 8), Create(TRIGGER, b"")],
+            True,
+            buckets=((RETENTION, NOW),),
+        ),
     ),
-    (
-        "a delete in doubt that landed",
-        delete_reads(None, None),
-        DELETED,
-        Done(True, cleanup=(REF.object_key,)),
-    ),
+    ("already DELETING: carry on", delete_reads(MARKED, {"lease": NOW + 10_000}), None, Done(True)),
+    ("a mark in doubt whose snapshot is gone meanwhile", delete_reads(None, None), MARK, Done(True)),
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "reads", "pending", "expected"), DELETE_CASES, ids=[c[0] for c in DELETE_CASES]
-)
-def test_delete(case: str, reads: Reads, pending: Commit[bool] | None, expected: Decision[bool]) -> None:
-    assert decide.delete("app", 2, reads, pending, NOW, 1_000) == expected
+@pytest.mark.parametrize(("case", "reads", "pending", "expected"), MARK_CASES, ids=[c[0] for c in MARK_CASES])
+def test_delete_mark(case: str, reads: Reads, pending: Commit[bool] | None, expected: Decision[bool]) -> None:
+    assert decide.delete_mark("app", 2, reads, pending, NOW, 1_000) == expected
 
 
 @pytest.mark.parametrize(
@@ -352,9 +346,61 @@ def test_delete(case: str, reads: Reads, pending: Commit[bool] | None, expected:
 )
 def test_refused_delete(case: str, reads: Reads, reason: Reason) -> None:
     with pytest.raises(FailedPrecondition) as raised:
-        decide.delete("app", 2, reads, None, NOW, 1_000)
+        decide.delete_mark("app", 2, reads, None, NOW, 1_000)
     assert raised.value.reason is reason
     assert raised.value.metadata == {"app_id": "app", "generation": "2"}
+
+
+def step_reads(record: SnapshotRecord | None, tasks: tuple[str, ...] = ()) -> Reads:
+    return Reads({gen(2): node(encode_snapshot(record), 9) if record is not None else None}, {TASKS: tasks})
+
+
+def task(name: str) -> str:
+    return f"{TASKS}/{name}"
+
+
+REPORT_T2 = replace(REPORTED, task_id="t2", checkpoints=(replace(REF, object_key="k2"),))
+BOTH = step_reads(MARKED, ("t1", "t2")).merged(
+    read((task("t1"), node(encode_task_report(REPORTED))), (task("t2"), node(encode_task_report(REPORT_T2))))
+)
+ONE_OP = len(task("t1")) + decide.DELETE_OP_OVERHEAD
+STEP_CASES: list[tuple[str, Reads, int, Decision[decide.Step]]] = [
+    ("no snapshot: someone finished", step_reads(None, ("t1",)), 10_000, Done(decide.Step.GONE)),
+    ("not DELETING (recreated): never touched", step_reads(ENDED, ("t1",)), 10_000, Done(decide.Step.GONE)),
+    (
+        "tasks to delete: read them",
+        step_reads(MARKED, ("t1", "t2")),
+        10_000,
+        More([ReadNode(task("t1")), ReadNode(task("t2"))]),
+    ),
+    (
+        "a batch: the tasks, checked against the header, then their objects",
+        BOTH,
+        10_000,
+        Commit(
+            [Check(gen(2), 9), Delete(task("t1"), None), Delete(task("t2"), None)],
+            decide.Step.MORE,
+            cleanup=(REF.object_key, "k2"),
+        ),
+    ),
+    (
+        "the batch stops at its byte budget",
+        BOTH,
+        ONE_OP + 1,
+        Commit([Check(gen(2), 9), Delete(task("t1"), None)], decide.Step.MORE, cleanup=(REF.object_key,)),
+    ),
+    (
+        "no tasks left: the tasks node and the header, last",
+        step_reads(MARKED),
+        10_000,
+        Commit([Delete(TASKS, None), Delete(gen(2), 9)], decide.Step.FINISHED),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "reads", "budget", "expected"), STEP_CASES, ids=[c[0] for c in STEP_CASES])
+def test_delete_step(case: str, reads: Reads, budget: int, expected: Decision[decide.Step]) -> None:
+    assert decide.delete_step("app", 2, reads, None, budget) == expected
 
 
 # --- set_retention --------------------------------------------------------------------------------

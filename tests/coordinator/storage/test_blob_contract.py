@@ -196,3 +196,25 @@ def test_local_key_that_is_also_a_directory_is_rejected(tmp_path: Path) -> None:
         store.put("x", b"over a directory")
     assert keys_of(store) == ["a", "x/y"]
     assert os.listdir(tmp_path / "blobs" / "tmp") == []
+
+
+def test_get_stream_yields_bounded_pieces_in_order(store: BlobStore) -> None:
+    """#11 D8: a payload read in pieces of at most chunk_bytes, as the reader consumes them."""
+    data = random.Random(7).randbytes(5 * 65536 + 123)
+    store.put("stream/a", data)
+    pieces = list(store.get_stream("stream/a", 65536))
+    assert all(0 < len(p) <= 65536 for p in pieces)
+    assert len(pieces) >= 6 and b"".join(pieces) == data
+    store.put("stream/empty", b"")
+    assert b"".join(store.get_stream("stream/empty", 65536)) == b""
+    with pytest.raises(BlobNotFound):
+        store.get_stream("stream/missing", 65536)
+
+
+def test_a_stream_stopped_early_releases_its_reader(store: BlobStore) -> None:
+    store.put("stream/b", b"x" * 300_000)
+    for _ in range(50):  # leaking a file or connection each time would exhaust the pool
+        pieces = store.get_stream("stream/b", 1000)
+        assert next(pieces) == b"x" * 1000
+        pieces.close()
+    assert b"".join(store.get_stream("stream/b", 100_000)) == b"x" * 300_000

@@ -125,6 +125,14 @@ def get_current_request(app_id: str, consistent: bool) -> snapshot_pb2.GetCurren
     return snapshot_pb2.GetCurrentSnapshotRequest(app_id=app_id, consistent=consistent)
 
 
+def read_checkpoint_request(
+    app_id: str, generation: int, task_id: str, store: str
+) -> snapshot_pb2.ReadCheckpointRequest:
+    return snapshot_pb2.ReadCheckpointRequest(
+        app_id=app_id, generation=generation, task_id=task_id, store=store
+    )
+
+
 def get_snapshot_request(
     app_id: str, generation: int, include_checkpoints: bool
 ) -> snapshot_pb2.GetSnapshotRequest:

@@ -9,7 +9,8 @@ call in each process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -41,7 +42,7 @@ from snapcoord.client._types import (
     SnapshotRef,
     TaskSnapshot,
 )
-from snapcoord.client.errors import SnapcoordError, error_from_rpc
+from snapcoord.client.errors import Internal, SnapcoordError, error_from_rpc
 from snapcoord.client.lease import LeaseKeeper
 
 R = TypeVar("R")
@@ -249,6 +250,40 @@ class CoordinatorClient:
             cv.snapshot_from_pb,
             timeout_s,
         )
+
+    def read_checkpoint(
+        self, app_id: str, generation: int, task_id: str, store: str, *, timeout_s: float | None = None
+    ) -> Iterator[bytes]:
+        """One task's checkpoint payload for ``store``, as pieces of at most 1 MiB, streamed as they
+        are consumed (``NotFound`` when absent). The whole payload is never in memory on either
+        side; for payloads above the server's inline limit this is the only way to read them.
+        After the last piece the payload's size and SHA-256 are checked (``Internal`` on a
+        mismatch). Not retried: a caller that loses the stream reads again from the start."""
+        budget = self._timeout_s if timeout_s is None else timeout_s
+        if budget <= 0:
+            raise ValueError(f"timeout_s must be positive, got {budget}")
+        method = "ReadCheckpoint"
+        request = cv.read_checkpoint_request(app_id, generation, task_id, store)
+        stream = self._channel.method(method)(request, timeout=budget, metadata=self._channel.metadata)
+        digest = hashlib.sha256()
+        size, expected_size, expected_sha = 0, -1, ""
+        try:
+            for chunk in stream:
+                expected_size, expected_sha = chunk.total_size, chunk.sha256
+                if chunk.data:
+                    digest.update(chunk.data)
+                    size += len(chunk.data)
+                    yield chunk.data
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, method) from e
+        finally:
+            stream.cancel()  # a reader that stopped early frees the server's stream
+        if (size, digest.hexdigest()) != (expected_size, expected_sha):
+            raise Internal(
+                f"checkpoint {app_id}@{generation}/{task_id}/{store}: received {size} bytes with SHA-256 "
+                f"{digest.hexdigest()}, the server announced {expected_size} bytes with {expected_sha}",
+                method=method,
+            )
 
     def list_snapshots(
         self, app_id: str, *, page_size: int = 0, page_token: str = "", timeout_s: float | None = None

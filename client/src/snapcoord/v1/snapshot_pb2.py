@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from snapcoord.v1 import common_pb2 as snapcoord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsnapcoord/v1/snapshot.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"\xc6\x01\n\x0cTaskSnapshot\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12/\n\x11\x63ommitted_offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12@\n\x0b\x63heckpoints\x18\x03 \x03(\x0b\x32+.snapcoord.v1.TaskSnapshot.CheckpointsEntry\x1a\x32\n\x10\x43heckpointsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\xac\x03\n\x08Snapshot\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.snapcoord.v1.Snapshot.State\x12\x10\n\x08task_ids\x18\x04 \x03(\t\x12)\n\x05tasks\x18\x05 \x03(\x0b\x32\x1a.snapcoord.v1.TaskSnapshot\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x03\x12\x17\n\x0f\x63ompleted_at_ms\x18\x07 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x08 \x01(\x03\x12\x32\n\x06labels\x18\t \x03(\x0b\x32\".snapcoord.v1.Snapshot.LabelsEntry\x12\x14\n\x0c\x61\x62ort_reason\x18\n \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x45MPTY\x10\x01\x12\x0b\n\x07\x43REATED\x10\x02\x12\r\n\tCOMPLETED\x10\x03\x12\x0b\n\x07\x41\x42ORTED\x10\x04\"\xcd\x01\n\x15\x43reateSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.snapcoord.v1.CreateSnapshotRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x19GetCurrentSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\nconsistent\x18\x02 \x01(\x08\"U\n\x12GetSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x1b\n\x13include_checkpoints\x18\x03 \x01(\x08\"M\n\x14ListSnapshotsRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x15ListSnapshotsResponse\x12)\n\tsnapshots\x18\x01 \x03(\x0b\x32\x16.snapcoord.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"i\n\x19ReportTaskSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x1a.snapcoord.v1.TaskSnapshot\"J\n\x14\x41\x62ortSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\";\n\x15\x44\x65leteSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\")\n\x16\x44\x65leteSnapshotResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"b\n\x19SetRetentionPolicyRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x1b\n\x13keep_last_completed\x18\x02 \x01(\x05\x12\x18\n\x10\x63ompleted_ttl_ms\x18\x03 \x01(\x03\"X\n\x0fRetentionPolicy\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x1b\n\x13keep_last_completed\x18\x02 \x01(\x05\x12\x18\n\x10\x63ompleted_ttl_ms\x18\x03 \x01(\x03\x32\xe1\x05\n\x0fSnapshotService\x12R\n\x0e\x43reateSnapshot\x12#.snapcoord.v1.CreateSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12Z\n\x12GetCurrentSnapshot\x12\'.snapcoord.v1.GetCurrentSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x01\x12L\n\x0bGetSnapshot\x12 .snapcoord.v1.GetSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x01\x12]\n\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12Z\n\x12ReportTaskSnapshot\x12\'.snapcoord.v1.ReportTaskSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12P\n\rAbortSnapshot\x12\".snapcoord.v1.AbortSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12`\n\x0e\x44\x65leteSnapshot\x12#.snapcoord.v1.DeleteSnapshotRequest\x1a$.snapcoord.v1.DeleteSnapshotResponse\"\x03\x90\x02\x02\x12\x61\n\x12SetRetentionPolicy\x12\'.snapcoord.v1.SetRetentionPolicyRequest\x1a\x1d.snapcoord.v1.RetentionPolicy\"\x03\x90\x02\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsnapcoord/v1/snapshot.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"\xc6\x01\n\x0cTaskSnapshot\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12/\n\x11\x63ommitted_offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12@\n\x0b\x63heckpoints\x18\x03 \x03(\x0b\x32+.snapcoord.v1.TaskSnapshot.CheckpointsEntry\x1a\x32\n\x10\x43heckpointsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\xac\x03\n\x08Snapshot\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.snapcoord.v1.Snapshot.State\x12\x10\n\x08task_ids\x18\x04 \x03(\t\x12)\n\x05tasks\x18\x05 \x03(\x0b\x32\x1a.snapcoord.v1.TaskSnapshot\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x03\x12\x17\n\x0f\x63ompleted_at_ms\x18\x07 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x08 \x01(\x03\x12\x32\n\x06labels\x18\t \x03(\x0b\x32\".snapcoord.v1.Snapshot.LabelsEntry\x12\x14\n\x0c\x61\x62ort_reason\x18\n \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\t\n\x05\x45MPTY\x10\x01\x12\x0b\n\x07\x43REATED\x10\x02\x12\r\n\tCOMPLETED\x10\x03\x12\x0b\n\x07\x41\x42ORTED\x10\x04\"\xcd\x01\n\x15\x43reateSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.snapcoord.v1.CreateSnapshotRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x19GetCurrentSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\nconsistent\x18\x02 \x01(\x08\"[\n\x15ReadCheckpointRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\r\n\x05store\x18\x04 \x01(\t\"S\n\x0f\x43heckpointChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\ntotal_size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"U\n\x12GetSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x1b\n\x13include_checkpoints\x18\x03 \x01(\x08\"M\n\x14ListSnapshotsRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x15ListSnapshotsResponse\x12)\n\tsnapshots\x18\x01 \x03(\x0b\x32\x16.snapcoord.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"i\n\x19ReportTaskSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x1a.snapcoord.v1.TaskSnapshot\"J\n\x14\x41\x62ortSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\";\n\x15\x44\x65leteSnapshotRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\")\n\x16\x44\x65leteSnapshotResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"b\n\x19SetRetentionPolicyRequest\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x1b\n\x13keep_last_completed\x18\x02 \x01(\x05\x12\x18\n\x10\x63ompleted_ttl_ms\x18\x03 \x01(\x03\"X\n\x0fRetentionPolicy\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x1b\n\x13keep_last_completed\x18\x02 \x01(\x05\x12\x18\n\x10\x63ompleted_ttl_ms\x18\x03 \x01(\x03\x32\xbe\x06\n\x0fSnapshotService\x12R\n\x0e\x43reateSnapshot\x12#.snapcoord.v1.CreateSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12Z\n\x12GetCurrentSnapshot\x12\'.snapcoord.v1.GetCurrentSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x01\x12L\n\x0bGetSnapshot\x12 .snapcoord.v1.GetSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x01\x12]\n\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\x03\x90\x02\x01\x12Z\n\x12ReportTaskSnapshot\x12\'.snapcoord.v1.ReportTaskSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12P\n\rAbortSnapshot\x12\".snapcoord.v1.AbortSnapshotRequest\x1a\x16.snapcoord.v1.Snapshot\"\x03\x90\x02\x02\x12`\n\x0e\x44\x65leteSnapshot\x12#.snapcoord.v1.DeleteSnapshotRequest\x1a$.snapcoord.v1.DeleteSnapshotResponse\"\x03\x90\x02\x02\x12[\n\x0eReadCheckpoint\x12#.snapcoord.v1.ReadCheckpointRequest\x1a\x1d.snapcoord.v1.CheckpointChunk\"\x03\x90\x02\x01\x30\x01\x12\x61\n\x12SetRetentionPolicy\x12\'.snapcoord.v1.SetRetentionPolicyRequest\x1a\x1d.snapcoord.v1.RetentionPolicy\"\x03\x90\x02\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,6 +52,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTSERVICE'].methods_by_name['AbortSnapshot']._serialized_options = b'\220\002\002'
   _globals['_SNAPSHOTSERVICE'].methods_by_name['DeleteSnapshot']._loaded_options = None
   _globals['_SNAPSHOTSERVICE'].methods_by_name['DeleteSnapshot']._serialized_options = b'\220\002\002'
+  _globals['_SNAPSHOTSERVICE'].methods_by_name['ReadCheckpoint']._loaded_options = None
+  _globals['_SNAPSHOTSERVICE'].methods_by_name['ReadCheckpoint']._serialized_options = b'\220\002\001'
   _globals['_SNAPSHOTSERVICE'].methods_by_name['SetRetentionPolicy']._loaded_options = None
   _globals['_SNAPSHOTSERVICE'].methods_by_name['SetRetentionPolicy']._serialized_options = b'\220\002\002'
   _globals['_TASKSNAPSHOT']._serialized_start=73
@@ -70,24 +72,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESNAPSHOTREQUEST_LABELSENTRY']._serialized_end=618
   _globals['_GETCURRENTSNAPSHOTREQUEST']._serialized_start=912
   _globals['_GETCURRENTSNAPSHOTREQUEST']._serialized_end=975
-  _globals['_GETSNAPSHOTREQUEST']._serialized_start=977
-  _globals['_GETSNAPSHOTREQUEST']._serialized_end=1062
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1064
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1141
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1143
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=1234
-  _globals['_REPORTTASKSNAPSHOTREQUEST']._serialized_start=1236
-  _globals['_REPORTTASKSNAPSHOTREQUEST']._serialized_end=1341
-  _globals['_ABORTSNAPSHOTREQUEST']._serialized_start=1343
-  _globals['_ABORTSNAPSHOTREQUEST']._serialized_end=1417
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=1419
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=1478
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=1480
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=1521
-  _globals['_SETRETENTIONPOLICYREQUEST']._serialized_start=1523
-  _globals['_SETRETENTIONPOLICYREQUEST']._serialized_end=1621
-  _globals['_RETENTIONPOLICY']._serialized_start=1623
-  _globals['_RETENTIONPOLICY']._serialized_end=1711
-  _globals['_SNAPSHOTSERVICE']._serialized_start=1714
-  _globals['_SNAPSHOTSERVICE']._serialized_end=2451
+  _globals['_READCHECKPOINTREQUEST']._serialized_start=977
+  _globals['_READCHECKPOINTREQUEST']._serialized_end=1068
+  _globals['_CHECKPOINTCHUNK']._serialized_start=1070
+  _globals['_CHECKPOINTCHUNK']._serialized_end=1153
+  _globals['_GETSNAPSHOTREQUEST']._serialized_start=1155
+  _globals['_GETSNAPSHOTREQUEST']._serialized_end=1240
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1242
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1319
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1321
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=1412
+  _globals['_REPORTTASKSNAPSHOTREQUEST']._serialized_start=1414
+  _globals['_REPORTTASKSNAPSHOTREQUEST']._serialized_end=1519
+  _globals['_ABORTSNAPSHOTREQUEST']._serialized_start=1521
+  _globals['_ABORTSNAPSHOTREQUEST']._serialized_end=1595
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=1597
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=1656
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=1658
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=1699
+  _globals['_SETRETENTIONPOLICYREQUEST']._serialized_start=1701
+  _globals['_SETRETENTIONPOLICYREQUEST']._serialized_end=1799
+  _globals['_RETENTIONPOLICY']._serialized_start=1801
+  _globals['_RETENTIONPOLICY']._serialized_end=1889
+  _globals['_SNAPSHOTSERVICE']._serialized_start=1892
+  _globals['_SNAPSHOTSERVICE']._serialized_end=2722
 # @@protoc_insertion_point(module_scope)

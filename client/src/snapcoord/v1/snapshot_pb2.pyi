@@ -96,6 +96,30 @@ class GetCurrentSnapshotRequest(_message.Message):
     consistent: bool
     def __init__(self, app_id: _Optional[str] = ..., consistent: bool = ...) -> None: ...
 
+class ReadCheckpointRequest(_message.Message):
+    __slots__ = ("app_id", "generation", "task_id", "store")
+    APP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    app_id: str
+    generation: int
+    task_id: str
+    store: str
+    def __init__(self, app_id: _Optional[str] = ..., generation: _Optional[int] = ..., task_id: _Optional[str] = ..., store: _Optional[str] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("data", "offset", "total_size", "sha256")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    total_size: int
+    sha256: str
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
 class GetSnapshotRequest(_message.Message):
     __slots__ = ("app_id", "generation", "include_checkpoints")
     APP_ID_FIELD_NUMBER: _ClassVar[int]

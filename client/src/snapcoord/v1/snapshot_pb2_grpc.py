@@ -71,6 +71,11 @@ class SnapshotServiceStub(object):
                 request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotRequest.SerializeToString,
                 response_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotResponse.FromString,
                 _registered_method=True)
+        self.ReadCheckpoint = channel.unary_stream(
+                '/snapcoord.v1.SnapshotService/ReadCheckpoint',
+                request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.SerializeToString,
+                response_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
         self.SetRetentionPolicy = channel.unary_unary(
                 '/snapcoord.v1.SnapshotService/SetRetentionPolicy',
                 request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.SetRetentionPolicyRequest.SerializeToString,
@@ -136,6 +141,16 @@ class SnapshotServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadCheckpoint(self, request, context):
+        """One task's checkpoint payload for one state store, as a stream of chunks of at most 1 MiB, so
+        that neither side holds a large payload in memory at once (GetSnapshot with
+        include_checkpoints refuses snapshots whose payloads exceed the server's inline limit).
+        NOT_FOUND when the snapshot, the task's report or the store is absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetRetentionPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -179,6 +194,11 @@ def add_SnapshotServiceServicer_to_server(servicer, server):
                     servicer.DeleteSnapshot,
                     request_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotRequest.FromString,
                     response_serializer=snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'ReadCheckpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadCheckpoint,
+                    request_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.FromString,
+                    response_serializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.SerializeToString,
             ),
             'SetRetentionPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.SetRetentionPolicy,
@@ -377,6 +397,33 @@ class SnapshotService(object):
             '/snapcoord.v1.SnapshotService/DeleteSnapshot',
             snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotRequest.SerializeToString,
             snapcoord_dot_v1_dot_snapshot__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/snapcoord.v1.SnapshotService/ReadCheckpoint',
+            snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.SerializeToString,
+            snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,

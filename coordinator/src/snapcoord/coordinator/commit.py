@@ -20,6 +20,7 @@ that references them, best-effort deletion of objects nobody references any more
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import random
 import time
@@ -41,6 +42,11 @@ from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
 _log = logging.getLogger(__name__)
+
+#: Payload puts of all calls share these threads: a report's uploads run in parallel, and the
+#: process never runs more puts at once than this, however many reports arrive together.
+UPLOAD_THREADS = 16
+_UPLOADS = concurrent.futures.ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="upload")
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -249,11 +255,7 @@ class CommitKernel:
                     uploaded.clear()
                     return result
                 pending = None
-                for key, payload in decision.uploads.items():
-                    if key not in uploaded:
-                        assert self._blobs is not None, "an operation uploads without a blob store"
-                        uploaded.add(key)  # before the put: a put that fails midway may have landed
-                        self._blobs.put(key, payload)
+                self._upload({k: v for k, v in decision.uploads.items() if k not in uploaded}, uploaded)
                 self._prepare(decision)
                 try:
                     self._metadata.transaction(decision.ops)
@@ -284,6 +286,25 @@ class CommitKernel:
             # backstop.)
             self._delete(sorted(uploaded - in_doubt), ())
             raise
+
+    def _upload(self, todo: Mapping[str, bytes], uploaded: set[str]) -> None:
+        """Put ``todo``'s payloads in parallel (a report may carry dozens), all before the commit.
+        Every key counts as uploaded before its put starts (a put that fails midway may have
+        landed); a failure is raised only once no put is still running, so the caller's cleanup
+        never races an upload."""
+        if not todo:
+            return
+        assert self._blobs is not None, "an operation uploads without a blob store"
+        blobs = self._blobs
+        uploaded.update(todo)
+        if len(todo) == 1:
+            key, payload = next(iter(todo.items()))
+            blobs.put(key, payload)
+            return
+        futures = [_UPLOADS.submit(blobs.put, key, payload) for key, payload in todo.items()]
+        concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()  # the first failure, if any
 
     def read(self, reads: Iterable[Read]) -> Reads:
         """Issue ``reads`` together: every node in one ``get_many``, then the listings."""

@@ -16,6 +16,7 @@ the environment; everything else gets a frozen ``Config``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_type_hints
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from snapcoord.coordinator import zk_budget
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
@@ -51,6 +53,10 @@ class GrpcConfig:
     max_concurrent_rpcs: int
     #: How long SIGTERM waits for in-flight calls before cancelling them.
     shutdown_grace_ms: int
+    #: Checkpoint payload bytes all calls together may hold (reports uploading, GetSnapshot reading).
+    payload_budget_bytes: int
+    #: How long a call waits for room in that budget before RESOURCE_EXHAUSTED.
+    payload_budget_wait_ms: int
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,18 @@ class StorageConfig:
     blobs_uri: str
     zk_session_timeout_ms: int
     zk_connect_timeout_ms: int
+    #: The ensemble's jute.maxbuffer: the largest request ZooKeeper accepts (the limits that keep
+    #: every legal request under it are derived from it too, see ``zk_budget``).
+    zk_max_request_bytes: int
     s3_addressing_style: Literal["auto", "path", "virtual"]
+    #: How often health probes the blob store (services that write payloads follow it).
+    blob_probe_interval_ms: int
 
     def metadata_options(self) -> MetadataOptions:
         return MetadataOptions(
             zk_session_timeout_ms=self.zk_session_timeout_ms,
             zk_connect_timeout_ms=self.zk_connect_timeout_ms,
+            zk_max_request_bytes=self.zk_max_request_bytes,
         )
 
     def blob_options(self) -> BlobOptions:
@@ -419,6 +431,22 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DURATION",
     ),
     Option(
+        "payload_budget",
+        "checkpoint payload bytes all calls together may hold in memory (B, KiB, MiB, GiB)",
+        "1GiB",
+        _size_parser(1024 * 1024, 1024**4),
+        to="grpc.payload_budget_bytes",
+        metavar="SIZE",
+    ),
+    Option(
+        "payload_budget_wait",
+        "how long a call waits for room in --payload-budget before RESOURCE_EXHAUSTED",
+        "10s",
+        _duration_parser(0),
+        to="grpc.payload_budget_wait_ms",
+        metavar="DURATION",
+    ),
+    Option(
         "zk_session_timeout",
         "ZooKeeper session timeout",
         "10s",
@@ -432,6 +460,24 @@ OPTIONS: tuple[Option, ...] = (
         "15s",
         _duration_parser(1),
         to="storage.zk_connect_timeout_ms",
+        metavar="DURATION",
+    ),
+    Option(
+        "zk_max_request_bytes",
+        "ZooKeeper's jute.maxbuffer in bytes (set it to the ensemble's); request-size limits derive from it",
+        "1048575",
+        _int_parser(
+            1_048_575, 1_073_741_824, "an integer 1048575-1073741824 (bytes; 1048575 is ZooKeeper's default)"
+        ),
+        to=("storage.zk_max_request_bytes", "snapshots.max_request_bytes", "leases.max_request_bytes"),
+        metavar="BYTES",
+    ),
+    Option(
+        "blob_probe_interval",
+        "how often health probes the blob store (services that write payloads follow it)",
+        "5s",
+        _duration_parser(1),
+        to="storage.blob_probe_interval_ms",
         metavar="DURATION",
     ),
     Option(
@@ -499,6 +545,22 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "snapshot_max_inline_read",
+        "most payload bytes GetSnapshot returns with include_checkpoints; ReadCheckpoint streams beyond",
+        "64MiB",
+        _size_parser(1, 1024**3),
+        to="snapshots.max_inline_read_bytes",
+        metavar="SIZE",
+    ),
+    Option(
+        "snapshot_max_checkpoints",
+        "most checkpoint entries in one ReportTaskSnapshot",
+        "64",
+        _int_parser(1, 10_000, "an integer 1-10000"),
+        to="snapshots.max_checkpoints_per_report",
+        metavar="N",
+    ),
+    Option(
         "retention_keep_last_completed",
         "completed snapshots kept per app unless SetRetentionPolicy says otherwise",
         "3",
@@ -540,10 +602,18 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "lease_max_snapshots",
-        "most snapshots in one AcquireSnapshots or ReleaseSnapshots call",
-        "1000",
+        "most snapshots in one AcquireSnapshots or ReleaseSnapshots call, and held by one lease",
+        "256",
         _int_parser(1, 10_000, "an integer 1-10000"),
         to="leases.max_snapshots",
+        metavar="N",
+    ),
+    Option(
+        "lease_max_holders",
+        "most live leases holding one snapshot",
+        "4",
+        _int_parser(1, 1_000, "an integer 1-1000"),
+        to="leases.max_holders",
         metavar="N",
     ),
     Option(
@@ -689,7 +759,33 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     for opt in OPTIONS:
         for section, name in opt.targets:
             fed[section][name] = values[opt.name]
-    return Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
+    cfg = Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
+    _check_lease_requests_fit(cfg)
+    return cfg
+
+
+def _check_lease_requests_fit(cfg: Config) -> None:
+    """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request.
+    (Snapshot sizes are bounded by byte budgets derived from the limit, producer and backlog
+    transactions are small or split; ``tests/coordinator/test_zk_budget.py`` checks every RPC.)"""
+    row = _worst_lease_request(cfg.leases)
+    if not row.fits:
+        raise ConfigError(
+            f"with --lease-max-snapshots={cfg.leases.max_snapshots} and --lease-max-holders="
+            f"{cfg.leases.max_holders}, {row.rpc} may send a {row.request_bytes}-byte ZooKeeper request; "
+            f"--zk-max-request-bytes is {row.limit}: lower one of the two lease limits"
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _worst_lease_request(leases: LeasePolicy) -> zk_budget.Row:
+    limits = zk_budget.Limits(leases=leases)
+    rows = [
+        zk_budget.Row(rpc, len(ops), zk_budget.transaction_bytes(ops, limits), leases.max_request_bytes)
+        for rpc, build in zk_budget.WORST_CASE.items()
+        if rpc.startswith("LeaseService/") and (ops := build(limits))
+    ]
+    return max(rows, key=lambda r: r.request_bytes)
 
 
 # --- redaction ---------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class Reason(StrEnum):
     EXPIRED = "EXPIRED"
     #: A payload exceeds a configured size or count limit; metadata: field, limit.
     TOO_LARGE = "TOO_LARGE"
+    #: The server's budget of payload bytes in flight is spent; retry after a pause. Metadata:
+    #: limit, requested.
+    OVERLOADED = "OVERLOADED"
 
 
 class SnapcoordError(Exception):
@@ -102,6 +105,12 @@ class Unavailable(SnapcoordError):
     """A backend (ZooKeeper, S3) cannot be reached right now; retry later."""
 
     default_reason = Reason.UNAVAILABLE
+
+
+class ResourceExhausted(SnapcoordError):
+    """A server-wide budget is spent for now (payload bytes in flight); retry after a pause."""
+
+    default_reason = Reason.OVERLOADED
 
 
 class Unimplemented(SnapcoordError):

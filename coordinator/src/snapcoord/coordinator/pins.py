@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from snapcoord.coordinator.domain.leases import decode_pins, encode_pins, pinned_by_live_lease
+from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
+from snapcoord.coordinator.domain.snapshots import State
 from snapcoord.coordinator.expiry_index import entry_path
 from snapcoord.coordinator.snapshots.layout import RETENTION, gen_path, ref
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
@@ -30,6 +32,12 @@ def pin_path(app_id: str, generation: int) -> str:
 def snapshot_path(app_id: str, generation: int) -> str:
     """The header node of a snapshot; a lease checks its version when it pins the snapshot."""
     return gen_path(app_id, generation)
+
+
+def pinnable(header: Node | None) -> bool:
+    """May a lease pin the snapshot with this header node? Not when it is absent or DELETING: the
+    deletion checked the pins when it marked the header, so a pin now would hold nothing."""
+    return header is not None and decode_snapshot(header.data).state is not State.DELETING
 
 
 def pinned(node: Node | None, now_ms: int, skew_ms: int) -> bool:
@@ -48,12 +56,29 @@ def guard(app_id: str, generation: int, node: Node | None) -> list[Op]:
     return [Check(path, node.version)]
 
 
+def live_holders(node: Node | None, now_ms: int, skew_ms: int) -> dict[str, int]:
+    """The leases of a pin index that still count as alive (expiry plus the skew margin)."""
+    holders = decode_pins(node.data) if node is not None and node.data else {}
+    return {k: v for k, v in holders.items() if now_ms < v + skew_ms}
+
+
 def pin_change(
-    path: str, node: Node | None, lease_id: str, *, holding: bool, expires_at_ms: int
+    path: str,
+    node: Node | None,
+    lease_id: str,
+    *,
+    holding: bool,
+    expires_at_ms: int,
+    live_after_ms: int | None = None,
 ) -> Op | None:
     """The op that records ``lease_id`` (with its expiry) in the pin index at ``path``, or takes it
-    out (deleting an index that becomes empty); None when there is nothing to write."""
+    out (deleting an index that becomes empty); None when there is nothing to write. With
+    ``live_after_ms`` (now less the skew margin), the holders expired by then are dropped from
+    what is written: they pin nothing, and so an index never lists more than the live leases a
+    pin admitted (``LeasePolicy.max_holders``), which bounds its size."""
     holders = decode_pins(node.data) if node is not None and node.data else {}
+    if live_after_ms is not None:
+        holders = {k: v for k, v in holders.items() if v > live_after_ms or k == lease_id}
     if holding:
         holders[lease_id] = expires_at_ms
     else:

@@ -161,7 +161,7 @@ def build_server(
         api.SERVICE_NAMES,
         blobs=deps.blobs,
         blob_services=BLOB_SERVICE_NAMES,
-        # harden: wire --blob-probe-interval here once config.py has it (default 5 s)
+        blob_probe_interval_s=config.storage.blob_probe_interval_ms / 1000,
     )
     health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)

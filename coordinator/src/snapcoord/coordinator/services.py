@@ -12,6 +12,7 @@ from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -55,6 +56,9 @@ class Services:
             deps.clock,
             config.snapshots,
             metrics,
+            payload_budget=PayloadBudget(
+                config.grpc.payload_budget_bytes, config.grpc.payload_budget_wait_ms / 1000
+            ),
         )
         leases = LeaseRegistry(
             deps.metadata,

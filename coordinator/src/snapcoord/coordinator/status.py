@@ -38,6 +38,7 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
     errors.Internal: grpc.StatusCode.INTERNAL,
     # A SnapcoordError raised directly names no outcome: treat it as a bug.

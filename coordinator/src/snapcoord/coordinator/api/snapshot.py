@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import grpc
@@ -47,6 +49,22 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
             request.app_id, request.generation, include_checkpoints=request.include_checkpoints
         )
         return snapshot_to_pb(found.snapshot, found.payloads)
+
+    def ReadCheckpoint(
+        self, request: snapshot_pb2.ReadCheckpointRequest, context: grpc.ServicerContext
+    ) -> Iterator[snapshot_pb2.CheckpointChunk]:
+        ref, pieces = self._snapshots.read_checkpoint(
+            request.app_id, request.generation, request.task_id, request.store
+        )
+        offset = 0
+        with contextlib.closing(pieces):
+            for piece in pieces:
+                yield snapshot_pb2.CheckpointChunk(
+                    data=piece, offset=offset, total_size=ref.size, sha256=ref.sha256
+                )
+                offset += len(piece)
+        if offset == 0:  # an empty payload still answers with its size and hash
+            yield snapshot_pb2.CheckpointChunk(data=b"", offset=0, total_size=ref.size, sha256=ref.sha256)
 
     def ListSnapshots(
         self, request: snapshot_pb2.ListSnapshotsRequest, context: grpc.ServicerContext

@@ -31,10 +31,15 @@ class LeasePolicy:
 
     min_duration_ms: int = 1_000
     max_duration_ms: int = 7 * 24 * 3_600_000
-    #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call.
-    max_snapshots: int = 1_000
+    #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call, and held by one lease.
+    max_snapshots: int = 256
+    #: Most live leases holding one snapshot (its pin index lists them all, and every renewal
+    #: rewrites the pin index of each snapshot the lease holds).
+    max_holders: int = 4
     #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
     max_clock_skew_ms: int = 5_000
+    #: ZooKeeper's jute.maxbuffer: bounds the leases one snapshot's pin index may list.
+    max_request_bytes: int = 1_048_575
 
 
 @dataclass(frozen=True)

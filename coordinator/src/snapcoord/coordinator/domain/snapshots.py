@@ -18,13 +18,18 @@ from dataclasses import dataclass
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
 from snapcoord.coordinator.domain.quoting import quote_prefix
-from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.errors import InvalidArgument, Reason
 
 #: The reason the janitor gives when it aborts a snapshot that outlived its timeout.
 TIMEOUT_REASON = "timeout"
 MAX_LABELS = 64
 MAX_LABEL_BYTES = 1024
 MAX_REASON_CHARS = 1024
+#: Of a transaction's bytes, what is not a header's or a report's data: paths (with a chroot),
+#: op headers, the deadline and retention entries of a completion.
+REQUEST_RESERVE_BYTES = 16 * 1024
+#: The node data one transaction may carry on every backend (``storage.metadata.MAX_NODE_BYTES``).
+TRANSACTION_DATA_BYTES = 1_000_000
 
 
 class State(enum.Enum):
@@ -32,6 +37,9 @@ class State(enum.Enum):
     CREATED = "CREATED"
     COMPLETED = "COMPLETED"
     ABORTED = "ABORTED"
+    #: Being deleted step by step (its task nodes in bounded batches, the header last): gone for
+    #: readers, leases and retention; whoever finds it finishes the deletion.
+    DELETING = "DELETING"
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,26 @@ class SnapshotPolicy:
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
     #: A lease pins until its expiry plus this margin (replicas' clocks may disagree).
     max_clock_skew_ms: int = 5_000
+    #: Most checkpoint entries in one ReportTaskSnapshot (each is a blob put and a ref in the report).
+    max_checkpoints_per_report: int = 64
+    #: Most payload bytes GetSnapshot returns inline (include_checkpoints); beyond, ReadCheckpoint
+    #: streams each payload.
+    max_inline_read_bytes: int = 64 * 1024 * 1024
+    #: ZooKeeper's jute.maxbuffer: the header and report byte budgets derive from it.
+    max_request_bytes: int = 1_048_575
+
+    @property
+    def header_budget_bytes(self) -> int:
+        """Most bytes of a stored snapshot header (task set, labels, abort reason). A report
+        writes its header and its own report in one transaction, so each gets half of what one
+        transaction may carry: the request limit less a reserve for paths and the other ops, and
+        never more than the stores' data limit per transaction (``TRANSACTION_DATA_BYTES``)."""
+        return min(self.max_request_bytes - REQUEST_RESERVE_BYTES, TRANSACTION_DATA_BYTES) // 2
+
+    @property
+    def report_budget_bytes(self) -> int:
+        """Most bytes of a stored task report (offsets, checkpoint refs): the other half."""
+        return self.header_budget_bytes
 
 
 @dataclass(frozen=True)
@@ -207,6 +235,13 @@ def validate_report(
     items = tuple(offsets)
     if items:
         items = validate_offsets(items, field="task.committed_offsets", max_count=policy.max_offsets_per_task)
+    if len(checkpoints) > policy.max_checkpoints_per_report:
+        raise InvalidArgument(
+            f"task.checkpoints has {len(checkpoints)} entries; the limit per report is "
+            f"{policy.max_checkpoints_per_report} (--snapshot-max-checkpoints)",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "task.checkpoints", "limit": policy.max_checkpoints_per_report},
+        )
     total = 0
     for store, payload in checkpoints.items():
         # The field name quotes only a prefix: the key itself may be megabytes long (D4).
@@ -225,9 +260,14 @@ def report_digest(offsets: Sequence[Offset], checkpoints: Mapping[str, bytes]) -
     Offsets are compared as a set of (stream, partition, offset); checkpoints by store name and
     payload hash, so neither the order of fields nor of entries matters.
     """
+    return report_digest_of(offsets, {k: hashlib.sha256(v).hexdigest() for k, v in checkpoints.items()})
+
+
+def report_digest_of(offsets: Sequence[Offset], checkpoint_sha256: Mapping[str, str]) -> str:
+    """``report_digest`` from the payloads' hashes (a caller that hashed them once already)."""
     doc = {
         "offsets": sorted([o.stream, o.partition, o.offset] for o in offsets),
-        "checkpoints": sorted([k, hashlib.sha256(v).hexdigest()] for k, v in checkpoints.items()),
+        "checkpoints": sorted([k, sha] for k, sha in checkpoint_sha256.items()),
     }
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 

@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 from snapcoord.coordinator import pins
 from snapcoord.coordinator.commit import Commit, Done, More, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_lease, encode_lease
-from snapcoord.coordinator.errors import NotFound, Reason
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, due_ms, index_path, record_path
 from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
@@ -53,6 +53,9 @@ class Clocks:
     now: int
     skew_ms: int
     nonce: str
+    #: The limits an acquire enforces against stored state (``LeasePolicy``).
+    max_snapshots: int = 256
+    max_holders: int = 4
 
 
 def _pin_reads(refs: Iterable[SnapshotRef], reads: Reads) -> More | None:
@@ -67,12 +70,22 @@ def pin_ops(
     add: Iterable[SnapshotRef],
     expires_at_ms: int,
     remove: Iterable[SnapshotRef],
+    clocks: Clocks,
 ) -> list[Op]:
-    """Record ``lease_id`` in the pin index of each snapshot in ``add``; take it out of ``remove``."""
+    """Record ``lease_id`` in the pin index of each snapshot in ``add``; take it out of ``remove``
+    (dropping holders that expired, see ``pins.pin_change``)."""
     ops: list[Op] = []
+    live_after = clocks.now - clocks.skew_ms
     for ref, holding in [(r, True) for r in add] + [(r, False) for r in remove]:
         path = pins.pin_path(ref.app_id, ref.generation)
-        op = pins.pin_change(path, reads.node(path), lease_id, holding=holding, expires_at_ms=expires_at_ms)
+        op = pins.pin_change(
+            path,
+            reads.node(path),
+            lease_id,
+            holding=holding,
+            expires_at_ms=expires_at_ms,
+            live_after_ms=live_after,
+        )
         if op is not None:
             ops.append(op)
     return ops
@@ -153,13 +166,33 @@ def acquire(
             continue
         path = pins.snapshot_path(ref.app_id, ref.generation)
         header = reads.node(path)
-        if header is None:
+        if header is None or not pins.pinnable(header):
             unavailable.append(ref)
             continue
+        pin_path = pins.pin_path(ref.app_id, ref.generation)
+        others = pins.live_holders(reads.node(pin_path), clocks.now, clocks.skew_ms)
+        others.pop(lease_id, None)
+        if len(others) >= clocks.max_holders:
+            raise FailedPrecondition(
+                f"{ref.app_id}@{ref.generation} is already held by {len(others)} leases; the limit is "
+                f"{clocks.max_holders} (--lease-max-holders): share a lease, or release one",
+                reason=Reason.TOO_LARGE,
+                metadata={"app_id": ref.app_id, "generation": ref.generation, "limit": clocks.max_holders},
+            )
         ops.append(Check(path, header.version))  # a delete racing this pin fails one of the two
         new_refs.append(ref)
+    total = len(held | set(new_refs))
+    if total > clocks.max_snapshots:
+        raise InvalidArgument(
+            f"lease {lease_id!r} would hold {total} snapshots ({len(held)} already); the limit per "
+            f"lease is {clocks.max_snapshots} (--lease-max-snapshots)",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "snapshots", "limit": clocks.max_snapshots},
+        )
     lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, tuple(sorted(held | set(new_refs))))
-    ops += pin_ops(lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=dropped)
+    ops += pin_ops(
+        lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=dropped, clocks=clocks
+    )
     ops += record_ops(current, lease, clocks.skew_ms)
     return _commit(ops, Acquired(lease, tuple(unavailable)), lease, clocks, dropped)
 
@@ -184,7 +217,9 @@ def release(
     lease = Lease(
         lease_id, old.duration_ms, old.expires_at_ms, tuple(r for r in old.snapshots if r not in gone)
     )
-    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=lease.expires_at_ms, remove=sorted(gone))
+    ops = pin_ops(
+        lease_id, reads, add=(), expires_at_ms=lease.expires_at_ms, remove=sorted(gone), clocks=clocks
+    )
     ops += record_ops(current, lease, clocks.skew_ms)
     return _commit(ops, Released(lease, gone), lease, clocks, gone)
 
@@ -201,7 +236,9 @@ def renew(
     if more is not None:
         return more
     lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, current.lease.snapshots)
-    ops = pin_ops(lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=())
+    ops = pin_ops(
+        lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=(), clocks=clocks
+    )
     ops += record_ops(current, lease, clocks.skew_ms)
     return _commit(ops, lease, lease, clocks, ())
 
@@ -227,6 +264,6 @@ def remove(
     more = _pin_reads(lease.snapshots, reads)
     if more is not None:
         return more
-    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=0, remove=lease.snapshots)
+    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=0, remove=lease.snapshots, clocks=clocks)
     ops += [Delete(record_path(lease_id), current.version), Delete(index_path(lease, clocks.skew_ms), None)]
     return _commit(ops, "alive" if alive else "removed", lease, clocks, lease.snapshots, indexed=False)

@@ -161,4 +161,5 @@ class LeaseRegistry:
         return self._janitor.update_gauges()
 
     def _clocks(self, nonce: str) -> decide.Clocks:
-        return decide.Clocks(self._clock.now_ms(), self._policy.max_clock_skew_ms, nonce)
+        p = self._policy
+        return decide.Clocks(self._clock.now_ms(), p.max_clock_skew_ms, nonce, p.max_snapshots, p.max_holders)

@@ -6,6 +6,7 @@ time, and returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals ra
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -44,7 +45,7 @@ from snapcoord.coordinator.snapshots.layout import (
     task_path,
     tasks_path,
 )
-from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 #: The reason recorded when AbortSnapshot gives none.
 DEFAULT_ABORT_REASON = "aborted by request"
@@ -57,6 +58,14 @@ class Stored:
 
 
 def stored(node: Node | None) -> Stored | None:
+    """The snapshot header at a node; None when absent or being deleted (DELETING reads as gone
+    for every reader: GetSnapshot, ListSnapshots, reports, aborts, the deadline janitor)."""
+    item = stored_any(node)
+    return None if item is None or item.record.state is State.DELETING else item
+
+
+def stored_any(node: Node | None) -> Stored | None:
+    """The header whatever its state: only the deletion itself and retention look at DELETING."""
     return Stored(decode_snapshot(node.data), node.version) if node is not None else None
 
 
@@ -275,22 +284,32 @@ def abort(
 # --- DeleteSnapshot (and retention) -------------------------------------------------------------
 
 
-def delete_reads(app_id: str, generation: int) -> list[ReadNode | ReadChildren]:
+def deleting_trigger(app_id: str, generation: int, now: int) -> str:
+    """The retention trigger a deletion leaves until it is finished: if its caller dies midway, the
+    janitor's retention pass finds the DELETING header and finishes it."""
+    return retention_entry(now, f"{app_id}@deleting-{generation}")
+
+
+def delete_reads(app_id: str, generation: int, now: int) -> list[ReadNode | ReadChildren]:
     return [
         ReadNode(gen_path(app_id, generation)),
         ReadNode(pins.pin_path(app_id, generation)),
-        ReadChildren(tasks_path(app_id, generation)),
+        ReadNode(deleting_trigger(app_id, generation, now)),
     ]
 
 
-def delete(
+def delete_mark(
     app_id: str, generation: int, reads: Reads, pending: Commit[bool] | None, now: int, skew_ms: int
-) -> Done[bool] | Commit[bool] | More:
-    """Delete an ended, unpinned snapshot's nodes in one transaction (checked against its pins),
-    then its objects; False when there was none."""
-    header = stored(reads.node(gen_path(app_id, generation))) if generation > 0 else None
+) -> Done[bool] | Commit[bool]:
+    """Step 1 of a deletion: an ended, unpinned snapshot becomes DELETING, in one transaction
+    checked against its pins (so of a pin and this mark racing, exactly one commits), with a
+    retention trigger that outlives a crash. True when the snapshot is (now) DELETING, False when
+    there was none. A DELETING snapshot cannot be pinned any more (``pins.pinnable``)."""
+    header = stored_any(reads.node(gen_path(app_id, generation))) if generation > 0 else None
     if header is None:
         return landed(pending) if pending is not None else Done(False)
+    if header.record.state is State.DELETING:
+        return Done(True)
     if header.record.state is State.CREATED:
         raise FailedPrecondition(
             f"app {app_id!r} generation {generation} is still CREATED: abort it before deleting it",
@@ -304,25 +323,63 @@ def delete(
             reason=Reason.LEASE_HELD,
             metadata={"app_id": app_id, "generation": generation},
         )
-    task_reads = [
-        ReadNode(task_path(app_id, generation, t)) for t in reads.children(tasks_path(app_id, generation))
-    ]
+    marked = replace(header.record, state=State.DELETING)
+    ops: list[Op] = pins.guard(app_id, generation, pin_node)
+    ops.append(SetData(gen_path(app_id, generation), encode_snapshot(marked), header.version))
+    trigger = deleting_trigger(app_id, generation, now)
+    if reads.node(trigger) is None:
+        ops.append(Create(trigger, b""))
+    return Commit(ops, True, buckets=((RETENTION, now),), ensure=(pins.PINS,) if pin_node is None else ())
+
+
+def delete_step_reads(app_id: str, generation: int) -> list[ReadNode | ReadChildren]:
+    return [ReadNode(gen_path(app_id, generation)), ReadChildren(tasks_path(app_id, generation))]
+
+
+#: Bytes per Delete op beyond its path: op header, version, multi framing, and a chroot of up to
+#: 64 characters (every path is sent with it). Conservative: the store checks the exact size.
+DELETE_OP_OVERHEAD = 96
+
+
+class Step(enum.Enum):
+    MORE = "more"  # a batch of task nodes went; call again
+    FINISHED = "finished"  # this call removed the header: the snapshot is gone
+    GONE = "gone"  # someone else finished it (or it was never marked)
+
+
+def delete_step(
+    app_id: str, generation: int, reads: Reads, pending: Commit[Step] | None, batch_bytes: int
+) -> Done[Step] | Commit[Step] | More:
+    """Steps 2..n of a deletion: remove a batch of at most ``batch_bytes`` of task nodes (and their
+    objects, after the commit), or, when none are left, the tasks node and the header last. Every
+    step checks the DELETING header's version, so it never touches a snapshot someone recreated."""
+    header = stored_any(reads.node(gen_path(app_id, generation)))
+    if header is None or header.record.state is not State.DELETING:
+        return landed(pending) if pending is not None else Done(Step.GONE)
+    guard = Check(gen_path(app_id, generation), header.version)
+    batch: list[str] = []
+    size = 0
+    for name in sorted(reads.children(tasks_path(app_id, generation))):
+        cost = len(task_path(app_id, generation, name).encode()) + DELETE_OP_OVERHEAD
+        if batch and size + cost > batch_bytes:
+            break
+        batch.append(name)
+        size += cost
+    if not batch:
+        ops: list[Op] = [
+            Delete(tasks_path(app_id, generation), None),
+            Delete(gen_path(app_id, generation), header.version),
+        ]
+        return Commit(ops, Step.FINISHED)
+    task_reads = [ReadNode(task_path(app_id, generation, t)) for t in batch]
     missing = [r for r in task_reads if not reads.has(r)]
     if missing:
         return More(missing)
-    reports = [decode_task_report(n.data) for n in (reads.node(r.path) for r in task_reads) if n is not None]
-    ops: list[Op] = pins.guard(app_id, generation, pin_node)
-    ops += [Delete(task_path(app_id, generation, r.task_id), None) for r in reports]
-    ops += [
-        Delete(tasks_path(app_id, generation), None),
-        Delete(gen_path(app_id, generation), header.version),
-    ]
-    return Commit(
-        ops,
-        True,
-        cleanup=tuple(c.object_key for r in reports for c in r.checkpoints),
-        ensure=(pins.PINS,) if pin_node is None else (),
-    )
+    nodes = [(r.path, reads.node(r.path)) for r in task_reads]
+    reports = [decode_task_report(n.data) for _, n in nodes if n is not None]
+    # No version on the task deletes: a task node never changes once written.
+    ops = [guard, *(Delete(path, None) for path, n in nodes if n is not None)]
+    return Commit(ops, Step.MORE, cleanup=tuple(c.object_key for r in reports for c in r.checkpoints))
 
 
 # --- SetRetentionPolicy -------------------------------------------------------------------------

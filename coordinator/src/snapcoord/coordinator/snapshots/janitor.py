@@ -19,7 +19,7 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     retention_victims,
 )
-from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError
+from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError, SnapcoordError
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.snapshots import decide
@@ -94,25 +94,34 @@ class SnapshotJanitor:
         return aborted
 
     def apply_retention(self, limit: int) -> int:
-        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots."""
+        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots.
+
+        A trigger is removed only after its app's evaluation ran to the end: when a deletion
+        fails (ZooKeeper or S3 unreachable...), the failure is logged and the trigger stays due,
+        so the next pass evaluates the app again."""
         now = self._clock.now_ms()
         deleted = 0
-        evaluated: set[str] = set()
+        evaluated: dict[str, bool] = {}  # app -> its evaluation ran to the end
+        scheduled: set[str] = set()  # triggers this pass wrote: never consumed by it
         triggers = self._kernel.expiry(RETENTION)
         for path, name in triggers.due(now):
             if deleted >= limit:
                 break
             parsed = parse_ref(name)
-            # Consumed first: the evaluation below schedules the app's next trigger itself, and
-            # may put it in this very bucket.
-            triggers.remove(path)
-            if parsed is None or parsed[0] in evaluated:
-                continue
-            evaluated.add(parsed[0])
-            done, finished = self._evaluate_app(parsed[0], now, limit - deleted)
-            deleted += done
-            if not finished:  # more victims than this pass may delete: come back next pass
-                self._schedule(now, f"{parsed[0]}@more")
+            if parsed is not None and parsed[0] not in evaluated:
+                app_id = parsed[0]
+                try:
+                    done, finished = self._evaluate_app(app_id, now, limit - deleted, scheduled)
+                except SnapcoordError as e:
+                    _log.warning("retention of app %s failed; the next pass retries: %s", app_id, e)
+                    evaluated[app_id] = False
+                    continue
+                evaluated[app_id] = True
+                deleted += done
+                if not finished:  # more victims than this pass may delete: come back next pass
+                    scheduled.add(self._schedule(now, f"{app_id}@more"))
+            if (parsed is None or evaluated[parsed[0]]) and path not in scheduled:
+                triggers.remove(path)
         return deleted
 
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
@@ -135,24 +144,30 @@ class SnapshotJanitor:
             self._metrics.orphans_deleted.labels("snapshot").inc(deleted)
         return deleted
 
-    def _evaluate_app(self, app_id: str, now: int, limit: int) -> tuple[int, bool]:
+    def _evaluate_app(self, app_id: str, now: int, limit: int, scheduled: set[str]) -> tuple[int, bool]:
         """Apply the app's retention now (at most ``limit`` deletions; the flag says whether that
-        was all), and schedule its next evaluation for when the next survivor's TTL ends."""
+        was all), finish the app's half-done deletions, and schedule its next evaluation for when
+        the next survivor's TTL ends (adding the triggers it writes to ``scheduled``)."""
         node = self._metadata.get(retention_path(app_id))
         retention = (decode_retention(node.data) if node else DEFAULT_RETENTION).effective(self._policy)
         generations = [int(n) for n in self._metadata.children(gens_path(app_id)) if n.isdigit()]
         headers = self._metadata.get_many([gen_path(app_id, g) for g in generations])  # read together
         records = {}
+        deleting = []
         for g in generations:
-            item = decide.stored(headers[gen_path(app_id, g)])
-            if item is not None:
+            item = decide.stored_any(headers[gen_path(app_id, g)])
+            if item is None:
+                continue
+            if item.record.state is State.DELETING:
+                deleting.append(g)  # a deletion stopped midway: finish it
+            else:
                 records[g] = item.record
         ended = [g for g, r in records.items() if r.is_ended]
         pin_nodes = self._metadata.get_many([pins.pin_path(app_id, g) for g in ended])
         skew = self._policy.max_clock_skew_ms
         pinned = [g for g in ended if pins.pinned(pin_nodes[pins.pin_path(app_id, g)], now, skew)]
         retained = [Retained(g, r.state, r.ended_at_ms, r.ttl_ms) for g, r in records.items()]
-        victims = retention_victims(retained, retention, now, pinned)
+        victims = sorted([*deleting, *retention_victims(retained, retention, now, pinned)])
         deleted = 0
         for generation in victims[:limit]:
             try:
@@ -165,10 +180,12 @@ class SnapshotJanitor:
                 continue
             due = record.ended_at_ms + (record.ttl_ms or retention.completed_ttl_ms)
             if due > now:
-                self._schedule(due, ref(app_id, generation))
+                scheduled.add(self._schedule(due, ref(app_id, generation)))
         return deleted, len(victims) <= limit
 
-    def _schedule(self, due_ms: int, name: str) -> None:
+    def _schedule(self, due_ms: int, name: str) -> str:
+        path = retention_entry(due_ms, name)
         self._kernel.expiry(RETENTION).prepare(due_ms)
         with contextlib.suppress(NodeExistsError):
-            self._metadata.create(retention_entry(due_ms, name), b"")
+            self._metadata.create(path, b"")
+        return path

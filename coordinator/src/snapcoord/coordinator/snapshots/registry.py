@@ -7,10 +7,11 @@ the reads that are not decisions (pages, payloads), metrics and logs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from snapcoord.coordinator import pins
@@ -19,7 +20,12 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
-from snapcoord.coordinator.domain.snapshot_codec import decode_task_report
+from snapcoord.coordinator.domain.quoting import quote_prefix
+from snapcoord.coordinator.domain.snapshot_codec import (
+    decode_task_report,
+    encode_snapshot,
+    encode_task_report,
+)
 from snapcoord.coordinator.domain.snapshots import (
     MAX_REASON_CHARS,
     TIMEOUT_REASON,
@@ -27,15 +33,18 @@ from snapcoord.coordinator.domain.snapshots import (
     RetentionPolicy,
     Snapshot,
     SnapshotPolicy,
+    SnapshotRecord,
+    State,
     TaskReport,
     empty_snapshot,
-    report_digest,
+    report_digest_of,
     validate_create,
     validate_report,
     validate_retention,
 )
-from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound
+from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
@@ -55,6 +64,8 @@ from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 _log = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 50
+#: The pieces ReadCheckpoint streams: large enough for throughput, small next to any budget.
+CHUNK_BYTES = 1024 * 1024
 MAX_PAGE_SIZE = 1000
 
 
@@ -78,6 +89,8 @@ class SnapshotRegistry:
         metrics: CoordinatorMetrics,
         *,
         cache_size: int = 10_000,
+        delete_batch_bytes: int | None = None,
+        payload_budget: PayloadBudget | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -85,6 +98,10 @@ class SnapshotRegistry:
         self._policy = policy
         self._metrics = metrics
         self._kernel = CommitKernel(metadata, blobs, metrics)
+        #: Path bytes of task deletes per deletion step: half a request (tests make it small).
+        self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
+        #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
+        self._budget = payload_budget or PayloadBudget(2**62, 0)
         self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
@@ -104,6 +121,7 @@ class SnapshotRegistry:
         tasks, ttl, timeout, label_items = validate_create(
             app_id, task_ids, ttl_ms, timeout_ms, labels, self._policy
         )
+        self._check_header_size(app_id, tasks, label_items)
         request = decide.CreateRequest(app_id, tasks, ttl, timeout, label_items)
         outcome = self._kernel.run(
             "snapshot_create",
@@ -132,17 +150,67 @@ class SnapshotRegistry:
         reports = self._read_reports(app_id, generation)
         payloads: dict[tuple[str, str], bytes] = {}
         if include_checkpoints:
-            for report in reports:
-                for ref in report.checkpoints:
-                    try:
-                        payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
-                    except BlobNotFound:
-                        if self._read(app_id, generation) is None:
-                            raise NotFound(
-                                f"app {app_id!r} generation {generation} was deleted meanwhile"
-                            ) from None
-                        raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+            size = sum(ref.size for report in reports for ref in report.checkpoints)
+            if size > self._policy.max_inline_read_bytes:
+                raise InvalidArgument(
+                    f"include_checkpoints would return {size} payload bytes in one message; the limit "
+                    f"is {self._policy.max_inline_read_bytes} (--snapshot-max-inline-read): get the "
+                    "snapshot without them and stream each payload with ReadCheckpoint",
+                    reason=Reason.TOO_LARGE,
+                    metadata={
+                        "field": "include_checkpoints",
+                        "limit": self._policy.max_inline_read_bytes,
+                        "size": size,
+                    },
+                )
+            with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
+                for report in reports:
+                    for ref in report.checkpoints:
+                        try:
+                            payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
+                        except BlobNotFound:
+                            if self._read(app_id, generation) is None:
+                                raise NotFound(
+                                    f"app {app_id!r} generation {generation} was deleted meanwhile"
+                                ) from None
+                            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
         return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
+
+    def read_checkpoint(
+        self, app_id: str, generation: int, task_id: str, store: str
+    ) -> tuple[CheckpointRef, Generator[bytes, None, None]]:
+        """One checkpoint payload as pieces of at most ``CHUNK_BYTES``, read from the blob store as
+        the caller consumes them; each piece is held from the payload budget while it is in
+        memory. The ref comes first (size, hash) so the caller can frame the stream."""
+        require_id("app_id", app_id)
+        require_id("task_id", task_id)
+        require_id("store", store)
+        if generation <= 0 or self._read(app_id, generation) is None:
+            raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
+        node = self._metadata.get(task_path(app_id, generation, task_id))
+        report = decode_task_report(node.data) if node is not None else None
+        if report is None:
+            raise NotFound(f"task {task_id!r} has not reported for app {app_id!r} generation {generation}")
+        ref = next((c for c in report.checkpoints if c.store == store), None)
+        if ref is None:
+            raise NotFound(f"task {task_id!r} has no checkpoint for store {quote_prefix(store)}")
+        try:
+            pieces = self._blobs.get_stream(ref.object_key, CHUNK_BYTES)
+        except BlobNotFound:
+            if self._read(app_id, generation) is None:
+                raise NotFound(f"app {app_id!r} generation {generation} was deleted meanwhile") from None
+            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+        return ref, self._budgeted(pieces, f"ReadCheckpoint of {ref.object_key}")
+
+    def _budgeted(self, pieces: Generator[bytes, None, None], what: str) -> Generator[bytes, None, None]:
+        """``pieces``, each held from the payload budget until the next is asked for."""
+        with contextlib.closing(pieces):
+            while True:
+                with self._budget.hold(CHUNK_BYTES, what):
+                    piece = next(pieces, None)
+                    if piece is None:
+                        return
+                    yield piece
 
     def list_page(self, app_id: str, page_size: int, page_token: str) -> tuple[list[Snapshot], str]:
         """Snapshot headers, newest first, and the token of the next page."""
@@ -187,21 +255,33 @@ class SnapshotRegistry:
         items = validate_report(app_id, generation, task_id, offsets, checkpoints, self._policy)
         refs: list[CheckpointRef] = []
         payloads: dict[str, bytes] = {}
+        hashes: dict[str, str] = {}
         for store, payload in sorted(checkpoints.items()):
             key = checkpoint_key(app_id, generation, task_id, uuid.uuid4().hex)
-            refs.append(CheckpointRef(store, key, len(payload), hashlib.sha256(payload).hexdigest()))
+            hashes[store] = hashlib.sha256(payload).hexdigest()  # once: the ref and the digest use it
+            refs.append(CheckpointRef(store, key, len(payload), hashes[store]))
             payloads[key] = payload
-        request = decide.ReportRequest(
-            app_id, generation, task_id, items, report_digest(items, checkpoints), tuple(refs), payloads
-        )
-        outcome = self._kernel.run(
-            "snapshot_report",
-            {"app_id": app_id, "generation": generation},
-            request.reads(),
-            lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
-            # Every task of the snapshot may win a round before this one.
-            contenders=self._policy.max_tasks,
-        )
+        digest = report_digest_of(items, hashes)
+        stored_size = len(encode_task_report(TaskReport(task_id, items, tuple(refs), digest)))
+        if stored_size > self._policy.report_budget_bytes:
+            raise InvalidArgument(
+                f"task.committed_offsets and task.checkpoints make a {stored_size}-byte stored report; "
+                f"the limit is {self._policy.report_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): report fewer offsets or shorter stream names",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
+            )
+        request = decide.ReportRequest(app_id, generation, task_id, items, digest, tuple(refs), payloads)
+        size = sum(len(p) for p in payloads.values())
+        with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
+            outcome = self._kernel.run(
+                "snapshot_report",
+                {"app_id": app_id, "generation": generation},
+                request.reads(),
+                lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+                # Every task of the snapshot may win a round before this one.
+                contenders=self._policy.max_tasks,
+            )
         if outcome.changed:
             self._metrics.snapshots_completed.inc()
             header = outcome.snapshot.record
@@ -229,20 +309,39 @@ class SnapshotRegistry:
         return outcome.snapshot
 
     def delete(self, app_id: str, generation: int) -> bool:
-        """Delete an ended snapshot and its payloads; False when there was none."""
+        """Delete an ended snapshot and its payloads; False when there was none.
+
+        In steps, so that no transaction outgrows ZooKeeper's request limit whatever the task
+        count: mark the header DELETING (checked against its pins; from then on it reads as gone),
+        delete the task nodes in batches of at most half the limit (each batch's objects after it
+        commits), then the header. A deletion that stops midway is finished by the next call or
+        by the janitor (the mark leaves a retention trigger)."""
         require_id("app_id", app_id)
-        deleted = self._kernel.run(
+        now = self._clock.now_ms()
+        marked = self._kernel.run(
             "snapshot_delete",
             {"app_id": app_id, "generation": generation},
-            decide.delete_reads(app_id, generation) if generation > 0 else [],
-            lambda reads, pending: decide.delete(
-                app_id, generation, reads, pending, self._clock.now_ms(), self._policy.max_clock_skew_ms
+            decide.delete_reads(app_id, generation, now) if generation > 0 else [],
+            lambda reads, pending: decide.delete_mark(
+                app_id, generation, reads, pending, now, self._policy.max_clock_skew_ms
             ),
         )
-        if deleted:
+        if not marked:
+            return False
+        batch_bytes = self._delete_batch_bytes
+        while True:
+            step = self._kernel.run(
+                "snapshot_delete_step",
+                {"app_id": app_id, "generation": generation},
+                decide.delete_step_reads(app_id, generation),
+                lambda reads, pending: decide.delete_step(app_id, generation, reads, pending, batch_bytes),
+            )
+            if step is not decide.Step.MORE:
+                break
+        if step is decide.Step.FINISHED:
             self._metrics.snapshots_deleted.inc()
             _log.info("deleted app %s generation %d", app_id, generation)
-        return deleted
+        return True
 
     def set_retention(self, app_id: str, keep_last_completed: int, completed_ttl_ms: int) -> RetentionPolicy:
         """Store the app's override (0 = server default) and return the policy now in force."""
@@ -283,6 +382,36 @@ class SnapshotRegistry:
         return self._janitor.sweep_orphans(grace_ms, limit)
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _check_header_size(
+        self, app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
+    ) -> None:
+        """Refuse a task set whose header could outgrow its share of a ZooKeeper request: sized at
+        its largest, as an aborted snapshot with the longest reason and the widest numbers."""
+        widest = 2**63 - 1
+        largest = SnapshotRecord(
+            app_id,
+            widest,
+            State.ABORTED,
+            tasks,
+            len(tasks),
+            widest,
+            widest,
+            widest,
+            widest,
+            widest,
+            labels,
+            "r" * MAX_REASON_CHARS,
+        )
+        size = len(encode_snapshot(largest))
+        if size > self._policy.header_budget_bytes:
+            raise InvalidArgument(
+                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
+                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): use fewer or shorter task ids",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
+            )
 
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
         return decide.stored(self._metadata.get(gen_path(app_id, generation)))

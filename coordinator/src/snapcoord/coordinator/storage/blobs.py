@@ -9,7 +9,7 @@ Keys are ``/``-separated, relative to the store's prefix, with no empty, ``.`` o
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 
@@ -35,6 +35,12 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """The object under ``key``; ``BlobNotFound`` when there is none."""
+
+    @abc.abstractmethod
+    def get_stream(self, key: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+        """The object under ``key`` in pieces of at most ``chunk_bytes``, read as the caller
+        consumes them (never the whole object in memory); ``BlobNotFound`` before the first piece
+        when there is none. Close the iterator (or exhaust it) to release the connection or file."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

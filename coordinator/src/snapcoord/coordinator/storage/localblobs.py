@@ -17,8 +17,9 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from snapcoord.coordinator.errors import BlobNotFound, InvalidArgument, StoreUnavailable
 from snapcoord.coordinator.storage.blobs import BlobInfo, BlobStore, validate_key
@@ -77,6 +78,29 @@ class LocalBlobStore(BlobStore):
             raise BlobNotFound(f"no blob {key} in {self.uri}") from e
         except OSError as e:
             raise StoreUnavailable(f"cannot read blob {key} from {self.uri}: {e}") from e
+
+    def get_stream(self, key: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+        path = self._path(key)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 -- closed by _chunks, which outlives this call
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+            raise BlobNotFound(f"no blob {key} in {self.uri}") from e
+        except OSError as e:
+            raise StoreUnavailable(f"cannot read blob {key} from {self.uri}: {e}") from e
+        return self._chunks(f, key, chunk_bytes)
+
+    def _chunks(self, f: BinaryIO, key: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+        """The open file in pieces; closed however the reader stops. (An object is replaced by
+        rename, never rewritten in place, so an open file keeps the version it opened.)"""
+        with f:
+            while True:
+                try:
+                    piece = f.read(chunk_bytes)
+                except OSError as e:
+                    raise StoreUnavailable(f"cannot read blob {key} from {self.uri}: {e}") from e
+                if not piece:
+                    return
+                yield piece
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class MetadataOptions:
     zk_connect_timeout_ms: int = 15_000
     #: Upper bound on retrying one operation across connection losses before UNAVAILABLE.
     zk_retry_deadline_ms: int = 5_000
+    #: The ensemble's jute.maxbuffer: a transaction larger than this is refused before it is sent.
+    zk_max_request_bytes: int = ZK_DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ endpoint and bucket, and for configuration problems, what to fix.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal, NoReturn
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import boto3
@@ -121,6 +121,29 @@ class S3BlobStore(BlobStore):
             return response["Body"].read()
         except (ClientError, BotoCoreError) as e:
             self._raise(e, f"get {key}")
+
+    def get_stream(self, key: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+        full_key = self._key(key)
+        s3 = self._s3()
+        try:
+            body = s3.get_object(Bucket=self._bucket, Key=full_key)["Body"]
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"get {key}")
+        return self._chunks(body, key, chunk_bytes)
+
+    def _chunks(self, body: Any, key: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+        """The response body in pieces; closed however the reader stops."""
+        try:
+            while True:
+                try:
+                    piece = body.read(chunk_bytes)
+                except (ClientError, BotoCoreError) as e:  # a connection cut mid-stream
+                    self._raise(e, f"get {key}")
+                if not piece:
+                    return
+                yield piece
+        finally:
+            body.close()
 
     def delete(self, key: str) -> None:
         full_key = self._key(key)

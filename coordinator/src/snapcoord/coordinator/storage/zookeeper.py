@@ -188,8 +188,13 @@ class ZooKeeperMetadataStore(MetadataStore):
         chroot = parts.path.rstrip("/")
         if chroot:
             validate_path(chroot)
+        options = options or MetadataOptions()
         return cls(
-            parts.netloc, chroot, options or MetadataOptions(), uri=f"zk://{parts.netloc}{chroot or '/'}"
+            parts.netloc,
+            chroot,
+            options,
+            uri=f"zk://{parts.netloc}{chroot or '/'}",
+            max_request_bytes=options.zk_max_request_bytes,
         )
 
     def __init__(
