@@ -69,14 +69,14 @@ _count_lock = threading.Lock()
 
 def _install_request_counter() -> None:
     """Count every request each kazoo client sends (its ``_call``), keyed by client."""
-    original = KazooClient._call  # type: ignore[attr-defined]
+    original = KazooClient._call
 
     def counting(self: KazooClient, request: object, async_object: object) -> object:
         with _count_lock:
             _counts[id(self)] = _counts.get(id(self), 0) + 1
         return original(self, request, async_object)
 
-    KazooClient._call = counting  # type: ignore[attr-defined]
+    KazooClient._call = counting
 
 
 def _requests_of(client_ids: set[int]) -> int:
@@ -182,9 +182,15 @@ class Bench:
                     ours_n, ours_t, ours_req = ours_n + n, ours_t + t, ours_req + sent
             ratios.append(per["ours"] / per["raw"])
         row = Row(
-            name, clients, raw_n / raw_t, ours_n / ours_t, ratios,
-            ours_req / max(ours_n, 1), raw_req / max(raw_n, 1), baseline,
-        )  # fmt: skip
+            name,
+            clients,
+            raw_n / raw_t,
+            ours_n / ours_t,
+            ratios,
+            ours_req / max(ours_n, 1),
+            raw_req / max(raw_n, 1),
+            baseline,
+        )
         self.rows.append(row)
         print(_format(row), flush=True)
         return row
@@ -225,15 +231,25 @@ def etcd_server() -> Iterator[str]:
         url = f"http://127.0.0.1:{client}"
         proc = subprocess.Popen(
             [
-                binary, "--name", "bench", "--data-dir", f"{tmp}/data",
-                "--listen-client-urls", url, "--advertise-client-urls", url,
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"bench=http://127.0.0.1:{peer}",
+                binary,
+                "--name",
+                "bench",
+                "--data-dir",
+                f"{tmp}/data",
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"bench=http://127.0.0.1:{peer}",
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(f"{tmp}/etcd.log", "wb"),  # noqa: SIM115 - closed with the process
-        )  # fmt: skip
+        )
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -300,7 +316,7 @@ def run(
         raw.create(f"{base}/n/{i}", blob[:300])
     prefix = f"bench-{run_id}/raw"
 
-    def gets(c: int, count: int) -> None:
+    def do_gets(c: int, count: int) -> None:
         for _ in range(count):
             raw.get(f"{base}/n/{c}")
 
@@ -316,174 +332,252 @@ def run(
     def put(c: int, k: int, body: bytes) -> None:
         s3.put_object(Bucket=bucket, Key=f"{prefix}/{c}-{k}-{time.perf_counter_ns()}", Body=body)
 
+    def raw_steps(
+        c: int,
+        k: int,
+        *,
+        gets: int,
+        multis: list[tuple[int, int]],
+        data: bytes = b"x" * 300,
+        body: bytes = b"",
+    ) -> None:
+        """An S3 put of ``body`` (when given), ``gets`` gets, then each (creates, sets) multi."""
+        if body:
+            put(c, k, body)
+        do_gets(c, gets)
+        for creates, sets in multis:
+            multi(c, k, creates, sets, data)
+
     s3.put_object(Bucket=bucket, Key=f"{prefix}/read", Body=blob)
 
-    coordinator = in_process_coordinator(f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}")
+    coordinator = in_process_coordinator(
+        f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}"
+    )
     try:
         with coordinator as port:
             channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
-            ch = lambda c: channels[c % len(channels)]  # noqa: E731
             producers = [producer_pb2_grpc.ProducerOffsetServiceStub(x) for x in channels]
             snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
             leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
             backlog = [backlog_pb2_grpc.BacklogServiceStub(x) for x in channels]
             health = [health_pb2_grpc.HealthStub(x) for x in channels]
-            del ch
-            P = lambda c: producers[c % 4]  # noqa: E731
-            S = lambda c: snaps[c % 4]  # noqa: E731
-            L = lambda c: leases[c % 4]  # noqa: E731
-            B = lambda c: backlog[c % 4]  # noqa: E731
-            H = lambda c: health[c % 4]  # noqa: E731
+
+            def P(c: int) -> producer_pb2_grpc.ProducerOffsetServiceStub:
+                return producers[c % len(channels)]
+
+            def S(c: int) -> snapshot_pb2_grpc.SnapshotServiceStub:
+                return snaps[c % len(channels)]
+
+            def L(c: int) -> lease_pb2_grpc.LeaseServiceStub:
+                return leases[c % len(channels)]
+
+            def B(c: int) -> backlog_pb2_grpc.BacklogServiceStub:
+                return backlog[c % len(channels)]
+
+            def H(c: int) -> health_pb2_grpc.HealthStub:
+                return health[c % len(channels)]
+
             # One request first, so that the coordinator's kazoo client exists to be counted.
             H(0).Check(health_pb2.HealthCheckRequest(), timeout=30)
             ten = offsets(10)
             tag = uuid.uuid4().hex[:6]
 
-            for clients in client_counts:
+            def measure_at(clients: int) -> None:
                 print(f"\n## c={clients}\n{HEADER}", flush=True)
                 t = f"{tag}-{clients}"
 
                 # RegisterProducerOffsets: read the record, commit it with its expiry entry.
                 bench.pair(
-                    "RegisterProducerOffsets (10 offsets)", clients,
-                    lambda c, k: (gets(c, 1), multi(c, k, 1, 1)),
+                    "RegisterProducerOffsets (10 offsets)",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=1, multis=[(1, 1)]),
                     lambda c, k: P(c).RegisterProducerOffsets(
                         producer_pb2.RegisterProducerOffsetsRequest(
-                            producer_id=f"p{t}-{c}-{k % 50}", offsets=ten), timeout=60),
+                            producer_id=f"p{t}-{c}-{k % 50}", offsets=ten
+                        ),
+                        timeout=60,
+                    ),
                     "get + multi(create, set)",
-                )  # fmt: skip
+                )
                 for c in range(clients):  # every record the next row reads exists
                     for i in range(50):
                         P(c).RegisterProducerOffsets(
-                            producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"p{t}-{c}-{i}", offsets=ten),
+                            producer_pb2.RegisterProducerOffsetsRequest(
+                                producer_id=f"p{t}-{c}-{i}", offsets=ten
+                            ),
                             timeout=60,
                         )
                 bench.pair(
-                    "GetProducerOffsets", clients,
-                    lambda c, k: gets(c, 1),
+                    "GetProducerOffsets",
+                    clients,
+                    lambda c, k: do_gets(c, 1),
                     lambda c, k: P(c).GetProducerOffsets(
-                        producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{t}-{c}-{k % 50}"), timeout=60),
+                        producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{t}-{c}-{k % 50}"), timeout=60
+                    ),
                     "get",
-                )  # fmt: skip
+                )
                 # CreateSnapshot: read the app, commit the header, the app's pointer, a deadline entry.
                 bench.pair(
-                    "CreateSnapshot (4 tasks)", clients,
-                    lambda c, k: (gets(c, 1), multi(c, k, 2, 1)),
+                    "CreateSnapshot (4 tasks)",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=1, multis=[(2, 1)]),
                     lambda c, k: S(c).CreateSnapshot(
                         snapshot_pb2.CreateSnapshotRequest(
-                            app_id=f"cr{t}-{c}", task_ids=["a", "b", "c", "d"]), timeout=60),
+                            app_id=f"cr{t}-{c}", task_ids=["a", "b", "c", "d"]
+                        ),
+                        timeout=60,
+                    ),
                     "get + multi(2 creates, set)",
-                )  # fmt: skip
+                )
                 for size, label in ((1024, "1 KiB"), (1024 * 1024, "1 MiB")):
                     body = os.urandom(size)
-                    apps: dict[int, int] = {}
+                    made: dict[int, int] = {}
 
-                    def report(c: int, k: int, body: bytes = body, size: int = size) -> None:
+                    def report(
+                        c: int, k: int, body: bytes = body, size: int = size, made: dict[int, int] = made
+                    ) -> None:
                         tasks = 2000
                         gen = k // tasks + 1
                         app = f"rep{size}{t}-{c}"
-                        if k % tasks == 0 and apps.get(c) != gen:
+                        if k % tasks == 0 and made.get(c) != gen:
                             S(c).CreateSnapshot(
                                 snapshot_pb2.CreateSnapshotRequest(
-                                    app_id=app, task_ids=[f"t{i}" for i in range(tasks)]),
-                                timeout=60)  # fmt: skip
-                            apps[c] = gen
+                                    app_id=app, task_ids=[f"t{i}" for i in range(tasks)]
+                                ),
+                                timeout=60,
+                            )
+                            made[c] = gen
                         S(c).ReportTaskSnapshot(
                             snapshot_pb2.ReportTaskSnapshotRequest(
-                                app_id=app, generation=gen,
+                                app_id=app,
+                                generation=gen,
                                 task=snapshot_pb2.TaskSnapshot(
-                                    task_id=f"t{k % tasks}", committed_offsets=offsets(4),
-                                    checkpoints={"state": body})),
-                            timeout=60)  # fmt: skip
+                                    task_id=f"t{k % tasks}",
+                                    committed_offsets=offsets(4),
+                                    checkpoints={"state": body},
+                                ),
+                            ),
+                            timeout=60,
+                        )
+
+                    def raw_report(c: int, k: int, body: bytes = body) -> None:
+                        raw_steps(c, k, gets=1, multis=[(1, 1)], body=body)
 
                     bench.pair(
-                        f"ReportTaskSnapshot, {label} checkpoint", clients,
-                        lambda c, k, body=body: (put(c, k, body), gets(c, 1), multi(c, k, 1, 1)),
+                        f"ReportTaskSnapshot, {label} checkpoint",
+                        clients,
+                        raw_report,
                         report,
                         "s3 put + get + multi(create, set)",
-                    )  # fmt: skip
+                    )
 
                 # A completed snapshot of 4 tasks x 1 KiB per client, to read back.
                 for c in range(clients):
                     app = f"read{t}-{c}"
-                    made = S(c).CreateSnapshot(
-                        snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=["a", "b", "c", "d"]), timeout=60
+                    created = S(c).CreateSnapshot(
+                        snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=["a", "b", "c", "d"]),
+                        timeout=60,
                     )
                     for task in "abcd":
                         S(c).ReportTaskSnapshot(
                             snapshot_pb2.ReportTaskSnapshotRequest(
-                                app_id=app, generation=made.generation,
+                                app_id=app,
+                                generation=created.generation,
                                 task=snapshot_pb2.TaskSnapshot(
-                                    task_id=task, committed_offsets=offsets(4), checkpoints={"state": blob})),
-                            timeout=60)  # fmt: skip
+                                    task_id=task, committed_offsets=offsets(4), checkpoints={"state": blob}
+                                ),
+                            ),
+                            timeout=60,
+                        )
                 bench.pair(
-                    "GetCurrentSnapshot consistent=false (cached)", clients,
+                    "GetCurrentSnapshot consistent=false (cached)",
+                    clients,
                     lambda c, k: H(c).Check(health_pb2.HealthCheckRequest(), timeout=60),
                     lambda c, k: S(c).GetCurrentSnapshot(
-                        snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{t}-{c}"), timeout=60),
+                        snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{t}-{c}"), timeout=60
+                    ),
                     "a bare health RPC",
-                )  # fmt: skip
+                )
                 bench.pair(
-                    "GetCurrentSnapshot consistent=true", clients,
-                    lambda c, k: gets(c, 2),
+                    "GetCurrentSnapshot consistent=true",
+                    clients,
+                    lambda c, k: do_gets(c, 2),
                     lambda c, k: S(c).GetCurrentSnapshot(
                         snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{t}-{c}", consistent=True),
-                        timeout=60),
+                        timeout=60,
+                    ),
                     "get app + get header",
-                )  # fmt: skip
+                )
 
                 def raw_get_snapshot(c: int, k: int) -> None:
-                    gets(c, 1)  # the header (which lists its tasks)
+                    do_gets(c, 1)  # the header (which lists its tasks)
                     for _ in range(4):
-                        gets(c, 1)
+                        do_gets(c, 1)
                         s3.get_object(Bucket=bucket, Key=f"{prefix}/read")["Body"].read()
 
                 bench.pair(
-                    "GetSnapshot, 4 tasks x 1 KiB", clients,
+                    "GetSnapshot, 4 tasks x 1 KiB",
+                    clients,
                     raw_get_snapshot,
                     lambda c, k: S(c).GetSnapshot(
                         snapshot_pb2.GetSnapshotRequest(
-                            app_id=f"read{t}-{c}", generation=1, include_checkpoints=True),
-                        timeout=60),
+                            app_id=f"read{t}-{c}", generation=1, include_checkpoints=True
+                        ),
+                        timeout=60,
+                    ),
                     "get + 4 x (get + s3 get)",
-                )  # fmt: skip
+                )
 
-                refs = {c: [common_pb2.SnapshotRef(app_id=f"read{t}-{c}", generation=1)] for c in range(clients)}
+                refs = {
+                    c: [common_pb2.SnapshotRef(app_id=f"read{t}-{c}", generation=1)] for c in range(clients)
+                }
 
                 def acquire_renew(c: int, k: int) -> None:
                     lease_id = f"l{t}-{c}-{k}"
                     L(c).AcquireSnapshots(
-                        lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000, snapshots=refs[c]),
-                        timeout=60)  # fmt: skip
-                    L(c).RenewLease(lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60)
+                        lease_pb2.AcquireSnapshotsRequest(
+                            lease_id=lease_id, duration_ms=600_000, snapshots=refs[c]
+                        ),
+                        timeout=60,
+                    )
+                    L(c).RenewLease(
+                        lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+                    )
 
                 bench.pair(
-                    "AcquireSnapshots(1) + RenewLease", clients,
-                    lambda c, k: (gets(c, 2), multi(c, k, 2, 1), multi(c, k, 0, 2)),
+                    "AcquireSnapshots(1) + RenewLease",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=2, multis=[(2, 1), (0, 2)]),
                     acquire_renew,
                     "2 get + multi(lease, entry, pin) + multi(2 sets)",
-                )  # fmt: skip
+                )
 
                 def pure_pair(c: int, k: int) -> None:
                     lease_id = f"pl{t}-{c}-{k}"
                     L(c).AcquireSnapshots(
                         lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
                     )
-                    L(c).RenewLease(lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60)
+                    L(c).RenewLease(
+                        lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+                    )
 
                 bench.pair(
-                    "lease acquire + renew, no snapshots", clients,
-                    lambda c, k: (multi(c, k, 2, 0), multi(c, k, 0, 1)),
+                    "lease acquire + renew, no snapshots",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=0, multis=[(2, 0), (0, 1)]),
                     pure_pair,
                     "multi(lease, entry) + multi(set)",
-                )  # fmt: skip
+                )
                 if etcd is not None:
                     etcd_client = EtcdLeases(etcd, clients)
                     try:
                         bench.pair(
-                            "lease acquire + renew vs etcd grant + keepalive", clients,
-                            etcd_client.pair, pure_pair, "etcd lease grant + keepalive (JSON gateway)",
-                        )  # fmt: skip
+                            "lease acquire + renew vs etcd grant + keepalive",
+                            clients,
+                            etcd_client.pair,
+                            pure_pair,
+                            "etcd lease grant + keepalive (JSON gateway)",
+                        )
                     finally:
                         etcd_client.close()
 
@@ -492,19 +586,31 @@ def run(
                 B(0).MarkBacklog(
                     backlog_pb2.MarkBacklogRequest(
                         job_id=job,
-                        boundaries=[common_pb2.Offset(stream="s", partition=p, offset=10**12) for p in range(100)]),
-                    timeout=60)  # fmt: skip
+                        boundaries=[
+                            common_pb2.Offset(stream="s", partition=p, offset=10**12) for p in range(100)
+                        ],
+                    ),
+                    timeout=60,
+                )
                 bench.pair(
-                    "ReportProgress, 100 partitions", clients,
-                    lambda c, k: (gets(c, 2), multi(c, k, 0, 1, b"x" * 2000)),
+                    "ReportProgress, 100 partitions",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=2, multis=[(0, 1)], data=b"x" * 2000),
                     lambda c, k: B(c).ReportProgress(
                         backlog_pb2.ReportProgressRequest(
                             job_id=job,
-                            positions=[common_pb2.Offset(stream="s", partition=p, offset=1000 * k + c)
-                                       for p in range(100)]),
-                        timeout=60),
+                            positions=[
+                                common_pb2.Offset(stream="s", partition=p, offset=1000 * k + c)
+                                for p in range(100)
+                            ],
+                        ),
+                        timeout=60,
+                    ),
                     "2 get + multi(set shard)",
-                )  # fmt: skip
+                )
+
+            for clients in client_counts:
+                measure_at(clients)
             for x in channels:
                 x.close()
     finally:
@@ -535,9 +641,12 @@ def completion(zk_hosts: str, bucket: str, task_counts: list[int]) -> None:
                 t0 = time.perf_counter()
                 last = stub.ReportTaskSnapshot(
                     snapshot_pb2.ReportTaskSnapshotRequest(
-                        app_id=app, generation=1,
-                        task=snapshot_pb2.TaskSnapshot(task_id=task, committed_offsets=offsets(4))),
-                    timeout=60)  # fmt: skip
+                        app_id=app,
+                        generation=1,
+                        task=snapshot_pb2.TaskSnapshot(task_id=task, committed_offsets=offsets(4)),
+                    ),
+                    timeout=60,
+                )
                 latencies.append(time.perf_counter() - t0)
             total = time.perf_counter() - started
             assert last is not None and last.state == snapshot_pb2.Snapshot.COMPLETED
@@ -556,14 +665,14 @@ def summary(rows: list[Row]) -> None:
         cells = []
         for c in counts:
             row = next((r for r in rows if r.name == name and r.clients == c), None)
-            cells.append(
-                f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})" if row else "-"
-            )
+            cells.append(f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})" if row else "-")
         print(f"{name:<50} " + " ".join(f"{x:>16}" for x in cells))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one slice (default 1.0)")
     parser.add_argument("--rounds", type=int, default=4, help="slices per side and row (default 4)")
     parser.add_argument("--clients", default="1,16", help="concurrency levels (default 1,16)")

@@ -174,7 +174,8 @@ class _Wrapper:
         self._labels = labels
 
     def _start(self, context: grpc.ServicerContext) -> _Call:
-        _log.debug("rpc %s from %s", self._method, context.peer())
+        if _log.isEnabledFor(logging.DEBUG):  # peer() builds a string per call: only when logged
+            _log.debug("rpc %s from %s", self._method, context.peer())
         return _Call(self._metrics, self._labels)
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
