@@ -349,6 +349,8 @@ def run(
             multi(c, k, creates, sets, data)
 
     s3.put_object(Bucket=bucket, Key=f"{prefix}/read", Body=blob)
+    ten_payload = os.urandom(200)  # about what 10 encoded offsets take
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/offsets", Body=ten_payload)
 
     coordinator = in_process_coordinator(
         f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}"
@@ -390,15 +392,18 @@ def run(
                 bench.pair(
                     "RegisterProducerOffsets (10 offsets)",
                     clients,
-                    lambda c, k: raw_steps(c, k, gets=1, multis=[(1, 1)]),
+                    lambda c, k: raw_steps(c, k, gets=0, multis=[(2, 0)], body=ten_payload),
                     lambda c, k: P(c).RegisterProducerOffsets(
-                        producer_pb2.RegisterProducerOffsetsRequest(
-                            producer_id=f"p{t}-{c}-{k % 50}", offsets=ten
-                        ),
+                        producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"r{t}-{c}-{k}", offsets=ten),
                         timeout=60,
                     ),
-                    "get + multi(create, set)",
+                    "s3 put + multi(record, expiry entry)",
                 )
+
+                def raw_get_producer(c: int, k: int) -> None:
+                    do_gets(c, 1)
+                    s3.get_object(Bucket=bucket, Key=f"{prefix}/offsets")["Body"].read()
+
                 for c in range(clients):  # every record the next row reads exists
                     for i in range(50):
                         P(c).RegisterProducerOffsets(
@@ -410,11 +415,11 @@ def run(
                 bench.pair(
                     "GetProducerOffsets",
                     clients,
-                    lambda c, k: do_gets(c, 1),
+                    raw_get_producer,
                     lambda c, k: P(c).GetProducerOffsets(
                         producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{t}-{c}-{k % 50}"), timeout=60
                     ),
-                    "get",
+                    "get + s3 get",
                 )
                 # CreateSnapshot: read the app, commit the header, the app's pointer, a deadline entry.
                 bench.pair(
