@@ -13,12 +13,17 @@ The lease rows compare a pure lease acquire + renew (no snapshots) with etcd's l
 keepalive through its JSON gateway, on an etcd this benchmark starts on loopback (Debian
 ``etcd-server``; ``bench/run`` installs it).
 
+The cores rows run the coordinator as ``snapcoord serve`` processes: ``--processes N`` (N worker
+processes sharing the port with SO_REUSEPORT) against ``--processes 1``, then the N-process
+lease pair against etcd. ``zk req`` there counts nothing (other processes).
+
 ``--smoke`` runs every row once, briefly, to prove the benchmark still works (CI does this).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -624,6 +629,101 @@ def run(
         raw.close()
 
 
+def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | None, processes: int) -> None:
+    """The same RPCs against ``snapcoord serve --processes 1`` and ``--processes N`` (separate
+    processes sharing a port with SO_REUSEPORT, each its own ZooKeeper session), interleaved; and
+    the N-process lease pair against etcd. One connection per client, so that the kernel can
+    spread them over the processes."""
+    from harness.coordinator import CoordinatorProcess
+
+    run_id = uuid.uuid4().hex[:8]
+    print(
+        f"\n## cores: --processes {processes} vs --processes 1 (c={clients}), and vs etcd\n{HEADER}",
+        flush=True,
+    )
+    ten = offsets(10)
+    with tempfile.TemporaryDirectory(prefix="snapcoord-bench-cores-") as tmp:
+        servers = []
+        for n in (1, processes):
+            args = [
+                "--processes", str(n), "--metadata", f"zk://{zk_hosts}/bench-{run_id}-p{n}",
+                "--blobs", f"s3://{bucket}/bench-{run_id}-p{n}", "--cleanup-interval", "0s",
+                "--log-level", "WARNING",
+            ]  # fmt: skip
+            servers.append(CoordinatorProcess(Path(tmp) / f"p{n}", args=args, start_timeout_s=180))
+        with servers[0] as one, servers[1] as many:
+            stubs: dict[
+                int,
+                tuple[
+                    list[producer_pb2_grpc.ProducerOffsetServiceStub], list[lease_pb2_grpc.LeaseServiceStub]
+                ],
+            ] = {}
+            channels = []
+            for n, proc in ((1, one), (processes, many)):
+                chans = [
+                    grpc.insecure_channel(proc.target, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(clients)
+                ]
+                channels += chans
+                stubs[n] = (
+                    [producer_pb2_grpc.ProducerOffsetServiceStub(c) for c in chans],
+                    [lease_pb2_grpc.LeaseServiceStub(c) for c in chans],
+                )
+                for c in range(clients):
+                    stubs[n][0][c].RegisterProducerOffsets(
+                        producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"p{c}", offsets=ten),
+                        timeout=60,
+                    )
+
+            def get(n: int) -> Op:
+                def op(c: int, k: int) -> None:
+                    stubs[n][0][c].GetProducerOffsets(
+                        producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{c}"), timeout=60
+                    )
+
+                return op
+
+            def pair(n: int) -> Op:
+                def op(c: int, k: int) -> None:
+                    lease_id = f"l{n}-{c}-{k}"
+                    leases = stubs[n][1][c]
+                    leases.AcquireSnapshots(
+                        lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+                    )
+                    leases.RenewLease(
+                        lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+                    )
+
+                return op
+
+            try:
+                bench.pair(
+                    f"GetProducerOffsets, {processes} processes", clients, get(1), get(processes), "1 process"
+                )
+                bench.pair(
+                    f"lease acquire + renew, {processes} processes",
+                    clients,
+                    pair(1),
+                    pair(processes),
+                    "1 process",
+                )
+                if etcd is not None:
+                    etcd_client = EtcdLeases(etcd, clients)
+                    try:
+                        bench.pair(
+                            f"lease acquire + renew, {processes} processes vs etcd",
+                            clients,
+                            etcd_client.pair,
+                            pair(processes),
+                            "etcd lease grant + keepalive (JSON gateway)",
+                        )
+                    finally:
+                        etcd_client.close()
+            finally:
+                for channel in channels:
+                    channel.close()
+
+
 def completion(zk_hosts: str, bucket: str, task_counts: list[int]) -> None:
     """Reports sent one after another until the snapshot completes: time per report should not
     grow with the task count (linear total)."""
@@ -683,6 +783,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,16", help="concurrency levels (default 1,16)")
     parser.add_argument("--tasks", default="100,1000", help="task counts for the completion figure")
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcd comparison")
+    parser.add_argument("--processes", type=int, default=2, help="--processes of the cores rows (default 2)")
     parser.add_argument("--smoke", action="store_true", help="every row once, briefly (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -697,11 +798,10 @@ def main() -> None:
             f"S3 {s3.endpoint_url}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
         )
         counts = [int(x) for x in args.clients.split(",")]
-        if args.no_etcd:
-            run(bench, zk.hosts, s3.client(), s3.bucket, counts, None)
-        else:
-            with etcd_server() as etcd:
-                run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd)
+        with contextlib.ExitStack() as stack:
+            etcd = None if args.no_etcd else stack.enter_context(etcd_server())
+            run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd)
+            cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
         completion(zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")])
     summary(bench.rows)
 

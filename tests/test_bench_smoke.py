@@ -45,5 +45,11 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         line = next((x for x in summary.splitlines() if x.startswith(row + " ")), None)
         assert line is not None, f"{row!r} missing from the summary:\n{summary}"
         assert line[len(row) :].count("(") == 2, f"{row!r} lacks a ratio at both client counts: {line}"
+    for row in (
+        "GetProducerOffsets, 2 processes",
+        "lease acquire + renew, 2 processes",
+        "lease acquire + renew, 2 processes vs etcd",
+    ):
+        assert any(x.startswith(row + " ") for x in summary.splitlines()), f"{row!r} missing:\n{summary}"
     completion = done.stdout.split("## completing one snapshot", 1)[1]
     assert any(x.split()[:1] == ["10"] for x in completion.splitlines()), completion
