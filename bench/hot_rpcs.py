@@ -302,6 +302,47 @@ class EtcdLeases:
 # --- the rows ------------------------------------------------------------------------------------
 
 
+@contextmanager
+def reports_running(stub: snapshot_pb2_grpc.SnapshotServiceStub, app: str) -> Iterator[None]:
+    """One thread reporting tasks of ``app`` back to back (a new generation every 1000)."""
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def loop() -> None:
+        k = 0
+        try:
+            while not stop.is_set():
+                if k % 1000 == 0:
+                    stub.CreateSnapshot(
+                        snapshot_pb2.CreateSnapshotRequest(
+                            app_id=app, task_ids=[f"t{i}" for i in range(1000)]
+                        ),
+                        timeout=60,
+                    )
+                gen = k // 1000 + 1
+                stub.ReportTaskSnapshot(
+                    snapshot_pb2.ReportTaskSnapshotRequest(
+                        app_id=app,
+                        generation=gen,
+                        task=snapshot_pb2.TaskSnapshot(task_id=f"t{k % 1000}", committed_offsets=offsets(4)),
+                    ),
+                    timeout=60,
+                )
+                k += 1
+        except BaseException as e:  # re-raised below
+            failed.append(e)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
 def offsets(n: int) -> list[common_pb2.Offset]:
     return [common_pb2.Offset(stream="events", partition=p, offset=10**6 + p) for p in range(n)]
 
@@ -518,6 +559,21 @@ def run(
                     ),
                     "get app + get header",
                 )
+                with reports_running(S(0), f"busy{t}"):
+                    # While the app is being snapshotted (a report every few ms changes its
+                    # header), cached reads against consistent ones of the same app.
+                    busy = f"busy{t}"
+                    bench.pair(
+                        "GetCurrentSnapshot cached vs consistent, during reports",
+                        clients,
+                        lambda c, k: S(c).GetCurrentSnapshot(
+                            snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy, consistent=True), timeout=60
+                        ),
+                        lambda c, k: S(c).GetCurrentSnapshot(
+                            snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy), timeout=60
+                        ),
+                        "GetCurrentSnapshot consistent=true",
+                    )
 
                 def raw_get_snapshot(c: int, k: int) -> None:
                     do_gets(c, 1)  # the header (which lists its tasks)
@@ -783,7 +839,9 @@ def main() -> None:
     parser.add_argument("--clients", default="1,16", help="concurrency levels (default 1,16)")
     parser.add_argument("--tasks", default="100,1000", help="task counts for the completion figure")
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcd comparison")
-    parser.add_argument("--processes", type=int, default=2, help="--processes of the cores rows (default 2)")
+    parser.add_argument(
+        "--processes", type=int, default=2, help="--processes of the cores rows (default 2; 1 skips them)"
+    )
     parser.add_argument("--smoke", action="store_true", help="every row once, briefly (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -801,7 +859,8 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             etcd = None if args.no_etcd else stack.enter_context(etcd_server())
             run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd)
-            cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
+            if args.processes > 1:
+                cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
         completion(zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")])
     summary(bench.rows)
 

@@ -21,6 +21,7 @@ ROWS = (
     "ReportTaskSnapshot, 1 MiB checkpoint",
     "GetCurrentSnapshot consistent=false (cached)",
     "GetCurrentSnapshot consistent=true",
+    "GetCurrentSnapshot cached vs consistent, during reports",
     "GetSnapshot, 4 tasks x 1 KiB",
     "AcquireSnapshots(1) + RenewLease",
     "lease acquire + renew, no snapshots",
