@@ -780,6 +780,98 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
                     channel.close()
 
 
+def scale(zk_hosts: str, bucket: str, producers: int) -> None:
+    """With ``producers`` producer records, a tenth as many apps (one CREATED snapshot each) and
+    a tenth as many leases live: a server's start time and RSS, and one janitor pass's time and
+    ZooKeeper requests. Records and leases are written with raw kazoo in the coordinator's layout
+    (their own encoders), apps through the snapshot registry."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.coordinator import CoordinatorProcess
+    from snapcoord.coordinator import config as coordinator_config
+    from snapcoord.coordinator.domain.codec import encode_producer_record
+    from snapcoord.coordinator.domain.leases import Lease, encode_lease
+    from snapcoord.coordinator.domain.producers import new_record
+    from snapcoord.coordinator.leases import layout as lease_layout
+    from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+    from snapcoord.coordinator.producers import layout as producer_layout
+    from snapcoord.coordinator.services import Deps, Services
+    from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+
+    apps = leases = max(1, producers // 10)
+    chroot = f"/bench-scale-{uuid.uuid4().hex[:8]}"
+    print(f"\n## scale: {producers} producer records, {apps} apps, {leases} leases live", flush=True)
+    raw = KazooClient(hosts=zk_hosts)
+    raw.start()
+    now = int(time.time() * 1000)
+    day = 86_400_000
+    nodes: list[tuple[str, bytes]] = []
+    for i in range(producers):
+        record = new_record(f"producer-{i:06d}", now, day)
+        nodes += [
+            (producer_layout.record_path(record.producer_id), encode_producer_record(record)),
+            (producer_layout.index_path(record), b""),
+        ]
+    skew = coordinator_config.load({}, {}).leases.max_clock_skew_ms
+    for i in range(leases):
+        lease = Lease(f"lease-{i:06d}", day, now + day, ())
+        nodes += [
+            (lease_layout.record_path(lease.lease_id), encode_lease(lease)),
+            (lease_layout.index_path(lease, skew), b""),
+        ]
+    started = time.perf_counter()
+    for parent in sorted({path.rsplit("/", 1)[0] for path, _ in nodes}):
+        raw.ensure_path(f"{chroot}/coordinator{parent}")
+    for i in range(0, len(nodes), 2000):  # pipelined: every create of a batch sent before any reply
+        pending = [
+            raw.create_async(f"{chroot}/coordinator{path}", data) for path, data in nodes[i : i + 2000]
+        ]
+        for result in pending:
+            result.get(timeout=120)
+    print(f"wrote {len(nodes)} nodes with raw kazoo in {time.perf_counter() - started:.1f}s", flush=True)
+
+    metadata_uri, blobs_uri = f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}{chroot}"
+    cfg = coordinator_config.load(
+        {"metadata": metadata_uri, "blobs": blobs_uri, "cleanup_interval": "0s"}, {}
+    )
+    deps = Deps(metadata=open_metadata_store(metadata_uri), blobs=open_blob_store(blobs_uri))
+    try:
+        services = Services.build(cfg, deps, CoordinatorMetrics(new_registry()))
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: services.snapshots.create(f"app-{i:06d}", ["t0"], 0, 0, {}), range(apps)))
+        print(f"created {apps} apps in {time.perf_counter() - started:.1f}s", flush=True)
+        raw_ids = {id(raw)}
+        for n in (1, 2):
+            before = _requests_of(_coordinator_clients(raw_ids) - raw_ids)
+            started = time.perf_counter()
+            removed = services.janitor.run_once()
+            took = time.perf_counter() - started
+            sent = _requests_of(_coordinator_clients(raw_ids) - raw_ids) - before
+            print(
+                f"janitor pass {n}: {took * 1000:.0f} ms, {sent} ZooKeeper requests, removed {removed}",
+                flush=True,
+            )
+    finally:
+        deps.blobs.close()
+        deps.metadata.close()
+    with tempfile.TemporaryDirectory(prefix="snapcoord-bench-scale-") as tmp:
+        args = ["--metadata", metadata_uri, "--blobs", blobs_uri, "--log-level", "WARNING"]
+        with CoordinatorProcess(Path(tmp), args=args, start_timeout_s=300) as proc:
+            pid = proc._proc.pid  # type: ignore[union-attr]
+            rss = next(
+                x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS")
+            )
+            print(
+                f"server start to SERVING: {proc.serving_after_s:.2f}s; {rss.split(':')[1].strip()} RSS",
+                flush=True,
+            )
+            proc.terminate()
+    raw.delete(chroot, recursive=True)
+    raw.stop()
+    raw.close()
+
+
 def completion(zk_hosts: str, bucket: str, task_counts: list[int]) -> None:
     """Reports sent one after another until the snapshot completes: time per report should not
     grow with the task count (linear total)."""
@@ -838,6 +930,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="slices per side and row (default 4)")
     parser.add_argument("--clients", default="1,16", help="concurrency levels (default 1,16)")
     parser.add_argument("--tasks", default="100,1000", help="task counts for the completion figure")
+    parser.add_argument(
+        "--scale", type=int, default=100_000, help="producer records for the scale figures (0 skips them)"
+    )
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcd comparison")
     parser.add_argument(
         "--processes", type=int, default=2, help="--processes of the cores rows (default 2; 1 skips them)"
@@ -845,7 +940,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="every row once, briefly (CI)")
     args = parser.parse_args()
     if args.smoke:
-        args.seconds, args.rounds, args.clients, args.tasks = 0.2, 1, "1,2", "10"
+        args.seconds, args.rounds, args.clients, args.tasks, args.scale = 0.2, 1, "1,2", "10", 1000
     warmup = 1 if args.smoke else 5
     _install_request_counter()
     bench = Bench(args.seconds, args.rounds, warmup)
@@ -862,6 +957,8 @@ def main() -> None:
             if args.processes > 1:
                 cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
         completion(zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")])
+        if args.scale:
+            scale(zk.hosts, s3.bucket, args.scale)
     summary(bench.rows)
 
 

@@ -52,5 +52,8 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         "lease acquire + renew, 2 processes vs etcd",
     ):
         assert any(x.startswith(row + " ") for x in summary.splitlines()), f"{row!r} missing:\n{summary}"
+    scale = done.stdout.split("## scale:", 1)[1]
+    for figure in ("janitor pass 1:", "janitor pass 2:", "server start to SERVING:"):
+        assert figure in scale, f"{figure!r} missing:\n{scale}"
     completion = done.stdout.split("## completing one snapshot", 1)[1]
     assert any(x.split()[:1] == ["10"] for x in completion.splitlines()), completion
