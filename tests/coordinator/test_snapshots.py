@@ -17,6 +17,7 @@ from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, Sna
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import pin_path
+from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Op
@@ -342,3 +343,32 @@ def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualC
         what="report",
     )
     assert reader.current("app", consistent=True) == reader.current("app", consistent=False)
+
+
+def test_reports_refresh_the_cache_instead_of_emptying_it(stores: Stores, clock: ManualClock) -> None:
+    """While an app is being snapshotted, each report changes its header: the cache reloads the
+    entry in the background, so cached reads keep being answered from memory (no load of their
+    own) and end at the state the reports left."""
+    metrics = CoordinatorMetrics(new_registry())
+    writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    loads: list[str] = []
+
+    def load(app_id: str) -> Snapshot:
+        loads.append(threading.current_thread().name)
+        return writer.current(app_id, consistent=True)
+
+    cache = CurrentSnapshotCache(stores.metadata, load, max_apps=10)
+    tasks = tuple(f"q{i}" for i in range(5))
+    writer.create("app", tasks, 0, 0, {})
+    assert cache.get("app").record.generation == 1
+    for task in tasks:
+        writer.report("app", 1, task, OFFSETS, {})
+    wait_until(lambda: cache.get("app").record.state is State.COMPLETED, timeout=30, what="refresh")
+    by_readers = [name for name in loads if name != "snapshot-cache-refresh"]
+    assert len(by_readers) == 2, loads  # the first get (load, watch the header, load again) only
+    assert cache.get("app") == writer.current("app", consistent=True)
+    writer.create("app", ("q9",), 0, 0, {})  # a new generation: its header is watched in turn
+    wait_until(lambda: cache.get("app").record.generation == 2, timeout=30, what="new generation")
+    writer.report("app", 2, "q9", OFFSETS, {})
+    wait_until(lambda: cache.get("app").record.state is State.COMPLETED, timeout=30, what="gen 2 report")
+    assert [name for name in loads if name != "snapshot-cache-refresh"] == by_readers

@@ -539,6 +539,18 @@ def test_concurrent_transactions_stay_atomic(store: MetadataStore) -> None:
 # --- lifecycle --------------------------------------------------------------------------------------
 
 
+def test_synced_get_many_reads_like_get_many(store: MetadataStore) -> None:
+    store.create("/a", b"one")
+    store.set("/a", b"two", version=0)
+    paths = ["/a", "/missing", "/a"]  # a repeat is read once; an absent node is None
+    assert store.synced_get_many("/", paths) == store.get_many(paths)
+    assert store.synced_get_many("/a", ["/a"])["/a"].data == b"two"  # type: ignore[union-attr]
+    assert store.synced_get_many("/absent", ["/missing"]) == {"/missing": None}  # sync on any path
+    assert store.synced_get_many("/", []) == {}
+    with pytest.raises(ValueError, match="absolute"):
+        store.synced_get_many("/", ["relative"])
+
+
 def test_sync_and_usable(store: MetadataStore) -> None:
     store.create("/a", b"")
     store.sync()

@@ -57,6 +57,11 @@ class GrpcConfig:
     payload_budget_bytes: int
     #: How long a call waits for room in that budget before RESOURCE_EXHAUSTED.
     payload_budget_wait_ms: int
+    #: Processes serving the port together (SO_REUSEPORT), each with its own store sessions.
+    processes: int = 1
+    #: Set in each process of ``processes`` > 1 (not an option): share the port instead of
+    #: failing the bind when it is taken.
+    reuse_port: bool = False
 
 
 @dataclass(frozen=True)
@@ -415,6 +420,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "processes",
+        "processes serving the gRPC port together (SO_REUSEPORT), each with its own ZooKeeper "
+        "session, handler threads and janitor candidacy; more than 1 needs zk:// metadata, and "
+        "process i serves metrics on the metrics port + i",
+        "1",
+        _int_parser(1, 256, "an integer 1-256"),
+        to="grpc.processes",
+        metavar="N",
+    ),
+    Option(
         "max_concurrent_rpcs",
         "calls in flight before new ones are refused with RESOURCE_EXHAUSTED",
         "256",
@@ -709,6 +724,7 @@ FIXED: frozenset[tuple[str, str]] = frozenset(
     {
         ("snapshots", "max_ttl_ms"),  # the longest TTL a snapshot or a retention policy may ask for
         ("snapshots", "max_offsets_per_task"),
+        ("grpc", "reuse_port"),  # set by --processes in each worker process, never by an operator
     }
 )
 

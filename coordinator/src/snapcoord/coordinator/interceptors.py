@@ -235,7 +235,8 @@ class _Wrapper:
         self._labels = labels
 
     def _start(self, request: Any, context: grpc.ServicerContext) -> _Call:
-        _log.debug("rpc %s from %s", self._method, context.peer())
+        if _log.isEnabledFor(logging.DEBUG):  # peer() builds a string per call: only when logged
+            _log.debug("rpc %s from %s", self._method, context.peer())
         span = None
         if self._tracer is not None:
             span = self._tracer.start_call(self._method, context.invocation_metadata())

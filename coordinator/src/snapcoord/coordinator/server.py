@@ -135,9 +135,10 @@ def build_server(
         interceptors=(interceptor,),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
-        # "fine" and get half the connections. Fail the bind instead.
+        # "fine" and get half the connections. Fail the bind instead, unless this is one of the
+        # --processes sharing the port on purpose.
         options=(
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if config.grpc.reuse_port else 0),
             # A report may carry --snapshot-max-report-size of checkpoints; leave room for the rest.
             ("grpc.max_receive_message_length", config.snapshots.max_report_bytes + 4 * 1024 * 1024),
             ("grpc.max_send_message_length", -1),
@@ -177,6 +178,10 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     Must run on the main thread (signal handlers). Prints one line to ``out`` once serving:
     ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1).
     """
+    if config.grpc.processes > 1:
+        from snapcoord.coordinator.processes import serve_processes
+
+        return serve_processes(config, out=out)
     _log.info("snapcoord %s starting; effective config: %s", __version__, json.dumps(config.describe()))
     tracing: Tracing | None = None
     if config.tracing.enabled:

@@ -137,8 +137,7 @@ class SnapshotRegistry:
         """The snapshot at the app's current generation (header only; GetSnapshot has the tasks)."""
         require_id("app_id", app_id)
         if consistent:
-            self._metadata.sync(APPS)
-            return self._load_current(app_id)
+            return self._load_current(app_id, synced=True)
         return self._cache.get(app_id)
 
     def get(self, app_id: str, generation: int, *, include_checkpoints: bool) -> SnapshotPayloads:
@@ -421,7 +420,11 @@ class SnapshotRegistry:
         nodes = self._metadata.get_many([task_path(app_id, generation, t) for t in names])
         return [decode_task_report(node.data) for node in nodes.values() if node is not None]
 
-    def _load_current(self, app_id: str) -> Snapshot:
-        current = decide.current_generation(self._metadata.get(app_path(app_id)))
+    def _load_current(self, app_id: str, *, synced: bool = False) -> Snapshot:
+        """The app's current header; ``synced``: seeing every write committed before the call
+        (the sync and the pointer's read go together)."""
+        path = app_path(app_id)
+        pointer = self._metadata.synced_get_many(APPS, [path])[path] if synced else self._metadata.get(path)
+        current = decide.current_generation(pointer)
         header = self._read(app_id, current) if current else None
         return Snapshot(header.record, ()) if header is not None else empty_snapshot(app_id, current)

@@ -101,6 +101,13 @@ class MetadataStore(abc.ABC):
         """
         return {path: self.get(path) for path in paths}
 
+    def synced_get_many(self, sync_path: str, paths: Sequence[str]) -> dict[str, Node | None]:
+        """``sync(sync_path)``, then ``get_many(paths)``: reads that see every write committed
+        before this call. This default does one after the other; ZooKeeper sends them together.
+        """
+        self.sync(sync_path)
+        return self.get_many(paths)
+
     @abc.abstractmethod
     def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
         """Create ``path``; ``NodeExistsError`` if it exists, ``NoNodeError`` if the parent does not

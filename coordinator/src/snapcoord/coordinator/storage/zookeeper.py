@@ -286,6 +286,23 @@ class ZooKeeperMetadataStore(MetadataStore):
         path = validate_path(path)
         self._run(lambda a: a.wait(lambda: self._client.sync_async(path)), f"sync {path}")
 
+    def synced_get_many(self, sync_path: str, paths: Sequence[str]) -> dict[str, Node | None]:
+        sync_path = validate_path(sync_path)
+        wanted = list(dict.fromkeys(validate_path(p) for p in paths))
+
+        def attempt(a: _Attempts) -> dict[str, Node | None]:
+            # One round trip instead of two: ZooKeeper serves a session's requests in order, so
+            # the reads sent right behind the sync wait for it and see what it made visible.
+            starts = [functools.partial(self._client.sync_async, sync_path)]
+            starts += [functools.partial(self._client.get_async, p) for p in wanted]
+            results = a.wait_all(starts)[1:]
+            nodes: dict[str, Node | None] = {}
+            for path, result in zip(wanted, results, strict=True):
+                nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
+            return nodes
+
+        return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
+
     # --- writes ---------------------------------------------------------------------------------
 
     def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:

@@ -1,0 +1,186 @@
+"""``--processes N``: N coordinator processes serving one port, so that the server uses N cores.
+
+gRPC Python's documented way to use several cores: each process is a complete coordinator (its
+own gRPC server bound with SO_REUSEPORT, its own ZooKeeper session and S3 client, its own health
+service and janitor candidacy: the ZooKeeper election makes one janitor leader among them) and
+the kernel spreads incoming connections over them. This process is only the supervisor: it starts
+the workers (``spawn``: nothing of the parent's threads or sessions is inherited), prints one
+serving line once every worker serves, forwards SIGTERM/SIGINT, and exits when they have drained.
+A worker that dies stops the others: the supervisor above us (systemd, Kubernetes) restarts the
+whole set, rather than this process running short of workers unnoticed.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TextIO
+
+from snapcoord.coordinator.config import Config
+
+_log = logging.getLogger(__name__)
+
+#: How long a worker may take to connect to its stores and start serving.
+START_TIMEOUT_S = 120.0
+
+
+def worker_config(config: Config, index: int, port: int) -> Config:
+    """Worker ``index``'s config: the shared port, SO_REUSEPORT, and its own metrics port."""
+    metrics_port = config.metrics.port
+    if metrics_port > 0:
+        metrics_port += index  # 0 (any free port) and -1 (disabled) stay as they are
+    return replace(
+        config,
+        grpc=replace(config.grpc, port=port, processes=1, reuse_port=True),
+        metrics=replace(config.metrics, port=metrics_port),
+    )
+
+
+def _worker(config: Config, out: Connection, log_level: int) -> None:
+    """A worker's main: serve until SIGTERM; its serving line goes to the supervisor."""
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which forwards it
+    # once (a second SIGINT would cut the drain short).
+    os.setpgrp()
+    # ... which also means a SIGKILL of the supervisor's group would leave us serving: watch it.
+    supervisor = os.getppid()
+    threading.Thread(target=_exit_with, args=(supervisor,), name="supervisor-watch", daemon=True).start()
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s"
+    )
+    from snapcoord.coordinator.server import run
+
+    class _Line(io.StringIO):
+        def flush(self) -> None:
+            for line in self.getvalue().splitlines():
+                out.send(line)
+            self.seek(0)
+            self.truncate()
+
+    try:
+        code = run(config, out=_Line())
+    except Exception as e:
+        logging.getLogger(__name__).error("worker failed: %s", e)
+        code = 1
+    out.close()
+    raise SystemExit(code)
+
+
+def _exit_with(supervisor: int) -> None:
+    """Drain and exit (SIGTERM to ourselves) once the supervisor is gone."""
+    while os.getppid() == supervisor:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _shared_port(host: str, port: int) -> tuple[int, socket.socket | None]:
+    """The port the workers share; for port 0 a free one, held by a SO_REUSEPORT socket (not
+    listening, so it takes no connections) until the workers have bound it."""
+    if port != 0:
+        return port, None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    holder = socket.socket(family, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((host, 0))
+    return int(holder.getsockname()[1]), holder
+
+
+def serve_processes(config: Config, *, out: TextIO) -> int:
+    """Run ``config.grpc.processes`` workers on one port until SIGTERM/SIGINT; the exit code is
+    the worst of theirs."""
+    count = config.grpc.processes
+    if not config.storage.metadata_uri.startswith("zk://"):
+        # The embedded store belongs to one process: others would not see its watches, and
+        # their janitors would not elect one leader.
+        raise ValueError(
+            f"--processes={count} needs ZooKeeper metadata (--metadata zk://...); "
+            "the embedded store serves one process"
+        )
+    context = multiprocessing.get_context("spawn")
+    port, holder = _shared_port(config.grpc.host, config.grpc.port)
+    workers: list[multiprocessing.process.BaseProcess] = []
+    lines: list[str] = []
+    log_level = logging.getLogger().getEffectiveLevel()
+    try:
+        for index in range(count):
+            receive, send = context.Pipe(duplex=False)
+            worker = context.Process(
+                target=_worker,
+                args=(worker_config(config, index, port), send, log_level),
+                name=f"snapcoord-worker-{index}",
+            )
+            worker.start()
+            send.close()
+            workers.append(worker)
+            # One at a time: a worker that cannot start (a taken metrics port, a store that
+            # refuses it) fails the start before the next one is tried.
+            if not receive.poll(START_TIMEOUT_S):
+                _log.error("worker %d did not start serving within %.0fs", index, START_TIMEOUT_S)
+                return _stop(workers, 1)
+            try:
+                lines.append(str(receive.recv()))
+            except EOFError:
+                worker.join()
+                _log.error("worker %d exited with code %s before serving", index, worker.exitcode)
+                return _stop(workers, 1)
+    except BaseException:
+        _stop(workers, 1)
+        raise
+    finally:
+        if holder is not None:
+            holder.close()
+    # Every worker printed "snapcoord serving grpc=H:P metrics=M"; one line for the set, with
+    # worker 0's metrics address (the others' are in the log).
+    _log.info("serving with %d processes: %s", count, "; ".join(lines))
+    print(lines[0], file=out)
+    out.flush()
+    return _supervise(workers)
+
+
+def _supervise(workers: list[multiprocessing.process.BaseProcess]) -> int:
+    signals = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # taken by sigtimedwait below
+    try:
+        while True:
+            info = signal.sigtimedwait(signals, 0.5)
+            if info is not None:
+                _log.info("%s: stopping %d workers", signal.Signals(info.si_signo).name, len(workers))
+                for worker in workers:
+                    if worker.pid is not None and worker.is_alive():
+                        os.kill(worker.pid, info.si_signo)
+                break
+            dead = [w for w in workers if not w.is_alive()]
+            if dead:
+                _log.error("worker %s exited (code %s): stopping the others", dead[0].name, dead[0].exitcode)
+                return _stop(workers, 1)
+        # Drain: a second signal is forwarded too (the workers then cancel in-flight calls).
+        while any(w.is_alive() for w in workers):
+            info = signal.sigtimedwait(signals, 0.2)
+            if info is not None:
+                for worker in workers:
+                    if worker.pid is not None and worker.is_alive():
+                        os.kill(worker.pid, info.si_signo)
+        return max((w.exitcode or 0) if w.exitcode is not None and w.exitcode >= 0 else 1 for w in workers)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stop(workers: list[multiprocessing.process.BaseProcess], code: int) -> int:
+    """SIGTERM every live worker and wait for them (they drain), then SIGKILL stragglers."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    deadline = time.monotonic() + 60
+    for worker in workers:
+        worker.join(max(0.1, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    return code

@@ -1,0 +1,59 @@
+"""The benchmark runs: ``bench/hot_rpcs.py --smoke`` once, every row briefly, so that it cannot rot.
+
+No timing is asserted (the machine is shared and noisy): only that every row of the performance
+table was measured and printed, against its raw bound and against etcd.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ROWS = (
+    "RegisterProducerOffsets (10 offsets)",
+    "GetProducerOffsets",
+    "CreateSnapshot (4 tasks)",
+    "ReportTaskSnapshot, 1 KiB checkpoint",
+    "ReportTaskSnapshot, 1 MiB checkpoint",
+    "GetCurrentSnapshot consistent=false (cached)",
+    "GetCurrentSnapshot consistent=true",
+    "GetCurrentSnapshot cached vs consistent, during reports",
+    "GetSnapshot, 4 tasks x 1 KiB",
+    "AcquireSnapshots(1) + RenewLease",
+    "lease acquire + renew, no snapshots",
+    "lease acquire + renew vs etcd grant + keepalive",
+    "ReportProgress, 100 partitions",
+)
+
+
+def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
+    done = subprocess.run(
+        [sys.executable, "hot_rpcs.py", "--smoke"],
+        cwd=ROOT / "bench",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = done.stdout.split("## summary", 1)[1]
+    for row in ROWS:
+        line = next((x for x in summary.splitlines() if x.startswith(row + " ")), None)
+        assert line is not None, f"{row!r} missing from the summary:\n{summary}"
+        assert line[len(row) :].count("(") == 2, f"{row!r} lacks a ratio at both client counts: {line}"
+    for row in (
+        "GetProducerOffsets, 2 processes",
+        "lease acquire + renew, 2 processes",
+        "lease acquire + renew, 2 processes vs etcd",
+    ):
+        assert any(x.startswith(row + " ") for x in summary.splitlines()), f"{row!r} missing:\n{summary}"
+    scale = done.stdout.split("## scale:", 1)[1]
+    for figure in ("janitor pass 1:", "janitor pass 2:", "server start to SERVING:"):
+        assert figure in scale, f"{figure!r} missing:\n{scale}"
+    completion = done.stdout.split("## completing one snapshot", 1)[1]
+    assert any(x.split()[:1] == ["10"] for x in completion.splitlines()), completion
