@@ -72,6 +72,15 @@ CONTRACT = {
     "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "1000"),
     "--max-clock-skew": ("SNAPCOORD_MAX_CLOCK_SKEW", "5s"),
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
+    "--metrics-tls-cert": ("SNAPCOORD_METRICS_TLS_CERT", "none: plain HTTP"),
+    "--metrics-tls-key": ("SNAPCOORD_METRICS_TLS_KEY", "none"),
+    "--tls-cert": ("SNAPCOORD_TLS_CERT", "none: plaintext"),
+    "--tls-key": ("SNAPCOORD_TLS_KEY", "none"),
+    "--tls-client-ca": ("SNAPCOORD_TLS_CLIENT_CA", "none: no client certificates"),
+    "--auth-file": ("SNAPCOORD_AUTH_FILE", "none: every caller is accepted"),
+    "--zk-auth-file": ("SNAPCOORD_ZK_AUTH_FILE", "none: open ACLs"),
+    "--s3-sse": ("SNAPCOORD_S3_SSE", "none: the bucket's default"),
+    "--s3-sse-kms-key-id": ("SNAPCOORD_S3_SSE_KMS_KEY_ID", "none: the account's default KMS key"),
 }
 
 # option name -> (a valid raw value, another valid raw value, where it lands, expected for the first)
@@ -118,6 +127,16 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
     "max_clock_skew": ("0s", "10s", ("leases", "max_clock_skew_ms"), 0),
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
+    # The file options pair up (cert needs key...): samples come in pairs in the tests that use two.
+    "metrics_tls_cert": ("/etc/m.pem", "/etc/m2.pem", ("metrics", "tls_cert"), "/etc/m.pem"),
+    "metrics_tls_key": ("/etc/m.key", "/etc/m2.key", ("metrics", "tls_key"), "/etc/m.key"),
+    "tls_cert": ("/etc/s.pem", "/etc/s2.pem", ("security", "tls_cert"), "/etc/s.pem"),
+    "tls_key": ("/etc/s.key", "/etc/s2.key", ("security", "tls_key"), "/etc/s.key"),
+    "tls_client_ca": ("/etc/ca.pem", "/etc/ca2.pem", ("security", "tls_client_ca"), "/etc/ca.pem"),
+    "auth_file": ("/etc/auth.yaml", "/etc/auth.json", ("security", "auth_file"), "/etc/auth.yaml"),
+    "zk_auth_file": ("/etc/zk", "/etc/zk2", ("storage", "zk_auth_file"), "/etc/zk"),
+    "s3_sse": ("AES256", "aws:kms", ("storage", "s3_sse"), "AES256"),
+    "s3_sse_kms_key_id": ("key-1", "key-2", ("storage", "s3_sse_kms_key_id"), "key-1"),
 }
 
 # option name -> an invalid raw value
@@ -154,6 +173,25 @@ BAD: dict[str, str] = {
     "lease_max_snapshots": "0",
     "max_clock_skew": "-1s",
     "log_level": "verbose",
+    "metrics_tls_cert": " /x",
+    "metrics_tls_key": " /x",
+    "tls_cert": " /x",
+    "tls_key": " /x",
+    "tls_client_ca": " /x",
+    "auth_file": " /x",
+    "zk_auth_file": " /x",
+    "s3_sse": "aes256",
+    "s3_sse_kms_key_id": "two words",
+}
+
+#: Options that only work with another one: the partner values each sample is loaded with.
+PARTNERS: dict[str, dict[str, str]] = {
+    "tls_cert": {"tls_key": "/etc/p.key"},
+    "tls_key": {"tls_cert": "/etc/p.pem"},
+    "tls_client_ca": {"tls_cert": "/etc/p.pem", "tls_key": "/etc/p.key"},
+    "metrics_tls_cert": {"metrics_tls_key": "/etc/p.key"},
+    "metrics_tls_key": {"metrics_tls_cert": "/etc/p.pem"},
+    "s3_sse_kms_key_id": {"s3_sse": "aws:kms"},
 }
 
 
@@ -178,7 +216,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.grpc == config.GrpcConfig(
         host="0.0.0.0", port=50051, max_workers=32, max_concurrent_rpcs=256, shutdown_grace_ms=10_000
     )
-    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464)
+    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464, tls_cert="", tls_key="")
+    assert cfg.security == config.SecurityConfig(tls_cert="", tls_key="", tls_client_ca="", auth_file="")
+    assert not cfg.security.tls and not cfg.security.authenticates
     assert cfg.metrics.enabled
     assert cfg.storage == config.StorageConfig(
         data_dir=str(data_dir),
@@ -187,6 +227,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         zk_session_timeout_ms=10_000,
         zk_connect_timeout_ms=15_000,
         s3_addressing_style="auto",
+        zk_auth_file="",
+        s3_sse="",
+        s3_sse_kms_key_id="",
     )
     assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
@@ -211,9 +254,10 @@ def test_the_default_ttl_may_not_exceed_the_maximum() -> None:
 def test_flag_beats_env_beats_default(name: str) -> None:
     first, second, where, expected = SAMPLES[name]
     env_name = "SNAPCOORD_" + name.upper()
-    from_flag = load({name: first}, {env_name: second})
+    partners = PARTNERS.get(name, {})
+    from_flag = load({**partners, name: first}, {env_name: second})
     assert _get(from_flag, where) == expected
-    from_env = load({}, {env_name: first})
+    from_env = load(partners, {env_name: first})
     assert _get(from_env, where) == expected
     assert _get(load({}, {}), where) != expected  # the samples differ from the defaults
 
@@ -284,6 +328,12 @@ def test_bad_env_value_names_the_variable_and_the_value(name: str) -> None:
         load({}, {env_name: BAD[name]})
     assert env_name in str(e.value)
     assert repr(BAD[name]) in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(PARTNERS))
+def test_an_option_without_its_partner_names_both(name: str) -> None:
+    with pytest.raises(ConfigError, match="--" + name.replace("_", "-") + " needs --"):
+        load({name: SAMPLES[name][0]}, {})
 
 
 def test_a_good_flag_hides_a_bad_env_value() -> None:
@@ -396,6 +446,7 @@ def test_every_option_is_a_flag_that_load_reads() -> None:
     assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
     for name, (first, _, where, expected) in SAMPLES.items():
         flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))
+        flags.update(PARTNERS.get(name, {}))
         assert _get(load(flags, {}), where) == expected
 
 

@@ -39,6 +39,8 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Internal: grpc.StatusCode.INTERNAL,
     # A SnapcoordError raised directly names no outcome: treat it as a bug.
     errors.SnapcoordError: grpc.StatusCode.INTERNAL,

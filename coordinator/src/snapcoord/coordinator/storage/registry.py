@@ -28,6 +28,9 @@ class MetadataOptions:
     zk_connect_timeout_ms: int = 15_000
     #: Upper bound on retrying one operation across connection losses before UNAVAILABLE.
     zk_retry_deadline_ms: int = 5_000
+    #: A file holding ``user:password`` for ZooKeeper digest auth ("" = none). Never in the URI,
+    #: which gets logged. With it, every znode the store creates gets an ACL for that user only.
+    zk_auth_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class BlobOptions:
     s3_read_timeout_ms: int = 20_000
     #: Total attempts per S3 call (boto3 "standard" retry mode) before UNAVAILABLE.
     s3_max_attempts: int = 3
+    #: Server-side encryption of every object written: "" (the bucket's default), "AES256", "aws:kms".
+    s3_sse: str = ""
+    #: KMS key for ``s3_sse="aws:kms"`` ("" = the account's default key).
+    s3_sse_kms_key_id: str = ""
 
 
 def open_metadata_store(uri: str, *, options: MetadataOptions | None = None) -> MetadataStore:
