@@ -462,7 +462,7 @@ def _request_for(method: str) -> Any:
     """A request for ``method`` (``/pkg.Service/Name``) naming the ``_IDS`` it has fields for."""
     service, name = method.lstrip("/").split("/")
     desc = descriptor_pool.Default().FindServiceByName(service).methods_by_name[name]
-    request = message_factory.GetMessageClass(desc.input_type)()
+    request: Any = message_factory.GetMessageClass(desc.input_type)()
     for field, value in _IDS.items():
         if field in desc.input_type.fields_by_name:
             setattr(request, field, value)

@@ -25,7 +25,13 @@ import grpc
 from snapcoord.coordinator.auth import audit
 from snapcoord.coordinator.auth.authfile import AuthFile
 from snapcoord.coordinator.auth.policy import ANONYMOUS, IdRef, Principal, Role, decide
-from snapcoord.coordinator.auth.rules import AUTHENTICATED_SERVICES, OPEN_SERVICES, RULES, Rule
+from snapcoord.coordinator.auth.rules import (
+    API_SERVICES,
+    AUTHENTICATED_SERVICES,
+    OPEN_SERVICES,
+    RULES,
+    Rule,
+)
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
 from snapcoord.coordinator.status import status_for
 
@@ -124,6 +130,9 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if service in AUTHENTICATED_SERVICES:
             return self._authenticated_only(handler, method) if self._auth.enabled else handler
         rule = RULES.get(method)
+        if rule is None and service not in API_SERVICES:
+            # Not the API, health or reflection (a test's probe service): unscoped admins only.
+            return self._authenticated_only(handler, method, admin=True) if self._auth.enabled else handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._guard(handler.unary_unary, method, rule),
@@ -136,7 +145,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 handler.request_deserializer,
                 handler.response_serializer,
             )
-        # A streamed request's ids are not known up front: only an unscoped admin may call one.
+        # An API RPC with a streamed request: its ids are not known up front, so only an unscoped
+        # admin may call it (none exists today).
         return self._authenticated_only(handler, method, admin=True)
 
     def _guard(

@@ -18,6 +18,7 @@ from grpc_health.v1 import health
 
 from snapcoord.coordinator.auth.policy import Access, IdRef, Kind
 from snapcoord.coordinator.reflection import SERVICE_NAMES as REFLECTION_SERVICE_NAMES
+from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ RULES: Mapping[str, Rule] = {
     _B + "ClearBacklog": Rule(_ADMIN, _one(Kind.JOB_ID)),
 }
 
+#: The snapcoord.v1 services, from the descriptors: a method of theirs without a rule is refused.
+API_SERVICES: frozenset[str] = frozenset(
+    service.full_name
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+    for service in module.DESCRIPTOR.services_by_name.values()
+)
 #: Services every caller may use, credentials or not (load balancer and kubelet probes).
 OPEN_SERVICES: frozenset[str] = frozenset({health.SERVICE_NAME})
 #: Services any authenticated principal may use, whatever its role.
