@@ -100,3 +100,14 @@ def test_environment_mistakes_are_reported(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="go together"):
         tls_from_env({"SNAPCOORD_CLIENT_CERT": "/x"})
     assert tls_from_env({}) is None and token_from_env({}) is None
+
+
+def test_the_health_probe_speaks_tls_with_the_client_variables(
+    secured: InProcessCoordinator, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcoord.coordinator.probe import check
+
+    code, report = check(secured.target, timeout_s=30)
+    assert code == 1, report  # plaintext against TLS
+    monkeypatch.setenv("SNAPCOORD_CLIENT_CA", str(pki.ca.pem_path))
+    assert check(secured.target, timeout_s=30) == (0, f"{secured.target}: SERVING")

@@ -123,13 +123,14 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        method: str = handler_call_details.method
-        service = method.lstrip("/").partition("/")[0]
+        path: str = handler_call_details.method
+        method = path.lstrip("/")  # as people write it: snapcoord.v1.SnapshotService/GetSnapshot
+        service = method.partition("/")[0]
         if service in OPEN_SERVICES:
             return handler
         if service in AUTHENTICATED_SERVICES:
             return self._authenticated_only(handler, method) if self._auth.enabled else handler
-        rule = RULES.get(method)
+        rule = RULES.get(path)
         if rule is None and service not in API_SERVICES:
             # Not the API, health or reflection (a test's probe service): unscoped admins only.
             return self._authenticated_only(handler, method, admin=True) if self._auth.enabled else handler
@@ -187,7 +188,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     audit.write(
                         audit.audit_record(
                             principal=principal.name if principal is not None else "-",
-                            method=method.lstrip("/"),
+                            method=method,
                             ids=ids,
                             code=code.name,
                             latency_ms=(time.perf_counter() - started) * 1000,
