@@ -79,6 +79,9 @@ CONTRACT = {
     "--tls-client-ca": ("SNAPCOORD_TLS_CLIENT_CA", "none: no client certificates"),
     "--auth-file": ("SNAPCOORD_AUTH_FILE", "none: every caller is accepted"),
     "--zk-auth-file": ("SNAPCOORD_ZK_AUTH_FILE", "none: open ACLs"),
+    "--zk-tls-ca": ("SNAPCOORD_ZK_TLS_CA", "none: plaintext"),
+    "--zk-tls-cert": ("SNAPCOORD_ZK_TLS_CERT", "none"),
+    "--zk-tls-key": ("SNAPCOORD_ZK_TLS_KEY", "none"),
     "--s3-sse": ("SNAPCOORD_S3_SSE", "none: the bucket's default"),
     "--s3-sse-kms-key-id": ("SNAPCOORD_S3_SSE_KMS_KEY_ID", "none: the account's default KMS key"),
 }
@@ -135,6 +138,9 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "tls_client_ca": ("/etc/ca.pem", "/etc/ca2.pem", ("security", "tls_client_ca"), "/etc/ca.pem"),
     "auth_file": ("/etc/auth.yaml", "/etc/auth.json", ("security", "auth_file"), "/etc/auth.yaml"),
     "zk_auth_file": ("/etc/zk", "/etc/zk2", ("storage", "zk_auth_file"), "/etc/zk"),
+    "zk_tls_ca": ("/etc/zkca.pem", "/etc/zkca2.pem", ("storage", "zk_tls_ca"), "/etc/zkca.pem"),
+    "zk_tls_cert": ("/etc/zk.pem", "/etc/zk2.pem", ("storage", "zk_tls_cert"), "/etc/zk.pem"),
+    "zk_tls_key": ("/etc/zk.key", "/etc/zk2.key", ("storage", "zk_tls_key"), "/etc/zk.key"),
     "s3_sse": ("AES256", "aws:kms", ("storage", "s3_sse"), "AES256"),
     "s3_sse_kms_key_id": ("key-1", "key-2", ("storage", "s3_sse_kms_key_id"), "key-1"),
 }
@@ -180,6 +186,9 @@ BAD: dict[str, str] = {
     "tls_client_ca": " /x",
     "auth_file": " /x",
     "zk_auth_file": " /x",
+    "zk_tls_ca": " /x",
+    "zk_tls_cert": " /x",
+    "zk_tls_key": " /x",
     "s3_sse": "aes256",
     "s3_sse_kms_key_id": "two words",
 }
@@ -192,6 +201,8 @@ PARTNERS: dict[str, dict[str, str]] = {
     "metrics_tls_cert": {"metrics_tls_key": "/etc/p.key"},
     "metrics_tls_key": {"metrics_tls_cert": "/etc/p.pem"},
     "s3_sse_kms_key_id": {"s3_sse": "aws:kms"},
+    "zk_tls_cert": {"zk_tls_key": "/etc/p.key"},
+    "zk_tls_key": {"zk_tls_cert": "/etc/p.pem"},
 }
 
 
@@ -228,6 +239,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         zk_connect_timeout_ms=15_000,
         s3_addressing_style="auto",
         zk_auth_file="",
+        zk_tls_ca="",
+        zk_tls_cert="",
+        zk_tls_key="",
         s3_sse="",
         s3_sse_kms_key_id="",
     )

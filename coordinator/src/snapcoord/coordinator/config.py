@@ -80,6 +80,10 @@ class StorageConfig:
     s3_addressing_style: Literal["auto", "path", "virtual"]
     #: ZooKeeper digest credentials file ("" = none): ``user:password`` on its first line.
     zk_auth_file: str
+    #: TLS to ZooKeeper's secure client port ("" = plaintext).
+    zk_tls_ca: str
+    zk_tls_cert: str
+    zk_tls_key: str
     #: S3 server-side encryption: "" (the bucket's default), "AES256" or "aws:kms".
     s3_sse: str
     s3_sse_kms_key_id: str
@@ -89,6 +93,9 @@ class StorageConfig:
             zk_session_timeout_ms=self.zk_session_timeout_ms,
             zk_connect_timeout_ms=self.zk_connect_timeout_ms,
             zk_auth_file=self.zk_auth_file,
+            zk_tls_ca=self.zk_tls_ca,
+            zk_tls_cert=self.zk_tls_cert,
+            zk_tls_key=self.zk_tls_key,
         )
 
     def blob_options(self) -> BlobOptions:
@@ -513,6 +520,33 @@ OPTIONS: tuple[Option, ...] = (
         metavar="FILE",
     ),
     Option(
+        "zk_tls_ca",
+        "PEM CA bundle of ZooKeeper's TLS client port (secureClientPort); set it to connect with TLS",
+        "",
+        _optional_file,
+        default_doc="none: plaintext",
+        to="storage.zk_tls_ca",
+        metavar="FILE",
+    ),
+    Option(
+        "zk_tls_cert",
+        "PEM client certificate for ZooKeeper's TLS port (when it requires one); needs --zk-tls-key",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="storage.zk_tls_cert",
+        metavar="FILE",
+    ),
+    Option(
+        "zk_tls_key",
+        "PEM private key of --zk-tls-cert",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="storage.zk_tls_key",
+        metavar="FILE",
+    ),
+    Option(
         "s3_sse",
         "S3 server-side encryption of payload objects: AES256 or aws:kms",
         "",
@@ -712,6 +746,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("metrics_tls_cert", "metrics_tls_key"),
     ("metrics_tls_key", "metrics_tls_cert"),
     ("s3_sse_kms_key_id", "s3_sse"),
+    ("zk_tls_cert", "zk_tls_key"),
+    ("zk_tls_key", "zk_tls_cert"),
 )
 
 #: Policy fields that no option sets: fixed limits, at their dataclass default. Listed so that the

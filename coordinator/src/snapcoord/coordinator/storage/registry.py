@@ -31,6 +31,11 @@ class MetadataOptions:
     #: A file holding ``user:password`` for ZooKeeper digest auth ("" = none). Never in the URI,
     #: which gets logged. With it, every znode the store creates gets an ACL for that user only.
     zk_auth_file: str = ""
+    #: ZooKeeper's TLS client port (``secureClientPort``): the CA bundle that signs the servers'
+    #: certificates, and this client's certificate and key when the ensemble requires one.
+    zk_tls_ca: str = ""
+    zk_tls_cert: str = ""
+    zk_tls_key: str = ""
 
 
 @dataclass(frozen=True)

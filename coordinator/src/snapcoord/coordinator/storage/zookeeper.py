@@ -193,6 +193,23 @@ def _digest_auth(path: str) -> tuple[list[tuple[str, str]] | None, list[ACL] | N
     return [("digest", f"{user}:{password}")], [make_digest_acl(user, password, all=True)]
 
 
+def _tls_kwargs(options: MetadataOptions) -> dict[str, Any]:
+    """kazoo's TLS arguments: TLS to ZooKeeper's secure client port when a CA or a client
+    certificate is set, always verifying the server's certificate."""
+    if not (options.zk_tls_ca or options.zk_tls_cert):
+        return {}
+    for path in (options.zk_tls_ca, options.zk_tls_cert, options.zk_tls_key):
+        if path and not Path(path).is_file():
+            raise InvalidArgument(f"ZooKeeper TLS file {path} does not exist")
+    return {
+        "use_ssl": True,
+        "verify_certs": True,
+        "ca": options.zk_tls_ca or None,
+        "certfile": options.zk_tls_cert or None,
+        "keyfile": options.zk_tls_key or None,
+    }
+
+
 class ZooKeeperMetadataStore(MetadataStore):
     """The metadata tree in ZooKeeper under a chroot."""
 
@@ -234,11 +251,13 @@ class ZooKeeperMetadataStore(MetadataStore):
         # Digest auth: every znode this store creates (records, the chroot, election nodes: kazoo
         # applies default_acl to all of them) is readable and writable by this user only.
         self._auth_data, self._acl = _digest_auth(options.zk_auth_file)
+        self._tls = _tls_kwargs(options)
         self._client = KazooClient(
             hosts=hosts + chroot,
             timeout=self._session_timeout_s,
             auth_data=self._auth_data,
             default_acl=self._acl,
+            **self._tls,
             # Reconnect forever, but never wait more than a second between tries: kazoo's default
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
@@ -515,6 +534,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             timeout=self._session_timeout_s,
             auth_data=self._auth_data,
             default_acl=self._acl,
+            **self._tls,
         )
         try:
             bootstrap.start(timeout=timeout_s)
