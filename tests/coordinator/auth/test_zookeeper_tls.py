@@ -54,7 +54,8 @@ def test_the_store_works_over_zookeeper_tls(tls_zookeeper: TlsZooKeeper) -> None
     store = open_metadata_store(tls_zookeeper.secure_uri, options=_options(tls_zookeeper, tls_zookeeper.ca))
     try:
         store.create("/records/a", b"payload", make_parents=True)
-        assert store.get("/records/a").data == b"payload"
+        node = store.get("/records/a")
+        assert node is not None and node.data == b"payload"
     finally:
         store.close()
 
