@@ -63,6 +63,8 @@ PINNED_ALL = [
     "Unimplemented",
     "load_or_create_lease_id",
     "save_lease_id",
+    "tls_from_env",
+    "token_from_env",
 ]
 
 

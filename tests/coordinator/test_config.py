@@ -82,6 +82,18 @@ CONTRACT = {
     "--log-level": ("SNAPCOORD_LOG_LEVEL", "INFO"),
     "--log-format": ("SNAPCOORD_LOG_FORMAT", "auto"),
     "--otel-exporter": ("SNAPCOORD_OTEL_EXPORTER", "none"),
+    "--metrics-tls-cert": ("SNAPCOORD_METRICS_TLS_CERT", "none: plain HTTP"),
+    "--metrics-tls-key": ("SNAPCOORD_METRICS_TLS_KEY", "none"),
+    "--tls-cert": ("SNAPCOORD_TLS_CERT", "none: plaintext"),
+    "--tls-key": ("SNAPCOORD_TLS_KEY", "none"),
+    "--tls-client-ca": ("SNAPCOORD_TLS_CLIENT_CA", "none: no client certificates"),
+    "--auth-file": ("SNAPCOORD_AUTH_FILE", "none: every caller is accepted"),
+    "--zk-auth-file": ("SNAPCOORD_ZK_AUTH_FILE", "none: open ACLs"),
+    "--zk-tls-ca": ("SNAPCOORD_ZK_TLS_CA", "none: plaintext"),
+    "--zk-tls-cert": ("SNAPCOORD_ZK_TLS_CERT", "none"),
+    "--zk-tls-key": ("SNAPCOORD_ZK_TLS_KEY", "none"),
+    "--s3-sse": ("SNAPCOORD_S3_SSE", "none: the bucket's default"),
+    "--s3-sse-kms-key-id": ("SNAPCOORD_S3_SSE_KMS_KEY_ID", "none: the account's default KMS key"),
 }
 
 # option name -> (a valid raw value, another valid raw value, where it lands, expected for the first)
@@ -138,6 +150,19 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "log_level": ("debug", "ERROR", ("logging", "level"), "DEBUG"),
     "log_format": ("json", "text", ("logging", "format"), "json"),
     "otel_exporter": ("console", "otlp", ("tracing", "exporter"), "console"),
+    # The file options pair up (cert needs key...): samples come in pairs in the tests that use two.
+    "metrics_tls_cert": ("/etc/m.pem", "/etc/m2.pem", ("metrics", "tls_cert"), "/etc/m.pem"),
+    "metrics_tls_key": ("/etc/m.key", "/etc/m2.key", ("metrics", "tls_key"), "/etc/m.key"),
+    "tls_cert": ("/etc/s.pem", "/etc/s2.pem", ("security", "tls_cert"), "/etc/s.pem"),
+    "tls_key": ("/etc/s.key", "/etc/s2.key", ("security", "tls_key"), "/etc/s.key"),
+    "tls_client_ca": ("/etc/ca.pem", "/etc/ca2.pem", ("security", "tls_client_ca"), "/etc/ca.pem"),
+    "auth_file": ("/etc/auth.yaml", "/etc/auth.json", ("security", "auth_file"), "/etc/auth.yaml"),
+    "zk_auth_file": ("/etc/zk", "/etc/zk2", ("storage", "zk_auth_file"), "/etc/zk"),
+    "zk_tls_ca": ("/etc/zkca.pem", "/etc/zkca2.pem", ("storage", "zk_tls_ca"), "/etc/zkca.pem"),
+    "zk_tls_cert": ("/etc/zk.pem", "/etc/zk2.pem", ("storage", "zk_tls_cert"), "/etc/zk.pem"),
+    "zk_tls_key": ("/etc/zk.key", "/etc/zk2.key", ("storage", "zk_tls_key"), "/etc/zk.key"),
+    "s3_sse": ("AES256", "aws:kms", ("storage", "s3_sse"), "AES256"),
+    "s3_sse_kms_key_id": ("key-1", "key-2", ("storage", "s3_sse_kms_key_id"), "key-1"),
 }
 
 # option name -> an invalid raw value
@@ -184,6 +209,30 @@ BAD: dict[str, str] = {
     "log_level": "verbose",
     "log_format": "JSON",
     "otel_exporter": "jaeger",
+    "metrics_tls_cert": " /x",
+    "metrics_tls_key": " /x",
+    "tls_cert": " /x",
+    "tls_key": " /x",
+    "tls_client_ca": " /x",
+    "auth_file": " /x",
+    "zk_auth_file": " /x",
+    "zk_tls_ca": " /x",
+    "zk_tls_cert": " /x",
+    "zk_tls_key": " /x",
+    "s3_sse": "aes256",
+    "s3_sse_kms_key_id": "two words",
+}
+
+#: Options that only work with another one: the partner values each sample is loaded with.
+PARTNERS: dict[str, dict[str, str]] = {
+    "tls_cert": {"tls_key": "/etc/p.key"},
+    "tls_key": {"tls_cert": "/etc/p.pem"},
+    "tls_client_ca": {"tls_cert": "/etc/p.pem", "tls_key": "/etc/p.key"},
+    "metrics_tls_cert": {"metrics_tls_key": "/etc/p.key"},
+    "metrics_tls_key": {"metrics_tls_cert": "/etc/p.pem"},
+    "s3_sse_kms_key_id": {"s3_sse": "aws:kms"},
+    "zk_tls_cert": {"zk_tls_key": "/etc/p.key"},
+    "zk_tls_key": {"zk_tls_cert": "/etc/p.pem"},
 }
 
 
@@ -214,7 +263,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         payload_budget_bytes=1024**3,
         payload_budget_wait_ms=10_000,
     )
-    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464)
+    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464, tls_cert="", tls_key="")
+    assert cfg.security == config.SecurityConfig(tls_cert="", tls_key="", tls_client_ca="", auth_file="")
+    assert not cfg.security.tls and not cfg.security.authenticates
     assert cfg.metrics.enabled
     assert cfg.storage == config.StorageConfig(
         data_dir=str(data_dir),
@@ -225,6 +276,12 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         zk_max_request_bytes=1_048_575,
         s3_addressing_style="auto",
         blob_probe_interval_ms=5_000,
+        zk_auth_file="",
+        zk_tls_ca="",
+        zk_tls_cert="",
+        zk_tls_key="",
+        s3_sse="",
+        s3_sse_kms_key_id="",
     )
     assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
@@ -249,9 +306,10 @@ def test_the_default_ttl_may_not_exceed_the_maximum() -> None:
 def test_flag_beats_env_beats_default(name: str) -> None:
     first, second, where, expected = SAMPLES[name]
     env_name = "SNAPCOORD_" + name.upper()
-    from_flag = load({name: first}, {env_name: second})
+    partners = PARTNERS.get(name, {})
+    from_flag = load({**partners, name: first}, {env_name: second})
     assert _get(from_flag, where) == expected
-    from_env = load({}, {env_name: first})
+    from_env = load(partners, {env_name: first})
     assert _get(from_env, where) == expected
     assert _get(load({}, {}), where) != expected  # the samples differ from the defaults
 
@@ -322,6 +380,12 @@ def test_bad_env_value_names_the_variable_and_the_value(name: str) -> None:
         load({}, {env_name: BAD[name]})
     assert env_name in str(e.value)
     assert repr(BAD[name]) in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(PARTNERS))
+def test_an_option_without_its_partner_names_both(name: str) -> None:
+    with pytest.raises(ConfigError, match="--" + name.replace("_", "-") + " needs --"):
+        load({name: SAMPLES[name][0]}, {})
 
 
 def test_a_good_flag_hides_a_bad_env_value() -> None:
@@ -434,6 +498,7 @@ def test_every_option_is_a_flag_that_load_reads() -> None:
     assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
     for name, (first, _, where, expected) in SAMPLES.items():
         flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))
+        flags.update(PARTNERS.get(name, {}))
         assert _get(load(flags, {}), where) == expected
 
 

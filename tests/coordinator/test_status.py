@@ -34,6 +34,8 @@ EXPECTED: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Aborted: C.ABORTED,
     errors.Unavailable: C.UNAVAILABLE,
     errors.Unimplemented: C.UNIMPLEMENTED,
+    errors.Unauthenticated: C.UNAUTHENTICATED,
+    errors.PermissionDenied: C.PERMISSION_DENIED,
     errors.Internal: C.INTERNAL,
     errors.NodeExistsError: C.ALREADY_EXISTS,
     errors.NoNodeError: C.NOT_FOUND,

@@ -64,10 +64,6 @@ class Replica(CoordinatorProcess):
             return None
         return int(float(m.group(1))) if m else None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def pause(self) -> None:
         assert self._proc is not None
         os.kill(self._proc.pid, signal.SIGSTOP)

@@ -71,8 +71,11 @@ class CoordinatorProcess:
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         start_timeout_s: float = 60.0,
+        health_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        #: For a coordinator serving TLS: the channel credentials of ``health()``.
+        self.health_credentials = health_credentials
         self.stdout_path = self.workdir / "snapcoord.stdout"
         self.stderr_path = self.workdir / "snapcoord.stderr"
         self.host = host
@@ -178,7 +181,12 @@ class CoordinatorProcess:
         """Health/Check status through a fresh channel; None when the call itself fails."""
         if self._proc is not None and not self._proc.alive():
             raise ServerStartError(f"snapcoord exited with code {self._proc.returncode}")
-        with grpc.insecure_channel(self.target) as channel:
+        channel = (
+            grpc.insecure_channel(self.target)
+            if self.health_credentials is None
+            else grpc.secure_channel(self.target, self.health_credentials)
+        )
+        with channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=service), timeout=timeout_s

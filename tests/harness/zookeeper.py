@@ -6,6 +6,7 @@ import contextlib
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -19,6 +20,29 @@ SLF4J_SIMPLE_JAR = Path("/usr/share/java/slf4j-simple.jar")
 INSTALL_HINT = "run scripts/install-test-deps (it does: apt-get install -y zookeeper)"
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+#: The TLS port is served by the Netty connection factory; Debian splits netty into these jars.
+_NETTY_JARS = tuple(
+    Path(f"/usr/share/java/netty-{name}.jar")
+    for name in (
+        "buffer",
+        "codec",
+        "common",
+        "handler",
+        "resolver",
+        "transport",
+        "transport-native-epoll",
+        "transport-native-unix-common",
+    )
+)
+
+
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """PEM files for ZooKeeper's TLS client port: the server's key and certificate in one file, and
+    the CA bundle it verifies client certificates with (clients must present one)."""
+
+    keystore_pem: Path
+    truststore_pem: Path
 
 
 def four_letter_word(host: str, port: int, word: str, timeout: float = 2.0) -> str:
@@ -52,8 +76,12 @@ class ZooKeeperServer:
         tick_time_ms: int = 200,
         heap_mb: int = 256,
         start_timeout_s: float = 60.0,
+        tls: ZooKeeperTls | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        #: With TLS, a second (secure) client port; the plain one stays for readiness checks.
+        self.tls = tls
+        self.secure_port: int | None = None
         self.data_dir = self.workdir / "data"
         self.config_path = self.workdir / "zoo.cfg"
         self.log_path = self.workdir / "zookeeper.log"
@@ -136,8 +164,17 @@ class ZooKeeperServer:
             "-Djava.net.preferIPv4Stack=true",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+            *(
+                ["-Dzookeeper.serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory"]
+                if self.tls
+                else []
+            ),
             "-cp",
-            f"{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}",
+            ":".join(
+                str(j)
+                for j in (ZOOKEEPER_JAR, SLF4J_SIMPLE_JAR, *(_NETTY_JARS if self.tls else ()))
+                if j.exists()
+            ),
             _MAIN_CLASS,
             str(self.config_path),
         ]
@@ -150,8 +187,22 @@ class ZooKeeperServer:
             raise
 
     def _config(self, port: int) -> str:
+        tls: list[str] = []
+        if self.tls is not None:
+            if self.secure_port is None:
+                self.secure_port = free_port()
+            tls = [
+                f"secureClientPort={self.secure_port}",
+                f"secureClientPortAddress={LOOPBACK}",
+                f"ssl.keyStore.location={self.tls.keystore_pem}",
+                "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={self.tls.truststore_pem}",
+                "ssl.trustStore.type=PEM",
+                "ssl.clientAuth=need",
+            ]
         return "\n".join(
             [
+                *tls,
                 f"tickTime={self.tick_time_ms}",
                 f"minSessionTimeout={2 * self.tick_time_ms}",
                 "maxSessionTimeout=60000",

@@ -16,6 +16,7 @@ modules stay in ``snapcoord.v1``; nothing exported here is a protobuf type.
 from __future__ import annotations
 
 from snapcoord.client._channel import TlsConfig
+from snapcoord.client._env import tls_from_env, token_from_env
 from snapcoord.client._retry import RetryPolicy
 from snapcoord.client._types import (
     AcquireResult,
@@ -96,4 +97,6 @@ __all__ = [
     "Unimplemented",
     "load_or_create_lease_id",
     "save_lease_id",
+    "tls_from_env",
+    "token_from_env",
 ]

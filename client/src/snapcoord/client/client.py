@@ -27,6 +27,7 @@ from snapcoord.client._channel import (
     TlsConfig,
     normalize_target,
 )
+from snapcoord.client._env import tls_from_env, token_from_env
 from snapcoord.client._retry import RetryPolicy, call_with_retry
 from snapcoord.client._types import (
     AcquireResult,
@@ -67,8 +68,10 @@ class CoordinatorClient:
     address with gRPC's ``round_robin`` policy (``grpc_options`` may override it). ``timeout_s``
     bounds every call, retries included, unless the call passes its own. ``tls`` switches to TLS
     (mutual with a key and chain); ``token`` is sent as ``authorization: Bearer <token>`` (as call
-    credentials over TLS, as plain metadata otherwise: use plaintext only on trusted paths).
-    Message size limits default to 128 MiB each way because checkpoints can be large.
+    credentials over TLS, as plain metadata otherwise: use plaintext only on trusted paths). Left
+    unset, both come from the environment (``SNAPCOORD_TOKEN`` or ``SNAPCOORD_TOKEN_FILE``;
+    ``SNAPCOORD_CLIENT_CA``, ``SNAPCOORD_CLIENT_CERT``, ``SNAPCOORD_CLIENT_KEY``). Message size
+    limits default to 128 MiB each way because checkpoints can be large.
 
     The client is thread-safe and cheap to keep. It cannot be pickled: a Spark task builds its own
     from the target. After a fork the child's first call opens the child's own channel.
@@ -97,6 +100,10 @@ class CoordinatorClient:
             "grpc.max_send_message_length": max_send_message_bytes,
         }
         options.update(dict(grpc_options))
+        # Unset credentials come from SNAPCOORD_TOKEN / SNAPCOORD_CLIENT_* (see _env), so a client
+        # built from an address alone (the Spark connector's) authenticates as the deployment says.
+        tls = tls if tls is not None else tls_from_env()
+        token = token if token is not None else token_from_env()
         self._channel = LazyChannel(target, tls=tls, token=token, options=tuple(options.items()))
 
     # -- lifecycle -------------------------------------------------------------------------------------

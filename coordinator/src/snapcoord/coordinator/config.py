@@ -71,6 +71,9 @@ class MetricsConfig:
     host: str
     #: 0 binds a free port; -1 disables the exporter.
     port: int
+    #: PEM files: with both set the exporter serves HTTPS; "" serves plain HTTP.
+    tls_cert: str
+    tls_key: str
 
     @property
     def enabled(self) -> bool:
@@ -92,16 +95,53 @@ class StorageConfig:
     s3_addressing_style: Literal["auto", "path", "virtual"]
     #: How often health probes the blob store (services that write payloads follow it).
     blob_probe_interval_ms: int
+    #: ZooKeeper digest credentials file ("" = none): ``user:password`` on its first line.
+    zk_auth_file: str
+    #: TLS to ZooKeeper's secure client port ("" = plaintext).
+    zk_tls_ca: str
+    zk_tls_cert: str
+    zk_tls_key: str
+    #: S3 server-side encryption: "" (the bucket's default), "AES256" or "aws:kms".
+    s3_sse: str
+    s3_sse_kms_key_id: str
 
     def metadata_options(self) -> MetadataOptions:
         return MetadataOptions(
             zk_session_timeout_ms=self.zk_session_timeout_ms,
             zk_connect_timeout_ms=self.zk_connect_timeout_ms,
             zk_max_request_bytes=self.zk_max_request_bytes,
+            zk_auth_file=self.zk_auth_file,
+            zk_tls_ca=self.zk_tls_ca,
+            zk_tls_cert=self.zk_tls_cert,
+            zk_tls_key=self.zk_tls_key,
         )
 
     def blob_options(self) -> BlobOptions:
-        return BlobOptions(s3_addressing_style=self.s3_addressing_style)
+        return BlobOptions(
+            s3_addressing_style=self.s3_addressing_style,
+            s3_sse=self.s3_sse,
+            s3_sse_kms_key_id=self.s3_sse_kms_key_id,
+        )
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """TLS on the gRPC port and access control; every path "" when unset."""
+
+    tls_cert: str
+    tls_key: str
+    #: When set, clients must present a certificate signed by this CA (mutual TLS).
+    tls_client_ca: str
+    #: Principals, credentials, roles and scopes (``auth.authfile``); re-read when it changes.
+    auth_file: str
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @property
+    def authenticates(self) -> bool:
+        return bool(self.auth_file or self.tls_client_ca)
 
 
 @dataclass(frozen=True)
@@ -150,6 +190,7 @@ class Config:
     """
 
     grpc: GrpcConfig
+    security: SecurityConfig
     metrics: MetricsConfig
     storage: StorageConfig
     producers: ProducerPolicy
@@ -241,6 +282,23 @@ def _host(text: str) -> str:
     if not value or any(c.isspace() for c in value) or "/" in value:
         raise ValueError("expected a host name or IP address to bind (e.g. 0.0.0.0, 127.0.0.1, ::)")
     return value.removeprefix("[").removesuffix("]")
+
+
+def _optional_file(text: str) -> str:
+    """A file path made absolute, or "" (unset). Existence is checked when the server starts."""
+    value = text.strip()
+    if not value:
+        return ""
+    if text != value or "\n" in value:
+        raise ValueError("expected a file path without surrounding spaces")
+    return str(Path(value).expanduser().resolve())
+
+
+def _kms_key(text: str) -> str:
+    value = text.strip()
+    if any(c.isspace() for c in value):
+        raise ValueError("expected a KMS key id, alias or ARN (no spaces)")
+    return value
 
 
 def _path(text: str) -> str:
@@ -343,7 +401,7 @@ class Option:
 
     @property
     def shown_default(self) -> str:
-        return self.default_doc if self.default is None and self.default_doc else str(self.default)
+        return self.default_doc if not self.default and self.default_doc else str(self.default)
 
 
 @dataclass(frozen=True)
@@ -382,6 +440,60 @@ OPTIONS: tuple[Option, ...] = (
         _int_parser(-1, 65535, "a port 0-65535, or -1 to disable metrics"),
         to="metrics.port",
         metavar="PORT",
+    ),
+    Option(
+        "metrics_tls_cert",
+        "PEM certificate for the Prometheus exporter; with --metrics-tls-key it serves HTTPS",
+        "",
+        _optional_file,
+        default_doc="none: plain HTTP",
+        to="metrics.tls_cert",
+        metavar="FILE",
+    ),
+    Option(
+        "metrics_tls_key",
+        "PEM private key of --metrics-tls-cert",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="metrics.tls_key",
+        metavar="FILE",
+    ),
+    Option(
+        "tls_cert",
+        "PEM certificate (chain) of the gRPC port; with --tls-key it serves TLS (re-read on change)",
+        "",
+        _optional_file,
+        default_doc="none: plaintext",
+        to="security.tls_cert",
+        metavar="FILE",
+    ),
+    Option(
+        "tls_key",
+        "PEM private key of --tls-cert",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="security.tls_key",
+        metavar="FILE",
+    ),
+    Option(
+        "tls_client_ca",
+        "PEM CA bundle: clients must present a certificate it signed (mutual TLS); needs --tls-cert",
+        "",
+        _optional_file,
+        default_doc="none: no client certificates",
+        to="security.tls_client_ca",
+        metavar="FILE",
+    ),
+    Option(
+        "auth_file",
+        "principals: token hashes, certificate identities, roles, id scopes (YAML/JSON; re-read on change)",
+        "",
+        _optional_file,
+        default_doc="none: every caller is accepted",
+        to="security.auth_file",
+        metavar="FILE",
     ),
     Option(
         "data_dir",
@@ -502,6 +614,60 @@ OPTIONS: tuple[Option, ...] = (
         _choice_parser(("auto", "path", "virtual"), fold_case=False),
         to="storage.s3_addressing_style",
         metavar="STYLE",
+    ),
+    Option(
+        "zk_auth_file",
+        "file holding user:password for ZooKeeper digest auth; the coordinator's znodes get ACLs for it",
+        "",
+        _optional_file,
+        default_doc="none: open ACLs",
+        to="storage.zk_auth_file",
+        metavar="FILE",
+    ),
+    Option(
+        "zk_tls_ca",
+        "PEM CA bundle of ZooKeeper's TLS client port (secureClientPort); set it to connect with TLS",
+        "",
+        _optional_file,
+        default_doc="none: plaintext",
+        to="storage.zk_tls_ca",
+        metavar="FILE",
+    ),
+    Option(
+        "zk_tls_cert",
+        "PEM client certificate for ZooKeeper's TLS port (when it requires one); needs --zk-tls-key",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="storage.zk_tls_cert",
+        metavar="FILE",
+    ),
+    Option(
+        "zk_tls_key",
+        "PEM private key of --zk-tls-cert",
+        "",
+        _optional_file,
+        default_doc="none",
+        to="storage.zk_tls_key",
+        metavar="FILE",
+    ),
+    Option(
+        "s3_sse",
+        "S3 server-side encryption of payload objects: AES256 or aws:kms",
+        "",
+        _choice_parser(("", "AES256", "aws:kms"), fold_case=False),
+        default_doc="none: the bucket's default",
+        to="storage.s3_sse",
+        metavar="MODE",
+    ),
+    Option(
+        "s3_sse_kms_key_id",
+        "KMS key id or ARN for --s3-sse aws:kms",
+        "",
+        _kms_key,
+        default_doc="none: the account's default KMS key",
+        to="storage.s3_sse_kms_key_id",
+        metavar="KEY",
     ),
     Option(
         "producer_default_ttl",
@@ -718,6 +884,18 @@ CHECKS: tuple[NotAbove, ...] = (
     NotAbove("lease_min_duration", "lease_max_duration"),
 )
 
+#: Options that only make sense with another one: (option, the option it needs).
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("tls_cert", "tls_key"),
+    ("tls_key", "tls_cert"),
+    ("tls_client_ca", "tls_cert"),
+    ("metrics_tls_cert", "metrics_tls_key"),
+    ("metrics_tls_key", "metrics_tls_cert"),
+    ("s3_sse_kms_key_id", "s3_sse"),
+    ("zk_tls_cert", "zk_tls_key"),
+    ("zk_tls_key", "zk_tls_cert"),
+)
+
 #: Policy fields that no option sets: fixed limits, at their dataclass default. Listed so that the
 #: table's completeness test tells a forgotten option from a deliberate constant.
 FIXED: frozenset[tuple[str, str]] = frozenset(
@@ -763,6 +941,9 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
             values[opt.name] = opt.derive(values)
 
     by_name = {opt.name: opt for opt in OPTIONS}
+    for needs, needed in PAIRS:
+        if values[needs] and not values[needed]:
+            raise ConfigError(f"{by_name[needs].flag} needs {by_name[needed].flag}")
     for check in CHECKS:
         low, high = values[check.low], values[check.high]
         if low > high:

@@ -52,6 +52,12 @@ class Reason(StrEnum):
     #: The server's budget of payload bytes in flight is spent; retry after a pause. Metadata:
     #: limit, requested.
     OVERLOADED = "OVERLOADED"
+    #: The call carries no credentials the coordinator accepts (no or an unknown token, no or an
+    #: unlisted client certificate); metadata: method.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    #: The caller is known but its role or id scopes do not cover the call; metadata: principal,
+    #: method, and the id kind and id that were refused (when an id was).
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 class SnapcoordError(Exception):
@@ -117,6 +123,18 @@ class Unimplemented(SnapcoordError):
     """The operation exists in the API but this coordinator does not provide it yet."""
 
     default_reason = Reason.UNIMPLEMENTED
+
+
+class Unauthenticated(SnapcoordError):
+    """The call carries no credentials the coordinator accepts."""
+
+    default_reason = Reason.UNAUTHENTICATED
+
+
+class PermissionDenied(SnapcoordError):
+    """The caller is authenticated but its role or scopes do not allow the call."""
+
+    default_reason = Reason.PERMISSION_DENIED
 
 
 class Internal(SnapcoordError):

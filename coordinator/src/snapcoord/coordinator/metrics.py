@@ -194,10 +194,15 @@ class MetricsExporter:
         self._thread.join()
 
 
-def start_exporter(registry: CollectorRegistry, host: str, port: int) -> MetricsExporter:
-    """Serve ``registry`` on ``http://host:port/metrics`` from a daemon thread."""
+def start_exporter(
+    registry: CollectorRegistry, host: str, port: int, *, certfile: str = "", keyfile: str = ""
+) -> MetricsExporter:
+    """Serve ``registry`` on ``http://host:port/metrics`` from a daemon thread (HTTPS with
+    ``certfile`` and ``keyfile``)."""
     try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
+        httpd, thread = start_http_server(
+            port, addr=host, registry=registry, certfile=certfile or None, keyfile=keyfile or None
+        )
     except OSError as e:
         raise OSError(f"cannot bind metrics to {host}:{port}: {e.strerror or e}") from e
     bound_port = int(httpd.server_address[1])

@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from snapcoord.coordinator import __version__, api, reflection
+from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.health import StoreHealth
 from snapcoord.coordinator.interceptors import ServerInterceptor
@@ -130,9 +131,16 @@ def build_server(
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
     interceptor = ServerInterceptor(GrpcServerMetrics(registry), version=__version__, tracer=tracing)
+    try:
+        # Inside the main interceptor, so refusals are mapped and counted like any other error.
+        auth_interceptor = new_auth_interceptor(config.security)
+        credentials = grpc_credentials(config.security)
+    except ValueError:
+        executor.shutdown(wait=False)
+        raise
     server = grpc.server(
         executor,
-        interceptors=(interceptor,),
+        interceptors=(interceptor, auth_interceptor),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead, unless this is one of the
@@ -146,7 +154,11 @@ def build_server(
     )
     address = hostport(config.grpc.host, config.grpc.port)
     try:
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
     except RuntimeError as e:  # grpc reports a failed bind as RuntimeError (older versions: port 0)
         executor.shutdown(wait=False)
         raise OSError(f"cannot bind gRPC to {address}: {e} (port in use or address not local?)") from e
@@ -200,7 +212,13 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
         drained = False
         try:
             if config.metrics.enabled:
-                exporter = start_exporter(server.registry, config.metrics.host, config.metrics.port)
+                exporter = start_exporter(
+                    server.registry,
+                    config.metrics.host,
+                    config.metrics.port,
+                    certfile=config.metrics.tls_cert,
+                    keyfile=config.metrics.tls_key,
+                )
             server.start()
             metrics_at = hostport(exporter.host, exporter.port) if exporter else "disabled"
             line = f"snapcoord serving grpc={hostport(config.grpc.host, port)} metrics={metrics_at}"

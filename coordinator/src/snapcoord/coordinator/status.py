@@ -40,6 +40,8 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Internal: grpc.StatusCode.INTERNAL,
     # A SnapcoordError raised directly names no outcome: treat it as a bug.
     errors.SnapcoordError: grpc.StatusCode.INTERNAL,

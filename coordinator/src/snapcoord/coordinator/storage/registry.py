@@ -31,6 +31,14 @@ class MetadataOptions:
     zk_retry_deadline_ms: int = 5_000
     #: The ensemble's jute.maxbuffer: a transaction larger than this is refused before it is sent.
     zk_max_request_bytes: int = ZK_DEFAULT_MAX_REQUEST_BYTES
+    #: A file holding ``user:password`` for ZooKeeper digest auth ("" = none). Never in the URI,
+    #: which gets logged. With it, every znode the store creates gets an ACL for that user only.
+    zk_auth_file: str = ""
+    #: ZooKeeper's TLS client port (``secureClientPort``): the CA bundle that signs the servers'
+    #: certificates, and this client's certificate and key when the ensemble requires one.
+    zk_tls_ca: str = ""
+    zk_tls_cert: str = ""
+    zk_tls_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,10 @@ class BlobOptions:
     s3_read_timeout_ms: int = 20_000
     #: Total attempts per S3 call (boto3 "standard" retry mode) before UNAVAILABLE.
     s3_max_attempts: int = 3
+    #: Server-side encryption of every object written: "" (the bucket's default), "AES256", "aws:kms".
+    s3_sse: str = ""
+    #: KMS key for ``s3_sse="aws:kms"`` ("" = the account's default key).
+    s3_sse_kms_key_id: str = ""
 
 
 def open_metadata_store(uri: str, *, options: MetadataOptions | None = None) -> MetadataStore:

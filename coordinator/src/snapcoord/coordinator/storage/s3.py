@@ -93,6 +93,12 @@ class S3BlobStore(BlobStore):
         #: Prepended to every key: "" or "some/prefix/".
         self._prefix = f"{prefix}/" if prefix else ""
         self._options = options
+        #: Server-side encryption parameters of every put (passed through to S3 as they are).
+        self._sse: dict[str, str] = {}
+        if options.s3_sse:
+            self._sse["ServerSideEncryption"] = options.s3_sse
+            if options.s3_sse_kms_key_id:
+                self._sse["SSEKMSKeyId"] = options.s3_sse_kms_key_id
         self._session = boto3.session.Session()
         self._lock = threading.Lock()
         self._client: S3Client | None = None
@@ -108,7 +114,7 @@ class S3BlobStore(BlobStore):
         s3 = self._s3()
         try:
             # A retried put (botocore retries timeouts) rewrites the same bytes: harmless.
-            s3.put_object(Bucket=self._bucket, Key=full_key, Body=data)
+            s3.put_object(Bucket=self._bucket, Key=full_key, Body=data, **self._sse)  # type: ignore[arg-type]
         except (ClientError, BotoCoreError) as e:
             self._raise(e, f"put {key}")
 

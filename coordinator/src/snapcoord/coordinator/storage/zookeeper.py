@@ -37,6 +37,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import ACL, make_digest_acl
 
 from snapcoord.coordinator.errors import (
     BadVersionError,
@@ -176,6 +178,38 @@ def _translate(e: kz.KazooException, what: str) -> SnapcoordError:
     return StoreUnavailable(f"{what}: ZooKeeper error {type(e).__name__}: {e}")
 
 
+def _digest_auth(path: str) -> tuple[list[tuple[str, str]] | None, list[ACL] | None]:
+    """kazoo's ``auth_data`` and ``default_acl`` for the ``user:password`` in ``path`` ("" = none)."""
+    if not path:
+        return None, None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+    except OSError as e:
+        raise InvalidArgument(f"cannot read the ZooKeeper auth file {path}: {e.strerror or e}") from None
+    user, sep, password = lines[0].partition(":") if lines else ("", "", "")
+    if not user or not sep or not password:
+        raise InvalidArgument(f"the ZooKeeper auth file {path} must hold user:password on its first line")
+    return [("digest", f"{user}:{password}")], [make_digest_acl(user, password, all=True)]
+
+
+def _tls_kwargs(options: MetadataOptions) -> dict[str, Any]:
+    """kazoo's TLS arguments: TLS to ZooKeeper's secure client port when a CA or a client
+    certificate is set, always verifying the server's certificate."""
+    if not (options.zk_tls_ca or options.zk_tls_cert):
+        return {}
+    for path in (options.zk_tls_ca, options.zk_tls_cert, options.zk_tls_key):
+        if path and not Path(path).is_file():
+            raise InvalidArgument(f"ZooKeeper TLS file {path} does not exist")
+    return {
+        "use_ssl": True,
+        "verify_certs": True,
+        "ca": options.zk_tls_ca or None,
+        "certfile": options.zk_tls_cert or None,
+        "keyfile": options.zk_tls_key or None,
+    }
+
+
 class ZooKeeperMetadataStore(MetadataStore):
     """The metadata tree in ZooKeeper under a chroot."""
 
@@ -219,9 +253,16 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._retry = KazooRetry(
             max_tries=-1, delay=0.05, backoff=2, max_jitter=0.4, max_delay=0.5, deadline=self._deadline_s
         )
+        # Digest auth: every znode this store creates (records, the chroot, election nodes: kazoo
+        # applies default_acl to all of them) is readable and writable by this user only.
+        self._auth_data, self._acl = _digest_auth(options.zk_auth_file)
+        self._tls = _tls_kwargs(options)
         self._client = KazooClient(
             hosts=hosts + chroot,
             timeout=self._session_timeout_s,
+            auth_data=self._auth_data,
+            default_acl=self._acl,
+            **self._tls,
             # Reconnect forever, but never wait more than a second between tries: kazoo's default
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
@@ -510,7 +551,13 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def _create_chroot(self, timeout_s: float) -> None:
         """Create the chroot and its ancestors, which the chrooted client cannot address."""
-        bootstrap = KazooClient(hosts=self._hosts, timeout=self._session_timeout_s)
+        bootstrap = KazooClient(
+            hosts=self._hosts,
+            timeout=self._session_timeout_s,
+            auth_data=self._auth_data,
+            default_acl=self._acl,
+            **self._tls,
+        )
         try:
             bootstrap.start(timeout=timeout_s)
             bootstrap.ensure_path(self._chroot)

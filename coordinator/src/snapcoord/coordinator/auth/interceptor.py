@@ -1,0 +1,258 @@
+"""The gRPC interceptor that authenticates, authorizes and audits every snapcoord.v1 call.
+
+It runs inside the server's main interceptor (``interceptors.ServerInterceptor``), so a refusal is
+a ``SnapcoordError`` that the main one maps to UNAUTHENTICATED / PERMISSION_DENIED with ErrorInfo,
+and counts in the gRPC metrics like any other outcome. A refused call never reaches its servicer,
+so it changes nothing. Health passes untouched (probes carry no credentials); reflection needs an
+authenticated principal when access control is on.
+
+Credentials, in order: an ``authorization: Bearer <token>`` header (a token that is present but
+unknown is refused even on a connection with a good client certificate: a caller that sends a
+credential means it), then the verified client certificate's subject CN and SANs. With an auth
+file both are looked up there; with mutual TLS and no auth file the certificate's identity is the
+principal, with role admin (the client CA is then the whole policy).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from snapcoord.coordinator.auth import audit
+from snapcoord.coordinator.auth.authfile import AuthFile
+from snapcoord.coordinator.auth.policy import ANONYMOUS, IdRef, Principal, Role, decide
+from snapcoord.coordinator.auth.rules import (
+    API_SERVICES,
+    AUTHENTICATED_SERVICES,
+    OPEN_SERVICES,
+    RULES,
+    Rule,
+)
+from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
+from snapcoord.coordinator.status import status_for
+
+_log = logging.getLogger(__name__)
+
+#: Longest token considered; longer ones are refused without hashing.
+MAX_TOKEN_CHARS = 4096
+_BEARER = "bearer "
+
+
+def cert_identities(context: grpc.ServicerContext) -> list[str]:
+    """The verified client certificate's subject CN, then its SANs (empty without one)."""
+    auth = context.auth_context() or {}
+    values = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values]
+
+
+class Authenticator:
+    """Turns a call's credentials into a principal, or raises ``Unauthenticated``."""
+
+    def __init__(self, auth_file: AuthFile | None, *, mutual_tls: bool) -> None:
+        self._auth_file = auth_file
+        self._mutual_tls = mutual_tls
+
+    @property
+    def enabled(self) -> bool:
+        return self._auth_file is not None or self._mutual_tls
+
+    def principal(self, context: grpc.ServicerContext, method: str) -> Principal:
+        if not self.enabled:
+            return ANONYMOUS
+        meta = {"method": method}
+        headers = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        if len(headers) > 1:
+            raise Unauthenticated(
+                f"{method}: {len(headers)} authorization headers; "
+                "send exactly one 'authorization: Bearer <token>'",
+                metadata=meta,
+            )
+        if headers:
+            return self._by_token(headers[0], method)
+        identities = cert_identities(context)
+        if identities:
+            if self._auth_file is None:
+                return Principal(identities[0], Role.ADMIN)
+            found = self._auth_file.table().for_cert(identities)
+            if found is None:
+                raise Unauthenticated(
+                    f"{method}: the client certificate ({', '.join(repr(i) for i in identities[:4])}) is not "
+                    "listed in the auth file, and no bearer token was sent",
+                    metadata=meta,
+                )
+            return found
+        raise Unauthenticated(
+            f"{method}: no credentials; send 'authorization: Bearer <token>'"
+            + (" or a client certificate" if self._mutual_tls else ""),
+            metadata=meta,
+        )
+
+    def _by_token(self, header: Any, method: str) -> Principal:
+        meta = {"method": method}
+        value = header if isinstance(header, str) else bytes(header).decode("utf-8", "replace")
+        if value[: len(_BEARER)].lower() != _BEARER or not value[len(_BEARER) :].strip():
+            raise Unauthenticated(
+                f"{method}: the authorization header is not 'Bearer <token>'", metadata=meta
+            )
+        token = value[len(_BEARER) :].strip()
+        if len(token) > MAX_TOKEN_CHARS or self._auth_file is None:
+            raise Unauthenticated(f"{method}: the bearer token is not accepted", metadata=meta)
+        found = self._auth_file.table().for_token(token)
+        if found is None:
+            raise Unauthenticated(
+                f"{method}: the bearer token is not in the auth file (unknown or revoked)", metadata=meta
+            )
+        return found
+
+
+class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Wraps every snapcoord.v1 method (and reflection when auth is on); health passes through."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._auth = authenticator
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        path: str = handler_call_details.method
+        method = path.lstrip("/")  # as people write it: snapcoord.v1.SnapshotService/GetSnapshot
+        service = method.partition("/")[0]
+        if service in OPEN_SERVICES:
+            return handler
+        if service in AUTHENTICATED_SERVICES:
+            return self._authenticated_only(handler, method) if self._auth.enabled else handler
+        rule = RULES.get(path)
+        if rule is None and service not in API_SERVICES:
+            # Not the API, health or reflection (a test's probe service): unscoped admins only.
+            return self._authenticated_only(handler, method, admin=True) if self._auth.enabled else handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._guard(handler.unary_unary, method, rule),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._guard(handler.unary_stream, method, rule),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        # An API RPC with a streamed request: its ids are not known up front, so only an unscoped
+        # admin may call it (none exists today).
+        return self._authenticated_only(handler, method, admin=True)
+
+    def _guard(
+        self, behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, rule: Rule | None
+    ) -> Any:
+        auth = self._auth
+
+        def run(request: Any, context: grpc.ServicerContext) -> Any:
+            started = time.perf_counter()
+            principal: Principal | None = None
+            ids: list[IdRef] = []
+            code = grpc.StatusCode.OK
+            try:
+                if rule is None:
+                    principal = auth.principal(context, method)
+                    raise PermissionDenied(
+                        f"{method} has no access rule in this coordinator; refused",
+                        metadata={"principal": principal.name, "method": method},
+                    )
+                ids = list(rule.ids(request))
+                principal = auth.principal(context, method)
+                decision = decide(principal, method, rule.access, ids)
+                if not decision.allowed:
+                    meta = {"principal": principal.name, "method": method}
+                    if decision.refused is not None:
+                        meta.update(kind=decision.refused[0].value, id=decision.refused[1])
+                    raise PermissionDenied(decision.message, metadata=meta)
+                response = behavior(request, context)
+                if rule.results is not None and rule.access.filters is not None:
+                    _keep_covered(response, rule, principal)
+                code = context.code() or grpc.StatusCode.OK
+                return response
+            except BaseException as e:
+                code = _code_of(e, context)
+                raise
+            finally:
+                if rule is None or rule.access.mutates:
+                    audit.write(
+                        audit.audit_record(
+                            principal=principal.name if principal is not None else "-",
+                            method=method,
+                            ids=ids,
+                            code=code.name,
+                            latency_ms=(time.perf_counter() - started) * 1000,
+                            peer=context.peer(),
+                        )
+                    )
+
+        return run
+
+    def _authenticated_only(self, handler: grpc.RpcMethodHandler, method: str, *, admin: bool = False) -> Any:
+        auth = self._auth
+
+        def check(context: grpc.ServicerContext) -> None:
+            principal = auth.principal(context, method)
+            if admin and (principal.role is not Role.ADMIN or principal.scopes is not None):
+                raise PermissionDenied(
+                    f"{method} streams its request and needs an unscoped admin; {principal.name!r} is not",
+                    metadata={"principal": principal.name, "method": method},
+                )
+
+        def wrap(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def run(request: Any, context: grpc.ServicerContext) -> Any:
+                check(context)
+                return behavior(request, context)
+
+            return run
+
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                wrap(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            wrap(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+        )
+
+
+def _keep_covered(response: Any, rule: Rule, principal: Principal) -> None:
+    """Drop the items of a List response that are outside the principal's scopes."""
+    assert rule.results is not None and rule.access.filters is not None
+    field, id_field = rule.results
+    kind = rule.access.filters
+    items = getattr(response, field)
+    keep = [item for item in items if principal.covers(kind, getattr(item, id_field))]
+    if len(keep) != len(items):
+        kept = [type(item)() for item in keep]
+        for copy, item in zip(kept, keep, strict=True):
+            copy.CopyFrom(item)
+        del items[:]
+        items.extend(kept)
+
+
+def _code_of(exc: BaseException, context: grpc.ServicerContext) -> grpc.StatusCode:
+    """The status the caller will see for ``exc`` (``context.abort`` sets the code first)."""
+    code = context.code()
+    if type(exc) is Exception and code not in (None, grpc.StatusCode.OK):
+        return code
+    if isinstance(exc, Exception):
+        return status_for(exc).code
+    return grpc.StatusCode.CANCELLED
