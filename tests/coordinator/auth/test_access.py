@@ -534,3 +534,16 @@ def test_every_mutating_rpc_writes_one_audit_line(
     )
     cleared = by_method["/snapcoord.v1.BacklogService/ClearBacklog"]
     assert any(d["principal"] == "-" and d["code"] == "UNAUTHENTICATED" for d in cleared)
+
+
+def test_malformed_request_bytes_are_checked_for_credentials_then_invalid(as_: Any) -> None:
+    """Bytes that are no request name no ids: a caller without credentials is still refused, one
+    with them gets INVALID_ARGUMENT from the servicer, never INTERNAL."""
+    method = "/snapcoord.v1.ProducerOffsetService/DeleteProducerOffsets"
+    garbage = b"\xff\xff\xff\xff"
+    for api, code in (
+        (as_(None), grpc.StatusCode.UNAUTHENTICATED),
+        (as_(TEAM_A_TOKEN), grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        call = api.channel.unary_unary(method)
+        refused(lambda call=call: call(garbage, timeout=30), code)

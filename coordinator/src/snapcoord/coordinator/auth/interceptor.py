@@ -33,6 +33,7 @@ from snapcoord.coordinator.auth.rules import (
     Rule,
 )
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
+from snapcoord.coordinator.request_decoding import MalformedRequest
 from snapcoord.coordinator.status import status_for
 
 _log = logging.getLogger(__name__)
@@ -167,7 +168,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                         f"{method} has no access rule in this coordinator; refused",
                         metadata={"principal": principal.name, "method": method},
                     )
-                ids = list(rule.ids(request))
+                # Bytes that did not decode name no ids; the servicer answers INVALID_ARGUMENT.
+                ids = [] if isinstance(request, MalformedRequest) else list(rule.ids(request))
                 principal = auth.principal(context, method)
                 decision = decide(principal, method, rule.access, ids)
                 if not decision.allowed:
