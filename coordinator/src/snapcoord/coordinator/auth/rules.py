@@ -70,6 +70,7 @@ RULES: Mapping[str, Rule] = {
     _S + "GetCurrentSnapshot": Rule(_READ, _one(Kind.APP_ID)),
     _S + "GetSnapshot": Rule(_READ, _one(Kind.APP_ID)),
     _S + "ListSnapshots": Rule(_READ, _one(Kind.APP_ID)),
+    _S + "ReadCheckpoint": Rule(_READ, _one(Kind.APP_ID)),
     _S + "ReportTaskSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
     _S + "AbortSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
     _S + "DeleteSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
