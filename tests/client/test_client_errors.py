@@ -252,7 +252,7 @@ def test_the_retry_tables_come_from_the_protos_idempotency_levels() -> None:
     assert NOT_RETRIED == {"ReportProgress": "IDEMPOTENCY_UNKNOWN"}
     assert set(IDEMPOTENT.values()) <= RETRIED_LEVELS
     for rpc, level in IDEMPOTENT.items():  # reads are NO_SIDE_EFFECTS, and only reads
-        assert (level == "NO_SIDE_EFFECTS") == rpc.startswith(("Get", "List")), rpc
+        assert (level == "NO_SIDE_EFFECTS") == rpc.startswith(("Get", "List", "Read")), rpc
 
 
 def test_every_idempotent_rpc_says_why_in_the_proto() -> None:

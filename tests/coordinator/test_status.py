@@ -33,6 +33,7 @@ EXPECTED: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.FailedPrecondition: C.FAILED_PRECONDITION,
     errors.Aborted: C.ABORTED,
     errors.Unavailable: C.UNAVAILABLE,
+    errors.ResourceExhausted: C.RESOURCE_EXHAUSTED,
     errors.Unimplemented: C.UNIMPLEMENTED,
     errors.Unauthenticated: C.UNAUTHENTICATED,
     errors.PermissionDenied: C.PERMISSION_DENIED,

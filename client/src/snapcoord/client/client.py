@@ -271,16 +271,29 @@ class CoordinatorClient:
             raise ValueError(f"timeout_s must be positive, got {budget}")
         method = "ReadCheckpoint"
         request = cv.read_checkpoint_request(app_id, generation, task_id, store)
-        stream = self._channel.method(method)(request, timeout=budget, metadata=self._channel.metadata)
+
+        def open_stream(remaining_s: float) -> tuple[Any, Any]:
+            """The stream and its first piece: retried on UNAVAILABLE like any read."""
+            stream = self._channel.method(method)(
+                request, timeout=remaining_s, metadata=self._channel.metadata
+            )
+            try:
+                return stream, next(stream, None)
+            except grpc.RpcError as e:
+                raise error_from_rpc(e, method) from e
+
+        stream, first = call_with_retry(open_stream, method=method, policy=self._retry, timeout_s=budget)
         digest = hashlib.sha256()
-        size, expected_size, expected_sha = 0, -1, ""
+        size, expected_size, expected_sha = 0, 0, hashlib.sha256().hexdigest()
         try:
-            for chunk in stream:
+            chunk = first
+            while chunk is not None:
                 expected_size, expected_sha = chunk.total_size, chunk.sha256
                 if chunk.data:
                     digest.update(chunk.data)
                     size += len(chunk.data)
                     yield chunk.data
+                chunk = next(stream, None)
         except grpc.RpcError as e:
             raise error_from_rpc(e, method) from e
         finally:

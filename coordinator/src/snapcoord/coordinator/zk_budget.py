@@ -409,6 +409,7 @@ WORST_CASE: dict[str, Callable[[Limits], list[Op]]] = {
     "SnapshotService/GetCurrentSnapshot": _reads_only,
     "SnapshotService/GetSnapshot": _reads_only,
     "SnapshotService/ListSnapshots": _reads_only,
+    "SnapshotService/ReadCheckpoint": _reads_only,
     "SnapshotService/ReportTaskSnapshot": report_task_snapshot,
     "SnapshotService/AbortSnapshot": abort_snapshot,
     "SnapshotService/DeleteSnapshot": delete_snapshot,
