@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from google.protobuf.descriptor_pb2 import MethodOptions
 
 from harness.coordinator import embedded_deps, serve_in_process
 from snapcoord.coordinator import api
@@ -47,9 +48,17 @@ def test_every_rule_names_fields_its_request_has() -> None:
 
 
 def test_read_rpcs_do_not_mutate_and_admin_rpcs_are_the_documented_two() -> None:
+    """The proto's NO_SIDE_EFFECTS RPCs are exactly the ones the access rules treat as reads."""
+    reads = {
+        f"/{service.full_name}/{method.name}"
+        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+        if method.GetOptions().idempotency_level == MethodOptions.NO_SIDE_EFFECTS
+    }
+    assert "/snapcoord.v1.SnapshotService/ReadCheckpoint" in reads
     for path, rule in RULES.items():
-        name = path.rsplit("/", 1)[1]
-        assert rule.access.mutates == (not name.startswith(("Get", "List"))), path
+        assert rule.access.mutates == (path not in reads), path
     assert {p.rsplit("/", 1)[1] for p, r in RULES.items() if r.access.admin_only} == {
         "SetRetentionPolicy",
         "ClearBacklog",
