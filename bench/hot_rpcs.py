@@ -402,8 +402,15 @@ def run(
     ten_payload = os.urandom(200)  # about what 10 encoded offsets take
     s3.put_object(Bucket=bucket, Key=f"{prefix}/offsets", Body=ten_payload)
 
+    # Every AcquireSnapshots(1) pair below creates a new lease on the client's one snapshot, so that
+    # snapshot gathers a holder per pair: allow the most holders (one snapshot per lease keeps the
+    # worst-case request within ZooKeeper's limit). A longer run than 1,000 pairs per client would
+    # need fresh snapshots.
     coordinator = in_process_coordinator(
-        f"zk://{zk_hosts}{chroot}/coordinator", f"s3://{bucket}/bench-{run_id}"
+        f"zk://{zk_hosts}{chroot}/coordinator",
+        f"s3://{bucket}/bench-{run_id}",
+        lease_max_holders="1000",
+        lease_max_snapshots="1",
     )
     try:
         with coordinator as port:
