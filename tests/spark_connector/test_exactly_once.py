@@ -26,6 +26,8 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, NotFound, Offset
+from snapcoord.spark_connector.attempts import decode
+from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.sinks import PartitionedFileSink, RollbackSink
 
@@ -238,7 +240,7 @@ def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(tmp_path
         first(["c"], 1)  # batch 0 committed: its record goes
         with pytest.raises(NotFound):
             client.get_producer_offsets("toy.b0")
-        assert client.get_producer_offsets("toy.b1").offsets == (Offset("list", 0, 2),)
+        assert decode(client.get_producer_offsets("toy.b1").offsets).sink_positions == (Offset("list", 0, 2),)
         sink.rows.append("partial")  # a crashed attempt of batch 1 wrote more than "c"
 
         second = exactly_once(
@@ -257,7 +259,7 @@ def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(tmp_path
         assert not second.finish(_Query(None))
         assert not second.finish(_Query(idle_before))
         assert not second.finish(_Query({"batchId": 1, "durationMs": {"addBatch": 5}}))
-        assert client.get_producer_offsets("toy.b2").offsets == (Offset("list", 0, 3),)
+        assert decode(client.get_producer_offsets("toy.b2").offsets).sink_positions == (Offset("list", 0, 3),)
         assert second.finish(_Query(idle_after))
         assert not second.finish(_Query(executed))  # already gone
         client.register_producer_offsets("toy.b2", [Offset("list", 0, 3)])
@@ -268,23 +270,68 @@ def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(tmp_path
         first.close()
 
 
-def test_partitioned_file_sink_rollback_cuts_later_writes(tmp_path: Path, spark: object) -> None:
+def _ids(sink: PartitionedFileSink) -> list[int]:
+    return sorted(int(r["id"]) for r in sink.read_json_records())
+
+
+def test_partitioned_file_sink_commits_fences_and_rolls_back_one_attempt(
+    tmp_path: Path, spark: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pyspark.sql import SparkSession
 
     assert isinstance(spark, SparkSession)
-    sink = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
+    table = tmp_path / "t"
+    sink = PartitionedFileSink(table, partition_by=["bucket"])
     df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(6)], "id long, bucket string")
-    assert sink.positions() == [Offset("t", 0, 0)]
+    assert sink.positions() == [Offset("t", 0, 0), Offset("t", 1, 0)]
+    assert sink.committed_files() == [] and sink.read(spark).count() == 0
+    sink.fence(1)
     sink.write(df, 0)
     mark = sink.positions()
-    assert mark == [Offset("t", 0, 1)]
+    assert mark == [Offset("t", 0, 1), Offset("t", 1, 1)]
     sink.write(df.filter("id < 3"), 1)
-    assert sorted(r["id"] for r in sink.read_json_records()) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
     assert {r["bucket"] for r in sink.read_json_records()} == {"b0", "b1"}
+    assert [c.batch_id for c in sink.commits()] == [0, 1]
 
-    fresh = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])  # a restarted driver rescans
-    assert fresh.positions() == [Offset("t", 0, 2)]
+    # Files without a commit (a write that died before its commit point) are never read.
+    (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").write_text('{"id": 99}\n')
+    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert sorted(r["id"] for r in sink.read(spark).collect()) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert sink.read(spark).columns == ["id", "bucket"]
+
+    # A restarted driver (epoch 2) rescans, fences, and rolls back epoch 1's attempt from `mark`.
+    fresh = PartitionedFileSink(table, partition_by=["bucket"])
+    fresh.fence(2)
+    assert fresh.positions() == [Offset("t", 0, 10), Offset("t", 1, 2)]
     fresh.rollback_to(mark)
-    assert sorted(r["id"] for r in fresh.read_json_records()) == list(range(6))
-    assert fresh.positions() == mark
-    assert sorted(r["id"] for r in spark.read.json(str(tmp_path / "t")).collect()) == list(range(6))
+    assert _ids(fresh) == list(range(6))
+    assert not (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").exists()
+    attempt = fresh.positions()
+    assert attempt == [Offset("t", 0, 2), Offset("t", 1, 2)]  # the junk file's number is free again
+    fresh.write(df.filter("id >= 4"), 1)
+    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+
+    # The old driver is a zombie: its writes fail at the fence check...
+    with pytest.raises(Fenced):
+        sink.write(df, 2)
+    with pytest.raises(Fenced):
+        sink.rollback_to(mark)
+    # ...and one that passed its check just before the fence commits into the fenced range: the
+    # commit file exists, but no reader sees it.
+    monkeypatch.setattr(sink, "check_epoch", lambda: None)
+    sink.write(df, 2)
+    assert len(list((table / "_commits").glob(f"*-e{1:012d}.json"))) == 2
+    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+    assert _ids(PartitionedFileSink(table, partition_by=["bucket"])) == [0, 1, 2, 3, 4, 4, 5, 5]
+
+    # A rollback by epoch 2 of an attempt of epoch 2 removes that attempt and the zombie's dead
+    # files, and keeps epoch 1's committed batch 0 below the position.
+    fresh.rollback_to(attempt)
+    assert _ids(fresh) == list(range(6))
+    assert sorted(p.name for p in (table / "_commits").iterdir()) == [f"{0:012d}-e{1:012d}.json"]
+    assert len(fresh.committed_files()) == len(list(table.glob("bucket=*/part-*")))  # no dead files
+    with pytest.raises(Fenced):
+        fresh.rollback_to([Offset("t", 0, 0), Offset("t", 1, 3)])  # a newer epoch's attempt
+    with pytest.raises(ValueError, match="do not name this sink"):
+        fresh.rollback_to([Offset("other", 0, 0)])
