@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, NotFound, Offset
-from snapcoord.spark_connector.attempts import Attempt, encode
+from snapcoord.spark_connector.attempts import Attempt, decode, encode
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
+from snapcoord.spark_connector.sinks import RollbackSink
 
 
 class ListSink:
@@ -235,10 +237,57 @@ def test_epochs_grow_past_expired_claims(tmp_path: Path, client: CoordinatorClie
     assert writer.rollbacks == 1
 
     # finish() after a committed last batch leaves no record of the run behind.
-    class Done:
-        lastProgress = {"batchId": 2, "durationMs": {"triggerExecution": 1}}
-
-    assert writer.finish(Done())
+    assert writer.finish(_Query({"batchId": 2, "durationMs": {"triggerExecution": 1}}))
     for pid in ("expired.b1", epoch_producer_id("expired", writer.epoch)):
         with pytest.raises(NotFound):
             client.get_producer_offsets(pid)
+
+
+@dataclass
+class _Query:
+    lastProgress: dict[str, object] | None  # the StreamingQuery attribute finish() reads
+
+
+def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(
+    coordinator: CoordinatorProcess,
+) -> None:
+    sink = ListSink()
+    assert isinstance(sink, RollbackSink)
+    with CoordinatorClient(coordinator.target) as client:
+
+        def write(df: list[str], batch_id: int) -> None:
+            sink.rows.extend(df)
+
+        first = exactly_once(sink, coordinator.target, query_name="toy", batch_function=write)
+        first(["a", "b"], 0)
+        first(["c"], 1)  # batch 0 committed: its record goes
+        with pytest.raises(NotFound):
+            client.get_producer_offsets("toy.b0")
+        assert decode(client.get_producer_offsets("toy.b1").offsets).sink_positions == (Offset("list", 0, 2),)
+        sink.rows.append("partial")  # a crashed attempt of batch 1 wrote more than "c"
+
+        second = exactly_once(
+            sink, lambda: CoordinatorClient(coordinator.target), query_name="toy", batch_function=write
+        )
+        second(["c"], 1)  # the restarted driver re-runs batch 1
+        assert sink.rows == ["a", "b", "c"]
+        assert second.rollbacks == 1
+        second(["d"], 2)
+        assert sink.rows == ["a", "b", "c", "d"]
+
+        # finish() drops the last record only when the query's last progress proves batch 2 committed.
+        executed = {"batchId": 2, "durationMs": {"addBatch": 5, "triggerExecution": 9}}
+        idle_before = {"batchId": 2, "durationMs": {"triggerExecution": 1}}  # stopped inside batch 2
+        idle_after = {"batchId": 3, "durationMs": {"triggerExecution": 1}}
+        assert not second.finish(_Query(None))
+        assert not second.finish(_Query(idle_before))
+        assert not second.finish(_Query({"batchId": 1, "durationMs": {"addBatch": 5}}))
+        assert decode(client.get_producer_offsets("toy.b2").offsets).sink_positions == (Offset("list", 0, 3),)
+        assert second.finish(_Query(idle_after))
+        assert not second.finish(_Query(executed))  # already gone
+        client.register_producer_offsets("toy.b2", [Offset("list", 0, 3)])
+        assert second.finish(_Query(executed))
+        with pytest.raises(NotFound):
+            client.get_producer_offsets("toy.b2")
+        second.close()
+        first.close()

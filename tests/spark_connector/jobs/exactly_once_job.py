@@ -24,7 +24,7 @@ otherwise it sleeps. Points, in the order a batch meets them:
 - ``after_write``: the sink write finished; Spark has not written the commit log.
 
 Every process also appends ``start``, ``epoch <n>``, ``batch <id> begin/end``, ``rolled back <id>``
-(the wrapper rolled the sink back before running the batch), ``stale <n>`` and ``done`` lines.
+(the wrapper starts rolling an earlier attempt back), ``stale <n>`` and ``done`` lines.
 ``--no-finish`` skips ``writer.finish`` (a query stopped without it leaves its last record).
 """
 
@@ -51,7 +51,6 @@ class Events:
         self.pause_point, _, nth = spec.partition(":")
         self.pause_nth = int(nth) if nth else 0
         self.batches_run = 0
-        self.rollbacks_before = 0
         self.stale_before = 0
         self.epoch: int | None = None
 
@@ -115,6 +114,7 @@ class HookedWriter(ExactlyOnceWriter):
         if self.events is None or self.hooked_sink is None:
             return
         if point == "before_rollback":
+            self.events.emit(f"rolled back {batch_id}")
             self.hooked_sink.batch_id = batch_id
             self.hooked_sink.removed = 0
         elif point in ("after_delete", "after_register"):
@@ -174,8 +174,6 @@ def main() -> int:
     writer: HookedWriter | None = None
 
     def write(df: Any, batch_id: int) -> None:
-        if writer is not None and writer.rollbacks > events.rollbacks_before:
-            events.emit(f"rolled back {batch_id}")  # the wrapper rolled the sink back just now
         if writer is not None and writer.stale_records > events.stale_before:
             events.emit(f"stale {batch_id}")
         if writer is not None and writer.epoch != events.epoch:
@@ -194,7 +192,6 @@ def main() -> int:
             events.batches_run += 1
             events.emit(f"batch {batch_id} begin")
             events.maybe_pause("batch_start", batch_id)
-            events.rollbacks_before = writer.rollbacks if writer is not None else 0
             events.stale_before = writer.stale_records if writer is not None else 0
             inner(df, batch_id)
             events.emit(f"batch {batch_id} end")
