@@ -33,7 +33,8 @@ restart cannot protect the re-run batch.
 The producer id derives only from ``query_name`` and the batch id, so use a name that is stable
 across restarts and unique per (query, sink); the checkpoint location is a good source of one.
 Everything runs on the driver (``require_driver``); the client is created lazily in the driver
-process, and the writer refuses to be pickled into a task.
+process. Under Spark Connect the writer is pickled to the Connect server and runs in its Python
+worker: see ``ExactlyOnceWriter.__reduce__``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.driver import DriverOnly, require_driver
+from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
 from snapcoord.spark_connector.sinks import RollbackSink
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,41 @@ class ExactlyOnceWriter(DriverOnly):
             if self._client is not None and self._client is not self._client_source:
                 self._client.close()
             self._client = None
+
+    # -- pickling: Spark Connect ships the foreachBatch function to the server -----------------------
+    #: Per-process state: a copy starts without a client (gRPC channels do not survive pickling), with
+    #: a fresh lock, and with no batches run in *its* process.
+    _PROCESS_STATE = ("_client", "_lock", "last_batch_id", "rollbacks")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # type: ignore[override]  # DriverOnly's refuses
+        """Pickle as configuration (sink, client source, query name, batch function, TTL).
+
+        Under Spark Connect, ``foreachBatch`` pickles the function on the client and runs it in a
+        Python worker of the Connect server's driver; the copy creates its client lazily there. A live
+        ``CoordinatorClient`` cannot travel, so a writer built from one refuses. Shipping a copy into
+        a Spark task still fails, at use: ``require_driver``.
+        """
+        if isinstance(self._client_source, CoordinatorClient):
+            raise ExecutorContextError(
+                "ExactlyOnceWriter was given a live CoordinatorClient, which cannot be pickled; under "
+                "Spark Connect foreachBatch pickles the writer to the Connect server: pass the "
+                "coordinator's address (exactly_once(sink, 'host:port', ...)) or a picklable "
+                "zero-argument factory instead"
+            )
+        state = {k: v for k, v in self.__dict__.items() if k not in self._PROCESS_STATE}
+        return (_blank, (type(self),), state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._client = None
+        self._lock = threading.Lock()
+        self.last_batch_id = None
+        self.rollbacks = 0
+
+
+def _blank(cls: type[ExactlyOnceWriter]) -> ExactlyOnceWriter:
+    """An uninitialised writer for unpickling (``__setstate__`` fills it in)."""
+    return cls.__new__(cls)
 
 
 def exactly_once(

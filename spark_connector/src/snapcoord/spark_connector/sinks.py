@@ -90,6 +90,14 @@ class PartitionedFileSink:
     def __repr__(self) -> str:
         return f"PartitionedFileSink({str(self.path)!r}, partition_by={self.partition_by!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as configuration (Spark Connect ships the sink with the foreachBatch function).
+
+        The cached sequence number is this process's view: a copy that trusted a stale one would
+        register too low a position, and a later rollback to it would delete committed output.
+        """
+        return {**self.__dict__, "_next_seq": None}
+
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
         require_driver("PartitionedFileSink.positions")
@@ -119,7 +127,8 @@ class PartitionedFileSink:
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
         staging = self.path / STAGING_DIR / f"{seq:012d}-{attempt}"
-        writer = df.write.format(self.file_format).mode("errorifexists").options(**self.write_options)
+        # "error", not its alias "errorifexists", which Spark Connect's DataFrameWriter rejects.
+        writer = df.write.format(self.file_format).mode("error").options(**self.write_options)
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(str(staging))

@@ -1,0 +1,250 @@
+"""``exactly_once`` under Spark Connect: the writer travels to a real local Connect server as pickled
+configuration and runs in the server's Python worker against a real coordinator (ZooKeeper + S3).
+
+One Connect server (``spark_connect_server``, session scope) serves every test here. The streaming
+tests drive it from client processes (``jobs/exactly_once_connect_job.py``) that build their session
+with ``SparkSession.builder.remote(url)``, as users do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from harness.coordinator import CoordinatorProcess
+from harness.seaweed import SeaweedS3Server
+from harness.spark_connect import SparkConnectServer
+from snapcoord.client import CoordinatorClient, NotFound, Offset
+from snapcoord.spark_connector import ExecutorContextError
+from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
+from snapcoord.spark_connector.sinks import PartitionedFileSink
+
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).parent / "jobs" / "exactly_once_connect_job.py"
+RECORDS_PER_FILE = 10
+JOB_TIMEOUT_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
+) -> Iterator[str]:
+    """One ``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of this module's own)."""
+    root = tmp_path_factory.mktemp("coordinator-connect")
+    run = uuid.uuid4().hex[:8]
+    args = ["--metadata", f"zk://{zk_hosts}/t/connect-{run}", "--blobs", s3_server.uri(f"t/connect-{run}")]
+    with CoordinatorProcess(root, args=args) as coord:
+        yield coord.target
+
+
+class _ListSink:
+    """A toy sink of the protocol (picklable): an append-only list, its length the one position."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def positions(self) -> list[Offset]:
+        return [Offset("list", 0, len(self.rows))]
+
+    def rollback_to(self, positions: Sequence[Offset]) -> None:
+        del self.rows[positions[0].offset :]
+
+    def write(self, df: list[str], batch_id: int) -> None:
+        self.rows.extend(df)
+
+
+def _cloudpickle(obj: object) -> bytes:
+    """What Spark Connect's ``foreachBatch`` does with the function (pyspark's vendored cloudpickle)."""
+    data: bytes = cloudpickle.dumps(obj)  # type: ignore[no-untyped-call]
+    return data
+
+
+# -- pickling ----------------------------------------------------------------------------------------------
+
+
+def test_writer_from_an_address_unpickles_into_a_working_writer(coordinator: str) -> None:
+    name = f"pickled-{uuid.uuid4().hex[:8]}"
+    writer = exactly_once(_ListSink(), coordinator, query_name=name, ttl_ms=600_000)
+    writer(["a"], 0)  # this process now holds a live client: it must not travel
+    assert writer.last_batch_id == 0
+
+    copy = pickle.loads(pickle.dumps(writer))
+    assert isinstance(copy, ExactlyOnceWriter)
+    assert (copy.query_name, copy.ttl_ms, copy.last_batch_id, copy.rollbacks) == (name, 600_000, None, 0)
+    sink = copy.sink
+    assert isinstance(sink, _ListSink) and sink is not writer.sink and sink.rows == ["a"]
+
+    # The copy is a restarted driver: an attempt of batch 0 wrote more than its output, and the copy
+    # re-runs batch 0 with its own client, rolls the sink back to the stored position, and goes on.
+    sink.rows.append("partial")
+    copy(["a"], 0)
+    assert sink.rows == ["a"] and copy.rollbacks == 1
+    copy(["b"], 1)
+    assert sink.rows == ["a", "b"]
+    with CoordinatorClient(coordinator) as client:
+        with pytest.raises(NotFound):
+            client.get_producer_offsets(f"{name}.b0")
+        assert client.get_producer_offsets(f"{name}.b1").offsets == (Offset("list", 0, 1),)
+    copy.close()
+    writer.close()
+
+
+def test_writer_from_a_factory_pickles_with_cloudpickle(coordinator: str) -> None:
+    name = f"factory-{uuid.uuid4().hex[:8]}"
+    writer = exactly_once(_ListSink(), lambda: CoordinatorClient(coordinator), query_name=name)
+    copy = pickle.loads(_cloudpickle(writer))  # what Spark Connect's foreachBatch does
+    copy(["a"], 0)
+    assert isinstance(copy.client, CoordinatorClient)
+    with CoordinatorClient(coordinator) as client:
+        assert client.get_producer_offsets(f"{name}.b0").offsets == (Offset("list", 0, 0),)
+    copy.close()
+
+
+def test_writer_from_a_live_client_refuses_pickling_and_says_what_to_pass(coordinator: str) -> None:
+    with CoordinatorClient(coordinator) as client:
+        writer = exactly_once(_ListSink(), client, query_name="live-client")
+        for dumps in (pickle.dumps, _cloudpickle):
+            with pytest.raises(ExecutorContextError) as info:
+                dumps(writer)
+            message = str(info.value)
+            assert "live CoordinatorClient" in message
+            assert "Spark Connect" in message
+            assert "pass the coordinator's address" in message and "factory" in message
+
+
+def test_pickled_file_sink_rescans_instead_of_trusting_a_cached_position(tmp_path: Path) -> None:
+    sink = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
+    assert sink.positions() == [Offset("t", 0, 0)]  # cached in this process from now on
+    # Another process (an earlier query run) published write 4 since.
+    part = tmp_path / "t" / "bucket=b0" / f"part-{4:012d}-{'a' * 12}-00000.json"
+    part.parent.mkdir(parents=True)
+    part.write_text('{"id": 1}\n')
+    copy = pickle.loads(pickle.dumps(sink))
+    assert copy.positions() == [Offset("t", 0, 5)]  # a stale 0 would later roll back to 0: data loss
+    assert (copy.path, copy.partition_by, copy.name) == (sink.path, sink.partition_by, sink.name)
+
+
+def test_shipped_writer_still_refuses_to_run_inside_a_task(
+    spark_connect: Any, coordinator: str, tmp_path: Path
+) -> None:
+    """Picklable is not runnable anywhere: captured in a pandas UDF it fails on the executor."""
+    name = f"in-task-{uuid.uuid4().hex[:8]}"
+    writer = exactly_once(PartitionedFileSink(tmp_path / "t"), coordinator, query_name=name)
+
+    def probe(batches: Iterator[Any]) -> Iterator[Any]:
+        import pandas as pd  # type: ignore[import-untyped]
+
+        for _ in batches:
+            try:
+                writer(None, 0)
+                outcome = "ran"
+            except ExecutorContextError as e:
+                outcome = str(e)
+            yield pd.DataFrame({"outcome": [outcome]})
+
+    rows = spark_connect.range(0, 4, 1, 2).mapInPandas(probe, "outcome string").collect()
+    assert rows, "the probe ran in no task"
+    for row in rows:
+        assert "exactly_once batch function must run on the Spark driver" in row.outcome
+    with CoordinatorClient(coordinator) as client, pytest.raises(NotFound):
+        client.get_producer_offsets(f"{name}.b0")
+
+
+# -- streaming through the Connect server ------------------------------------------------------------
+
+
+def _publish(directory: Path, first: int, count: int) -> None:
+    """Input files of unique ids, each made visible by an atomic rename."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(first, first + count):
+        tmp = directory.parent / f".tmp-{i}.json"
+        lines = (
+            json.dumps({"id": i * RECORDS_PER_FILE + j, "bucket": f"b{j % 3}"})
+            for j in range(RECORDS_PER_FILE)
+        )
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, directory / f"in-{i:03d}.json")
+
+
+def _run_job(
+    server: SparkConnectServer, coordinator: str, root: Path, name: str, *extra: str
+) -> tuple[int, dict[str, Any]]:
+    argv = [
+        sys.executable, str(JOB), "--remote", server.url, "--target", coordinator,
+        "--input", str(root / "input"), "--checkpoint", str(root / "chk"), "--table", str(root / "table"),
+        "--query-name", name, *extra,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    context = (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
+        f"--- server log {server.log_path} ---\n{server.log_tail()}"
+    )
+    assert lines, context
+    return proc.returncode, json.loads(lines[-1])
+
+
+def _table_ids(root: Path) -> Counter[int]:
+    sink = PartitionedFileSink(root / "table", partition_by=["bucket"], name="connect-table")
+    return Counter(int(r["id"]) for r in sink.read_json_records())
+
+
+def _records(coordinator: str, name: str) -> dict[str, tuple[Offset, ...]]:
+    with CoordinatorClient(coordinator) as client:
+        items = client.list_producer_offsets(page_size=1000).items
+    return {p.producer_id: tuple(p.offsets) for p in items if p.producer_id.startswith(f"{name}.")}
+
+
+def _expected(files: int) -> Counter[int]:
+    return Counter(range(files * RECORDS_PER_FILE))
+
+
+def test_streaming_query_through_connect_writes_every_record_once(
+    spark_connect_server: SparkConnectServer, coordinator: str, tmp_path: Path
+) -> None:
+    name = f"connect-{uuid.uuid4().hex[:8]}"
+    _publish(tmp_path / "input", 0, 4)
+    code, result = _run_job(spark_connect_server, coordinator, tmp_path, name)
+    assert (code, result["error"]) == (0, None), result
+    assert result["session"] == "pyspark.sql.connect.session.SparkSession"
+    assert result["batches"] == [0, 1, 2, 3]
+    assert _table_ids(tmp_path) == _expected(4)
+    # The writer ran in the server's worker and talked to the coordinator from there: every batch
+    # deleted its predecessor's record, the last one stays for a re-run of batch 3.
+    assert _records(coordinator, name) == {f"{name}.b3": (Offset("connect-table", 0, 3),)}
+
+
+def test_batch_rerun_after_a_crash_leaves_each_record_once(
+    spark_connect_server: SparkConnectServer, coordinator: str, tmp_path: Path
+) -> None:
+    name = f"connect-crash-{uuid.uuid4().hex[:8]}"
+    _publish(tmp_path / "input", 0, 3)
+    marker = tmp_path / "crashed-once"
+    crash = ("--fail-once-at-batch", "1", "--marker", str(marker))
+
+    code, result = _run_job(spark_connect_server, coordinator, tmp_path, name, *crash)
+    assert code == 3 and "simulated crash after the sink write of batch 1" in str(result["error"]), result
+    assert result["batches"] == [0] and marker.exists()
+    # Batch 1's output is already in the table, and Spark has not committed batch 1: a plain re-run
+    # would write it a second time.
+    assert _table_ids(tmp_path) == _expected(2)
+    assert _records(coordinator, name) == {f"{name}.b1": (Offset("connect-table", 0, 1),)}
+
+    code, result = _run_job(spark_connect_server, coordinator, tmp_path, name, *crash)
+    assert (code, result["error"]) == (0, None), result
+    assert result["batches"] == [1, 2]  # batch 1 re-ran with the same id
+    assert _table_ids(tmp_path) == _expected(3)  # each record once: the re-run rolled batch 1 back
+    assert _records(coordinator, name) == {f"{name}.b2": (Offset("connect-table", 0, 2),)}
