@@ -15,7 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
 from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.spark_connector import ExecutorContextError
+from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
+from snapcoord.spark_connector.listener import SnapcoordListener
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 pytestmark = pytest.mark.spark
@@ -212,21 +214,6 @@ def _expected(files: int) -> Counter[int]:
     return Counter(range(files * RECORDS_PER_FILE))
 
 
-def test_streaming_query_through_connect_writes_every_record_once(
-    spark_connect_server: SparkConnectServer, coordinator: str, tmp_path: Path
-) -> None:
-    name = f"connect-{uuid.uuid4().hex[:8]}"
-    _publish(tmp_path / "input", 0, 4)
-    code, result = _run_job(spark_connect_server, coordinator, tmp_path, name)
-    assert (code, result["error"]) == (0, None), result
-    assert result["session"] == "pyspark.sql.connect.session.SparkSession"
-    assert result["batches"] == [0, 1, 2, 3]
-    assert _table_ids(tmp_path) == _expected(4)
-    # The writer ran in the server's worker and talked to the coordinator from there: every batch
-    # deleted its predecessor's record, the last one stays for a re-run of batch 3.
-    assert _records(coordinator, name) == {f"{name}.b3": (Offset("connect-table", 0, 3),)}
-
-
 def test_batch_rerun_after_a_crash_leaves_each_record_once(
     spark_connect_server: SparkConnectServer, coordinator: str, tmp_path: Path
 ) -> None:
@@ -237,6 +224,7 @@ def test_batch_rerun_after_a_crash_leaves_each_record_once(
 
     code, result = _run_job(spark_connect_server, coordinator, tmp_path, name, *crash)
     assert code == 3 and "simulated crash after the sink write of batch 1" in str(result["error"]), result
+    assert result["session"] == "pyspark.sql.connect.session.SparkSession"
     assert result["batches"] == [0] and marker.exists()
     # Batch 1's output is already in the table, and Spark has not committed batch 1: a plain re-run
     # would write it a second time.
@@ -247,4 +235,63 @@ def test_batch_rerun_after_a_crash_leaves_each_record_once(
     assert (code, result["error"]) == (0, None), result
     assert result["batches"] == [1, 2]  # batch 1 re-ran with the same id
     assert _table_ids(tmp_path) == _expected(3)  # each record once: the re-run rolled batch 1 back
+    assert _records(coordinator, name) == {f"{name}.b2": (Offset("connect-table", 0, 2),)}
+
+
+def test_streaming_through_connect_with_listener_and_backlog_runner(
+    spark_connect_server: SparkConnectServer, coordinator: str, tmp_path: Path
+) -> None:
+    """Several micro-batches through the Connect server land exactly once, while PySpark >= 4
+    delivers listener events to the client: ``SnapcoordListener`` runs there (it is never pickled)
+    and ``BacklogAwareRunner`` drives the Connect queries from there."""
+    name = f"runner-{uuid.uuid4().hex[:8]}"
+    job = f"job-{name}"
+    _publish(tmp_path / "input", 0, 3)  # the backlog: one batch per file, file-source offsets 0..2
+    checkpoint = tmp_path / "chk"
+    sink = PartitionedFileSink(tmp_path / "table", partition_by=["bucket"], name="connect-table")
+    writer = exactly_once(sink, coordinator, query_name=name)
+    spark_connect = spark_connect_server.session()
+
+    def start_query(trigger: Mapping[str, Any]) -> Any:
+        return (
+            spark_connect.readStream.schema("id long, bucket string")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(tmp_path / "input"))
+            .writeStream.queryName(name)
+            .foreachBatch(writer)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**trigger)
+            .start()
+        )
+
+    with CoordinatorClient(coordinator, timeout_s=10) as client:
+        listener = SnapcoordListener(
+            client,
+            f"app-{name}",
+            {name: str(checkpoint)},
+            backlog_jobs={name: job},
+            backlog_boundaries={name: [Offset("files", 0, 2)]},
+            stream_names={name: ["files"]},
+        )
+        spark_connect.streams.addListener(listener)
+        runner = BacklogAwareRunner(
+            start_query, job, client, {"availableNow": True}, {"processingTime": "200 milliseconds"}
+        )
+        try:
+            runner.run(timeout_s=120)
+            assert (runner.switch_count, runner.triggers[-1]) == (1, {"processingTime": "200 milliseconds"})
+            status = client.get_backlog_status(job)
+            assert not status.processing_backlog
+            assert [(p.stream, p.boundary, p.position) for p in status.partitions] == [("files", 2, 2)]
+            committed = listener.last_committed(name)
+            assert committed is not None and committed.offsets == (Offset("files", 0, 2),)
+            assert listener.errors == 0
+        finally:
+            runner.stop()
+            # Not streams.removeListener: PySpark's Connect client joins its event thread there, and
+            # we saw that join hang; stopping the session ends the listener bus as well.
+            spark_connect.stop()
+    assert _table_ids(tmp_path) == _expected(3)
+    # The writer ran in the server's worker and talked to the coordinator from there: each batch
+    # deleted its predecessor's record; the last one stays for a re-run of batch 2.
     assert _records(coordinator, name) == {f"{name}.b2": (Offset("connect-table", 0, 2),)}
