@@ -38,7 +38,8 @@ The TTL must exceed the longest time a crashed driver may stay down: a record th
 restart cannot protect the re-run batch.
 
 Everything runs on the driver (``require_driver``); the client is created lazily in the driver
-process, and the writer refuses to be pickled into a task.
+process. Under Spark Connect the writer is pickled to the Connect server and runs in its Python
+worker: see ``ExactlyOnceWriter.__reduce__``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
-from snapcoord.spark_connector.driver import DriverOnly, require_driver
+from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.sinks import FencedSink, RollbackSink
 
@@ -96,6 +97,11 @@ class ExactlyOnceWriter(DriverOnly):
         self.checkpoint_location = checkpoint_location
         self._batch_function: BatchFunction = batch_function
         self._client_source = client
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        """Everything that belongs to this process and its run, never to the configuration: a new
+        writer and an unpickled copy (Spark Connect's server) both start from here."""
         self._client: CoordinatorClient | None = None
         self._lock = threading.Lock()
         #: The batch id this process ran last (its record may still exist).
@@ -229,26 +235,52 @@ class ExactlyOnceWriter(DriverOnly):
 
     def _query_id(self, df: Any) -> str | None:
         """The streaming query's id (stable for a checkpoint): Spark's local property on the thread
-        running foreachBatch, else ``<checkpoint>/metadata``."""
+        running foreachBatch, else ``<checkpoint>/metadata``.
+
+        Under Spark Connect the function runs in the server's Python worker, which sees a Connect
+        DataFrame: no SparkContext, and the local property lives on a JVM thread the worker cannot
+        reach. There only ``checkpoint_location`` (read by the worker, on the server's host) names the
+        run, and without it a record of a reset checkpoint's batch could pass for this run's earlier
+        attempt and roll back committed output: such a writer refuses to run.
+        """
         try:
             value = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
         except Exception:  # not a classic DataFrame (tests, Spark Connect): fall back to the checkpoint
             value = None
         if value:
             return str(value)
-        if self.checkpoint_location is not None:
+        checkpoint = self._checkpoint_dir()
+        if checkpoint is not None:
             import json
 
-            metadata = Path(self.checkpoint_location) / "metadata"
+            metadata = checkpoint / "metadata"
             if metadata.is_file():
                 return str(json.loads(metadata.read_text(encoding="utf-8").splitlines()[0])["id"])
+        if type(df).__module__.startswith("pyspark.sql.connect."):
+            raise ValueError(
+                f"{self.query_name}: under Spark Connect exactly_once cannot see the streaming query's id; "
+                "pass checkpoint_location= (the query's checkpointLocation, a path the Connect server can "
+                f"read), found {self.checkpoint_location!r} without a readable metadata file"
+            )
         return None
+
+    def _checkpoint_dir(self) -> Path | None:
+        """``checkpoint_location`` as a local path (a plain path or a ``file:`` URI), else None."""
+        location = self.checkpoint_location
+        if location is None:
+            return None
+        if location.startswith("file:"):
+            from urllib.parse import unquote, urlparse
+
+            return Path(unquote(urlparse(location).path))
+        return None if "://" in location else Path(location)
 
     def _plan(self, batch_id: int) -> str | None:
         """Digest of ``<checkpoint>/offsets/<N>`` (written before foreachBatch; the same on a re-run)."""
-        if self.checkpoint_location is None:
+        checkpoint = self._checkpoint_dir()
+        if checkpoint is None:
             return None
-        entry = Path(self.checkpoint_location) / "offsets" / str(batch_id)
+        entry = checkpoint / "offsets" / str(batch_id)
         try:
             return plan_digest(entry.read_text(encoding="utf-8"))
         except OSError:
@@ -291,6 +323,48 @@ class ExactlyOnceWriter(DriverOnly):
             if self._client is not None and self._client is not self._client_source:
                 self._client.close()
             self._client = None
+
+    # -- pickling: Spark Connect ships the foreachBatch function to the server -----------------------
+    #: What a copy carries: configuration only. Everything else (client, lock, epoch, the run's query
+    #: id and batch count, counters) is per process and per run, and ``_reset_process_state`` sets it
+    #: afresh, so the copy on the Connect server claims its own epoch and derives its run at its first
+    #: batch. A copy that inherited the sender's epoch would write as a run it never claimed.
+    #: Subclasses with more configuration extend this tuple.
+    _CONFIGURATION: tuple[str, ...] = (
+        "sink",
+        "query_name",
+        "ttl_ms",
+        "checkpoint_location",
+        "_batch_function",
+        "_client_source",
+    )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # type: ignore[override]  # DriverOnly's refuses
+        """Pickle as configuration (``_CONFIGURATION``).
+
+        Under Spark Connect, ``foreachBatch`` pickles the function on the client and runs it in a
+        Python worker of the Connect server's driver; the copy creates its client lazily there. A live
+        ``CoordinatorClient`` cannot travel, so a writer built from one refuses. Shipping a copy into
+        a Spark task still fails, at use: ``require_driver``.
+        """
+        if isinstance(self._client_source, CoordinatorClient):
+            raise ExecutorContextError(
+                "ExactlyOnceWriter was given a live CoordinatorClient, which cannot be pickled; under "
+                "Spark Connect foreachBatch pickles the writer to the Connect server: pass the "
+                "coordinator's address (exactly_once(sink, 'host:port', ...)) or a picklable "
+                "zero-argument factory instead"
+            )
+        state = {k: self.__dict__[k] for k in self._CONFIGURATION}
+        return (_blank, (type(self),), state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+
+def _blank(cls: type[ExactlyOnceWriter]) -> ExactlyOnceWriter:
+    """An uninitialised writer for unpickling (``__setstate__`` fills it in)."""
+    return cls.__new__(cls)
 
 
 def exactly_once(

@@ -128,6 +128,19 @@ class PartitionedFileSink:
     def __repr__(self) -> str:
         return f"PartitionedFileSink({str(self.path)!r}, partition_by={self.partition_by!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as configuration (Spark Connect ships the sink with the foreachBatch function):
+        the copy starts at epoch 0 and rescans, like a new object on the same path.
+
+        Both fields are this process's view. A copy that trusted a stale cached sequence would register
+        too low a position, and a later rollback to it would delete committed output. A copy that kept
+        the sender's epoch would act as that run without having claimed it: its ``rollback_to`` deletes
+        every file of that epoch no commit lists yet, which includes the real holder's in-flight write,
+        and its writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor
+        roll back (``Fenced``) until its writer claims and fences a new epoch.
+        """
+        return {**self.__dict__, "_next_seq": None, "epoch": 0}
+
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
         require_driver("PartitionedFileSink.positions")
@@ -204,7 +217,8 @@ class PartitionedFileSink:
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
         staging = self.path / STAGING_DIR / f"{seq:012d}-e{self.epoch:012d}-{attempt}"
-        writer = df.write.format(self.file_format).mode("errorifexists").options(**self.write_options)
+        # "error", not its alias "errorifexists", which Spark Connect's DataFrameWriter rejects.
+        writer = df.write.format(self.file_format).mode("error").options(**self.write_options)
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(str(staging))
