@@ -228,15 +228,17 @@ class SparkConnectServer:
 WORKER_START_ERROR = "Python worker to connect back"
 
 
-def start_with_retries(start: Callable[[], T], attempts: int = 5) -> T:
+def start_with_retries(start: Callable[[], T], attempts: int = 12) -> T:
     """``start()`` (a streaming query's ``start``), again while it fails because the server's worker
-    was too slow to connect back; any other error, or the last attempt's, propagates."""
+    was too slow to connect back; any other error, or the last attempt's, propagates. Under a load
+    burst several starts in a row can miss the 10 s, hence many attempts, a pause between them."""
     for attempt in range(1, attempts + 1):
         try:
             return start()
         except Exception as e:
             if WORKER_START_ERROR not in str(e) or attempt == attempts:
                 raise
+            time.sleep(min(2.0 * attempt, 10.0))
             print(
                 f"query start {attempt} failed (worker too slow to connect back); retrying", file=sys.stderr
             )
