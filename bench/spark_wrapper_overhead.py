@@ -37,7 +37,7 @@ from typing import Any
 from common import real_servers
 
 from harness.coordinator import CoordinatorProcess
-from harness.spark_connect import SparkConnectServer
+from harness.spark_connect import SparkConnectServer, start_with_retries
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.listener import SnapcoordListener
@@ -58,7 +58,7 @@ def run_query(spark: Any, input_dir: Path, root: Path, batch_fn: Any, name: str 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     schema = StructType([StructField("id", LongType()), StructField("bucket", StringType())])
-    query = (
+    stream = (
         spark.readStream.schema(schema)
         .option("maxFilesPerTrigger", 1)
         .json(str(input_dir))
@@ -66,8 +66,8 @@ def run_query(spark: Any, input_dir: Path, root: Path, batch_fn: Any, name: str 
         .foreachBatch(batch_fn)
         .option("checkpointLocation", str(root / "chk"))
         .trigger(availableNow=True)
-        .start()
     )
+    query = start_with_retries(stream.start)  # Connect: the server's worker may connect back late
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")

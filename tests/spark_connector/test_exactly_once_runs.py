@@ -291,3 +291,25 @@ def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(
             client.get_producer_offsets("toy.b2")
         second.close()
         first.close()
+
+
+def test_checkpoint_location_as_a_file_uri_names_the_same_run(tmp_path: Path) -> None:
+    """Spark accepts ``file:`` URIs as checkpointLocation; the writer reads the same metadata and
+    offsets log through one, and reads nothing through a location it cannot open locally."""
+    chk = checkpoint(tmp_path / "chk dir", "q-1", {0: "plan-0"})
+    by_path = exactly_once(
+        ListSink(), "127.0.0.1:1", query_name="uri", batch_function=print, checkpoint_location=chk
+    )
+    by_uri = exactly_once(
+        ListSink(),
+        "127.0.0.1:1",
+        query_name="uri",
+        batch_function=print,
+        checkpoint_location=Path(chk).as_uri(),
+    )
+    assert by_uri._query_id([]) == by_path._query_id([]) == "q-1"
+    assert by_uri._plan(0) == by_path._plan(0) is not None
+    remote = exactly_once(
+        ListSink(), "127.0.0.1:1", query_name="uri", batch_function=print, checkpoint_location="s3a://b/chk"
+    )
+    assert (remote._query_id([]), remote._plan(0)) == (None, None)
