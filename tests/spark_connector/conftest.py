@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+
+from harness.spark_connect import SparkConnectServer
 
 
 @pytest.fixture(scope="session")
@@ -26,5 +29,25 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()
     )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
+    """One local Spark Connect server (its own JVM) shared by every Connect test of the session.
+
+    A server that cannot start fails the tests that need it, with its log; nothing skips.
+    """
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def spark_connect(spark_connect_server: SparkConnectServer) -> Iterator[Any]:
+    """A fresh Spark Connect client session on the shared server (``SparkConnectServer.session``)."""
+    session = spark_connect_server.session()
     yield session
     session.stop()

@@ -1,10 +1,11 @@
-"""Exactly-once foreachBatch: a file-source streaming driver SIGKILLed at chosen and random points.
+"""Exactly-once foreachBatch: file-source streaming drivers SIGKILLed, reset and run twice on one checkpoint.
 
 Each driver is its own process group (``jobs/exactly_once_job.py``); a kill takes Python and the JVM
 down together, like a lost driver machine. Kill points come from the job's ``EO_PAUSE`` hook (the job
-announces the point in its events file and waits there), plus kills after random delays. The control
-run kills the unwrapped job between the sink write and Spark's commit of batch 0 and must show the
-duplicates that the wrapped job never has.
+announces the point in its events file and waits there), plus kills after random delays. While the
+drivers die, a reader in this process reads the table's committed batches over and over and must never
+see a partial batch or a record twice. The control run kills the unwrapped job between the sink write
+and Spark's commit of batch 0 and must show the duplicates that the wrapped job never has.
 """
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient, NotFound, Offset
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.sinks import PartitionedFileSink, RollbackSink
+from snapcoord.client import CoordinatorClient, Offset
+from snapcoord.spark_connector.epochs import Fenced
+from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 pytestmark = pytest.mark.spark
 
@@ -69,13 +72,27 @@ class Driver:
             ids += [json.loads(line)["id"] for line in f.read_text().splitlines() if line]
         return ids
 
-    def start(self, pause: str = "") -> subprocess.Popen[bytes]:
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, EO_PAUSE=pause)
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "chk"
+
+    def start(
+        self, pause: str = "", *, release: Path | None = None, finish: bool = True
+    ) -> subprocess.Popen[bytes]:
+        env = dict(
+            os.environ,
+            SPARK_LOCAL_IP="127.0.0.1",
+            PYSPARK_PYTHON=sys.executable,
+            EO_PAUSE=pause,
+            EO_RELEASE=str(release or ""),
+        )
         argv = [
-            sys.executable, str(JOB), "--input", str(self.input), "--checkpoint", str(self.root / "chk"),
+            sys.executable, str(JOB), "--input", str(self.input), "--checkpoint", str(self.checkpoint),
             "--table", str(self.table), "--events", str(self.events), "--mode", self.mode,
             "--target", self.target,
         ]  # fmt: skip
+        if not finish:
+            argv.append("--no-finish")
         log = (self.root / f"driver-{len(self.lives)}.log").open("wb")
         self.lives.append(pause or "run")
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -105,37 +122,95 @@ class Driver:
         proc.wait(timeout=30)
         return alive and proc.returncode == -signal.SIGKILL
 
-    def run_to_completion(self) -> None:
-        proc = self.start()
+    def run_to_completion(self, *, finish: bool = True) -> int:
+        """Run a driver until the input is drained; returns its pid (for its event lines)."""
+        proc = self.start(finish=finish)
         try:
             assert self.wait_for(proc, lambda ln: ln.startswith("done")) is not None
             assert proc.wait(timeout=60) == 0, self.log_tail()
         finally:
             if proc.poll() is None:
                 self.kill(proc)
+        return proc.pid
+
+    def sink(self) -> PartitionedFileSink:
+        return PartitionedFileSink(self.table, partition_by=["bucket"], name="eo-table")
 
     def table_ids(self) -> Counter[int]:
-        sink = PartitionedFileSink(self.table, partition_by=["bucket"], name="eo-table")
-        return Counter(int(r["id"]) for r in sink.read_json_records())
+        return Counter(int(r["id"]) for r in self.sink().read_json_records())
 
     def log_tail(self) -> str:
         logs = sorted(self.root.glob("driver-*.log"), key=lambda p: int(p.stem.split("-")[1]))
         return logs[-1].read_text(errors="replace")[-4000:] if logs else "(no log)"
 
 
-def _kill_schedule(rng: random.Random) -> Iterator[str]:
-    """Pause specs (``point:nth``) or ``delay:<seconds>``: the first three land before the first commit,
-    then a shuffled mix with several kills between the sink write and the commit log, then random ones
-    (for as long as the caller asks: a delay kill does not count when the driver was already done)."""
-    yield from ["batch_start:1", "mid_write:1", "after_write:1"]
-    mixed = ["after_write", "after_write", "after_write", "mid_write", "batch_start", "delay", "delay"]
-    rng.shuffle(mixed)
-    while True:
-        kind = mixed.pop() if mixed else rng.choice(["after_write", "mid_write", "batch_start", "delay"])
-        # nth <= 2: every life gets two fresh input files, so its pause point is always reached.
-        yield f"delay:{rng.uniform(3.0, 12.0):.1f}" if kind == "delay" else f"{kind}:{rng.randint(1, 2)}"
+class Reader(threading.Thread):
+    """Reads every committed batch of the table in a loop, as a concurrent consumer would, and records
+    any snapshot with a partial batch (not exactly one whole input file) or a record seen twice."""
+
+    def __init__(self, sink: PartitionedFileSink) -> None:
+        super().__init__(daemon=True)
+        self.sink = sink
+        self.done = threading.Event()
+        self.snapshots = 0
+        self.retries = 0  # a rollback removed a listed commit's files while we read them
+        self.most_batches = 0
+        self.problems: list[str] = []
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):  # a pause between reads leaves the 2 cores to the drivers
+            try:
+                self.read_once()
+            except Exception as e:  # reported by the test, never swallowed
+                self.problems.append(f"reader failed: {e!r}")
+                return
+
+    def read_once(self) -> None:
+        try:
+            commits = self.sink.commits()
+            batches = []
+            for commit in commits:
+                ids: list[int] = []
+                for rel in commit.files:
+                    text = (self.sink.path / rel).read_text(encoding="utf-8")
+                    ids += [int(json.loads(line)["id"]) for line in text.splitlines() if line]
+                batches.append((commit, ids))
+        except FileNotFoundError:
+            self.retries += 1
+            return
+        seen: Counter[int] = Counter()
+        for commit, ids in batches:
+            whole = {i // RECORDS_PER_FILE for i in ids}
+            if len(whole) != 1 or sorted(ids) != [
+                next(iter(whole)) * RECORDS_PER_FILE + j for j in range(10)
+            ]:
+                self.problems.append(f"partial batch {commit}: {sorted(ids)}")
+            seen.update(ids)
+        twice = sorted(i for i, n in seen.items() if n > 1)
+        if twice:
+            self.problems.append(f"records visible twice: {twice[:20]}")
+        self.snapshots += 1
+        self.most_batches = max(self.most_batches, len(batches))
 
 
+#: Kill points in an order where each one is reached: ``mid_rollback`` follows kills that left
+#: output to roll back; the ``:2`` points are in a life's second batch (every life gets two new files).
+FIXED_KILLS = [
+    "batch_start:1",  # before the first commit
+    "mid_write:1",
+    "after_write:1",
+    "mid_rollback:1",  # removed the committed attempt's commit, not yet its files
+    "after_register:2",  # registered, nothing written
+    "staging:1",  # inside an executor's staging write
+    "after_delete:2",  # N-1's record deleted, N's not registered
+    "commit:1",  # passed the fence check, commit file not written
+    "after_write:2",
+]
+#: Kills whose next life must find the record and roll back (a random delay kill can hide one).
+LEAVES_A_RECORD = ("after_write", "mid_write", "mid_rollback", "after_register", "staging", "commit")
+
+
+@pytest.mark.timeout(900)  # 11 driver lives, each a JVM start, on 2 shared cores
 def test_killed_driver_writes_every_record_exactly_once(tmp_path: Path, zk_uri: str, s3_uri: str) -> None:
     seed = int(os.environ.get("EO_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
@@ -144,47 +219,58 @@ def test_killed_driver_writes_every_record_exactly_once(tmp_path: Path, zk_uri: 
         driver = Driver(tmp_path / "wrapped", "wrapped", coord.target)
         files = 2
         driver.publish(0, files)
+        reader = Reader(driver.sink())
+        reader.start()
         kills: list[str] = []
-        for spec in _kill_schedule(rng):
-            if len(kills) >= 10:
-                break
-            assert len(driver.lives) < 16, f"seed={seed}: only {len(kills)} kills landed: {kills}"
-            driver.publish(files, 2)  # more input arrives between restarts
-            files += 2
-            kind, _, arg = spec.partition(":")
-            if kind == "delay":
-                proc = driver.start()
-                time.sleep(float(arg))
-                if driver.kill(proc):
-                    kills.append(spec)
-                continue
-            proc = driver.start(pause=spec)
-            line = driver.wait_for(proc, lambda ln: ln.startswith("pause "))
-            assert line is not None, f"seed={seed}: the driver finished before its pause point {spec}"
-            assert driver.kill(proc)
-            kills.append(f"{spec} (batch {line.split()[-1]})")
-        driver.run_to_completion()
+        schedule = [*FIXED_KILLS, f"delay:{rng.uniform(3.0, 12.0):.1f}"]
+        try:
+            while len(kills) < len(schedule):
+                spec = schedule[len(kills)] if len(driver.lives) < 14 else ""
+                assert spec, f"seed={seed}: only {len(kills)} kills landed: {kills}"
+                driver.publish(files, 2)  # more input arrives between restarts
+                files += 2
+                kind, _, arg = spec.partition(":")
+                if kind == "delay":
+                    proc = driver.start()
+                    time.sleep(float(arg))
+                    if driver.kill(proc):
+                        kills.append(spec)
+                    else:  # it finished first: try another delay
+                        schedule[len(kills)] = f"delay:{rng.uniform(2.0, 6.0):.1f}"
+                    continue
+                proc = driver.start(pause=spec)
+                line = driver.wait_for(proc, lambda ln: ln.startswith("pause "))
+                assert line is not None, f"seed={seed}: the driver finished before its pause point {spec}"
+                assert driver.kill(proc)
+                kills.append(f"{spec} (batch {line.split()[-1]})")
+            driver.run_to_completion()
+        finally:
+            reader.done.set()
+            reader.join(timeout=60)
 
         rollbacks = [ln for ln in driver.events.read_text().splitlines() if " rolled back " in ln]
         context = f"seed={seed} kills={kills} rollbacks={len(rollbacks)}"
         assert len(kills) >= 10, context
-        assert sum(k.startswith("after_write") for k in kills) >= 3, context
         expected = Counter(driver.input_ids())
         assert len(expected) == files * RECORDS_PER_FILE
         got = driver.table_ids()
         assert got == expected, (
             f"{context}: missing {sorted(expected - got)[:20]}, extra {sorted(got - expected)[:20]}"
         )
+        assert reader.problems == [], context
+        assert reader.snapshots > 10 and reader.most_batches >= 2, (reader.snapshots, reader.most_batches)
 
-        # Every kill after a registered write left output that the batch's re-run had to roll back (a
-        # delay kill landing between a rollback and its event can hide at most one of them).
-        must_roll_back = sum(k.startswith(("after_write", "mid_write")) for k in kills)
+        # Every kill after a registered attempt left a record that the next life rolled back.
+        must_roll_back = sum(k.startswith(LEAVES_A_RECORD) for k in kills)
         delays = sum(k.startswith("delay") for k in kills)
         assert len(rollbacks) >= must_roll_back - delays, context
+        # Nothing uncommitted is left on disk once the last run rolled back and finished.
+        sink = driver.sink()
+        assert len(sink.committed_files()) == len(list(driver.table.glob("bucket=*/part-*"))), context
 
         with CoordinatorClient(coord.target) as client:
             left = [p.producer_id for p in client.list_producer_offsets(page_size=1000).items]
-        assert [p for p in left if p.startswith("eo-test.")] == [], f"records left behind: {left}"
+        assert [p for p in left if p.startswith("eo-test.b")] == [], f"batch records left behind: {left}"
 
 
 def test_same_kill_without_the_wrapper_duplicates_a_batch(tmp_path: Path) -> None:
@@ -204,87 +290,126 @@ def test_same_kill_without_the_wrapper_duplicates_a_batch(tmp_path: Path) -> Non
     assert all(got[i] == 2 for i in duplicated)
 
 
-# -- the protocol and the wrapper without Spark's streaming engine --------------------------------------
+@pytest.mark.timeout(600)
+def test_zombie_driver_stays_invisible_and_a_checkpoint_reset_loses_nothing(tmp_path: Path) -> None:
+    """Two run changes on one table, sharing driver processes: a second driver on the checkpoint of
+    a stalled one, then a reset of that checkpoint."""
+    with CoordinatorProcess(tmp_path / "coordinator") as coord:
+        driver = Driver(tmp_path / "zombie", "wrapped", coord.target)
+        driver.publish(0, 4)
+        release = tmp_path / "release-zombie"
+        # The zombie passes its fence check for batch 1 and stalls just before its commit file...
+        zombie = driver.start(pause="commit:2", release=release)
+        try:
+            assert driver.wait_for(zombie, lambda ln: ln.startswith("pause ")) == "pause commit 1"
+            epoch_line = next(ln for ln in driver.event_lines(zombie.pid) if ln.startswith("epoch "))
+            zombie_epoch = int(epoch_line.split()[1])
+            # ...while a second driver on the same checkpoint takes over and finishes everything
+            # (stopping without finish(): its last record stays for the reset below).
+            driver.run_to_completion(finish=False)
+            assert driver.table_ids() == Counter(driver.input_ids())
+            # Now the zombie wakes up and commits batch 1 into the range the new driver fenced.
+            release.touch()
+            deadline = time.monotonic() + EVENT_TIMEOUT_S
+            while zombie.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert zombie.poll() is not None, "the zombie driver did not stop after it was fenced"
+        finally:
+            driver.kill(zombie)
+        zombie_events = driver.event_lines(zombie.pid)
+        assert zombie.returncode != 0, zombie_events  # its next step hit the fence and failed the query
+        assert "released commit 1" in zombie_events
+        late = sorted((driver.table / "_commits").glob(f"*-e{zombie_epoch:012d}.json"))
+        assert len(late) == 2, late  # batch 0 (before the takeover) and the late batch 1
+        visible_epochs = [c.epoch for c in driver.sink().commits()]
+        assert visible_epochs.count(zombie_epoch) == 1 and len(visible_epochs) == 4, visible_epochs
+        assert driver.table_ids() == Counter(driver.input_ids())
+        with CoordinatorClient(coord.target) as client:
+            assert client.get_producer_offsets("eo-test.b3")
+
+        # Reset: delete the checkpoint and start again under the same name and sink. The new query
+        # re-reads every input file (a reset replays the source), and its batch 3 meets the old run's
+        # record: stale, logged, never a reason to delete the old run's committed batches.
+        shutil.rmtree(driver.checkpoint)
+        driver.publish(4, 2)
+        reset_pid = driver.run_to_completion()
+
+    got = driver.table_ids()
+    replayed = {i for i in driver.input_ids() if i < 4 * RECORDS_PER_FILE}
+    # Nothing committed is lost; the duplicates of a reset are exactly the replayed files, once each.
+    assert set(got) == set(driver.input_ids())
+    assert {i for i, n in got.items() if n == 2} == replayed
+    assert max(got.values()) == 2
+    reset_events = driver.event_lines(reset_pid)
+    assert "stale 3" in reset_events, reset_events
+    assert not any(ln.startswith("rolled back") for ln in reset_events), reset_events
 
 
-class _ListSink:
-    """A toy sink of the protocol: an append-only list with its length as the one position."""
-
-    def __init__(self) -> None:
-        self.rows: list[str] = []
-
-    def positions(self) -> list[Offset]:
-        return [Offset("list", 0, len(self.rows))]
-
-    def rollback_to(self, positions: list[Offset]) -> None:
-        del self.rows[positions[0].offset :]
+# -- the file sink's commit log and fences, in the test session -----------------------------------------
 
 
-@dataclass
-class _Query:
-    lastProgress: dict[str, object] | None  # the StreamingQuery attribute finish() reads
+def _ids(sink: PartitionedFileSink) -> list[int]:
+    return sorted(int(r["id"]) for r in sink.read_json_records())
 
 
-def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(tmp_path: Path) -> None:
-    sink = _ListSink()
-    assert isinstance(sink, RollbackSink)
-    with CoordinatorProcess(tmp_path / "coordinator") as coord, CoordinatorClient(coord.target) as client:
-
-        def write(df: list[str], batch_id: int) -> None:
-            sink.rows.extend(df)
-
-        first = exactly_once(sink, coord.target, query_name="toy", batch_function=write)
-        first(["a", "b"], 0)
-        first(["c"], 1)  # batch 0 committed: its record goes
-        with pytest.raises(NotFound):
-            client.get_producer_offsets("toy.b0")
-        assert client.get_producer_offsets("toy.b1").offsets == (Offset("list", 0, 2),)
-        sink.rows.append("partial")  # a crashed attempt of batch 1 wrote more than "c"
-
-        second = exactly_once(
-            sink, lambda: CoordinatorClient(coord.target), query_name="toy", batch_function=write
-        )
-        second(["c"], 1)  # the restarted driver re-runs batch 1
-        assert sink.rows == ["a", "b", "c"]
-        assert second.rollbacks == 1
-        second(["d"], 2)
-        assert sink.rows == ["a", "b", "c", "d"]
-
-        # finish() drops the last record only when the query's last progress proves batch 2 committed.
-        executed = {"batchId": 2, "durationMs": {"addBatch": 5, "triggerExecution": 9}}
-        idle_before = {"batchId": 2, "durationMs": {"triggerExecution": 1}}  # stopped inside batch 2
-        idle_after = {"batchId": 3, "durationMs": {"triggerExecution": 1}}
-        assert not second.finish(_Query(None))
-        assert not second.finish(_Query(idle_before))
-        assert not second.finish(_Query({"batchId": 1, "durationMs": {"addBatch": 5}}))
-        assert client.get_producer_offsets("toy.b2").offsets == (Offset("list", 0, 3),)
-        assert second.finish(_Query(idle_after))
-        assert not second.finish(_Query(executed))  # already gone
-        client.register_producer_offsets("toy.b2", [Offset("list", 0, 3)])
-        assert second.finish(_Query(executed))
-        with pytest.raises(NotFound):
-            client.get_producer_offsets("toy.b2")
-        second.close()
-        first.close()
-
-
-def test_partitioned_file_sink_rollback_cuts_later_writes(tmp_path: Path, spark: object) -> None:
+def test_partitioned_file_sink_commits_fences_and_rolls_back_one_attempt(
+    tmp_path: Path, spark: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pyspark.sql import SparkSession
 
     assert isinstance(spark, SparkSession)
-    sink = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
+    table = tmp_path / "t"
+    sink = PartitionedFileSink(table, partition_by=["bucket"])
     df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(6)], "id long, bucket string")
-    assert sink.positions() == [Offset("t", 0, 0)]
+    assert sink.positions() == [Offset("t", 0, 0), Offset("t", 1, 0)]
+    assert sink.committed_files() == [] and sink.read(spark).count() == 0
+    sink.fence(1)
     sink.write(df, 0)
     mark = sink.positions()
-    assert mark == [Offset("t", 0, 1)]
+    assert mark == [Offset("t", 0, 1), Offset("t", 1, 1)]
     sink.write(df.filter("id < 3"), 1)
-    assert sorted(r["id"] for r in sink.read_json_records()) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
     assert {r["bucket"] for r in sink.read_json_records()} == {"b0", "b1"}
+    assert [c.batch_id for c in sink.commits()] == [0, 1]
 
-    fresh = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])  # a restarted driver rescans
-    assert fresh.positions() == [Offset("t", 0, 2)]
+    # Files without a commit (a write that died before its commit point) are never read.
+    (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").write_text('{"id": 99}\n')
+    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert sorted(r["id"] for r in sink.read(spark).collect()) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert sink.read(spark).columns == ["id", "bucket"]
+
+    # A restarted driver (epoch 2) rescans, fences, and rolls back epoch 1's attempt from `mark`.
+    fresh = PartitionedFileSink(table, partition_by=["bucket"])
+    fresh.fence(2)
+    assert fresh.positions() == [Offset("t", 0, 10), Offset("t", 1, 2)]
     fresh.rollback_to(mark)
-    assert sorted(r["id"] for r in fresh.read_json_records()) == list(range(6))
-    assert fresh.positions() == mark
-    assert sorted(r["id"] for r in spark.read.json(str(tmp_path / "t")).collect()) == list(range(6))
+    assert _ids(fresh) == list(range(6))
+    assert not (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").exists()
+    attempt = fresh.positions()
+    assert attempt == [Offset("t", 0, 2), Offset("t", 1, 2)]  # the junk file's number is free again
+    fresh.write(df.filter("id >= 4"), 1)
+    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+
+    # The old driver is a zombie: its writes fail at the fence check...
+    with pytest.raises(Fenced):
+        sink.write(df, 2)
+    with pytest.raises(Fenced):
+        sink.rollback_to(mark)
+    # ...and one that passed its check just before the fence commits into the fenced range: the
+    # commit file exists, but no reader sees it.
+    monkeypatch.setattr(sink, "check_epoch", lambda: None)
+    sink.write(df, 2)
+    assert len(list((table / "_commits").glob(f"*-e{1:012d}.json"))) == 2
+    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+    assert _ids(PartitionedFileSink(table, partition_by=["bucket"])) == [0, 1, 2, 3, 4, 4, 5, 5]
+
+    # A rollback by epoch 2 of an attempt of epoch 2 removes that attempt and the zombie's dead
+    # files, and keeps epoch 1's committed batch 0 below the position.
+    fresh.rollback_to(attempt)
+    assert _ids(fresh) == list(range(6))
+    assert sorted(p.name for p in (table / "_commits").iterdir()) == [f"{0:012d}-e{1:012d}.json"]
+    assert len(fresh.committed_files()) == len(list(table.glob("bucket=*/part-*")))  # no dead files
+    with pytest.raises(Fenced):
+        fresh.rollback_to([Offset("t", 0, 0), Offset("t", 1, 3)])  # a newer epoch's attempt
+    with pytest.raises(ValueError, match="do not name this sink"):
+        fresh.rollback_to([Offset("other", 0, 0)])

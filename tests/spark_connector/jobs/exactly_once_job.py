@@ -10,12 +10,22 @@ batch to the table, and exits 0 when the input is drained. ``--mode wrapped`` go
 ``exactly_once``; ``plain`` calls ``sink.write`` directly (the control).
 
 Kill hooks: ``EO_PAUSE=<point>:<nth>`` makes the driver append ``pause <point> <batch_id>`` to the
-events file and sleep at <point> of the <nth> batch this process runs (1-based), so the test can
-SIGKILL it exactly there. Points: ``batch_start`` (before anything, incl. the coordinator calls),
-``mid_write`` (after the first part file of the batch was published, before the others),
-``after_write`` (the sink write finished; Spark has not written the commit log). Every process also
-appends ``start``, ``batch <id> begin/end``, ``rolled back <id>`` (the wrapper rolled the sink
-back before running the batch) and ``done`` lines.
+events file and wait at <point> of the <nth> batch this process runs (1-based), so the test can
+SIGKILL it exactly there; with ``EO_RELEASE=<file>`` it resumes once that file exists (a zombie),
+otherwise it sleeps. Points, in the order a batch meets them:
+
+- ``batch_start``: before anything, incl. the coordinator calls;
+- ``after_delete``: the record of batch N-1 is deleted, N's is not registered yet;
+- ``mid_rollback``: the rollback of an earlier attempt removed its first file;
+- ``after_register``: N's record is registered, nothing is written;
+- ``staging``: inside a Spark task of the sink's staging write (the other task finished its file);
+- ``mid_write``: the first part file of the batch was moved to its final name, the others not;
+- ``commit``: the fence check before the commit file passed, the commit file is not written;
+- ``after_write``: the sink write finished; Spark has not written the commit log.
+
+Every process also appends ``start``, ``epoch <n>``, ``batch <id> begin/end``, ``rolled back <id>``
+(the wrapper starts rolling an earlier attempt back), ``stale <n>`` and ``done`` lines.
+``--no-finish`` skips ``writer.finish`` (a query stopped without it leaves its last record).
 """
 
 from __future__ import annotations
@@ -27,41 +37,103 @@ import time
 from pathlib import Path
 from typing import Any
 
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
+from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 
 class Events:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.pid = os.getpid()
+        release = os.environ.get("EO_RELEASE", "")
+        self.release = Path(release) if release else None
         spec = os.environ.get("EO_PAUSE", "")
         self.pause_point, _, nth = spec.partition(":")
         self.pause_nth = int(nth) if nth else 0
         self.batches_run = 0
-        self.rollbacks_before = 0
+        self.stale_before = 0
+        self.epoch: int | None = None
 
     def emit(self, line: str) -> None:
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(f"{os.getpid()} {line}\n")
+            f.write(f"{self.pid} {line}\n")
             f.flush()
             os.fsync(f.fileno())
 
     def maybe_pause(self, point: str, batch_id: int) -> None:
-        if point == self.pause_point and self.batches_run == self.pause_nth:
+        if self.pausing(point):
             self.emit(f"pause {point} {batch_id}")
-            time.sleep(3600)  # the test SIGKILLs us here
+            deadline = time.monotonic() + 3600
+            while time.monotonic() < deadline:  # the test SIGKILLs us here, or releases us
+                if self.release is not None and self.release.exists():
+                    self.emit(f"released {point} {batch_id}")
+                    return
+                time.sleep(0.1)
+
+    def pausing(self, point: str) -> bool:
+        return point == self.pause_point and self.batches_run == self.pause_nth
 
 
 class HookedSink(PartitionedFileSink):
     events: Events | None = None
     batch_id = -1
     published = 0
+    removed = 0
+    committing = False
 
     def _publish_file(self, src: Path, dst: Path) -> None:
         super()._publish_file(src, dst)
         self.published += 1
         if self.published == 1 and self.events is not None:
             self.events.maybe_pause("mid_write", self.batch_id)
+
+    def _remove(self, path: Path) -> None:
+        super()._remove(path)
+        self.removed += 1
+        if self.removed == 1 and self.events is not None:
+            self.events.maybe_pause("mid_rollback", self.batch_id)
+
+    def _commit(self, commit: Any) -> None:
+        self.committing = True
+        try:
+            super()._commit(commit)
+        finally:
+            self.committing = False
+
+    def check_epoch(self) -> None:
+        super().check_epoch()
+        if self.committing and self.events is not None:
+            self.events.maybe_pause("commit", self.batch_id)  # passed the check, not yet committed
+
+
+class HookedWriter(ExactlyOnceWriter):
+    events: Events | None = None
+    hooked_sink: HookedSink | None = None
+
+    def _hook(self, point: str, batch_id: int) -> None:
+        if self.events is None or self.hooked_sink is None:
+            return
+        if point == "before_rollback":
+            self.events.emit(f"rolled back {batch_id}")
+            self.hooked_sink.batch_id = batch_id
+            self.hooked_sink.removed = 0
+        elif point in ("after_delete", "after_register"):
+            self.events.maybe_pause(point, batch_id)
+
+
+def _stall_one_task(df: Any, events: Events, batch_id: int) -> Any:
+    """``df`` with a task that pauses inside the executor (the ``staging`` kill point)."""
+    driver_pid, path = events.pid, str(events.path)
+
+    def run(index: int, rows: Any) -> Any:
+        rows = list(rows)
+        if index == 1:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{driver_pid} pause staging {batch_id}\n")
+            time.sleep(3600)
+        return iter(rows)
+
+    return df.sparkSession.createDataFrame(df.rdd.mapPartitionsWithIndex(run), df.schema)
 
 
 def main() -> int:
@@ -73,6 +145,7 @@ def main() -> int:
     p.add_argument("--mode", choices=("wrapped", "plain"), required=True)
     p.add_argument("--target", default="")
     p.add_argument("--query-name", default="eo-test")
+    p.add_argument("--no-finish", action="store_true")
     args = p.parse_args()
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -98,14 +171,20 @@ def main() -> int:
     sink = HookedSink(args.table, partition_by=["bucket"], name="eo-table")
     sink.events = events
 
-    writer: ExactlyOnceWriter | None = None
+    writer: HookedWriter | None = None
 
     def write(df: Any, batch_id: int) -> None:
-        if writer is not None and writer.rollbacks > events.rollbacks_before:
-            events.emit(f"rolled back {batch_id}")  # the wrapper rolled the sink back just now
+        if writer is not None and writer.stale_records > events.stale_before:
+            events.emit(f"stale {batch_id}")
+        if writer is not None and writer.epoch != events.epoch:
+            events.epoch = writer.epoch
+            events.emit(f"epoch {writer.epoch}")
         sink.batch_id = batch_id
         sink.published = 0
-        sink.write(df.repartition(2), batch_id)  # two tasks, several files per batch
+        out = df.repartition(2)  # two tasks, several files per batch
+        if events.pausing("staging"):
+            out = _stall_one_task(out, events, batch_id)
+        sink.write(out, batch_id)
         events.maybe_pause("after_write", batch_id)
 
     def hooked(inner: Any) -> Any:
@@ -113,7 +192,7 @@ def main() -> int:
             events.batches_run += 1
             events.emit(f"batch {batch_id} begin")
             events.maybe_pause("batch_start", batch_id)
-            events.rollbacks_before = writer.rollbacks if writer is not None else 0
+            events.stale_before = writer.stale_records if writer is not None else 0
             inner(df, batch_id)
             events.emit(f"batch {batch_id} end")
 
@@ -121,7 +200,15 @@ def main() -> int:
 
     batch_fn: Any
     if args.mode == "wrapped":
-        writer = exactly_once(sink, args.target, query_name=args.query_name, batch_function=write)
+        writer = HookedWriter(
+            sink,
+            args.target,
+            query_name=args.query_name,
+            batch_function=write,
+            checkpoint_location=args.checkpoint,
+        )
+        writer.events = events
+        writer.hooked_sink = sink
         batch_fn = hooked(writer)
     else:
         batch_fn = hooked(write)
@@ -143,7 +230,8 @@ def main() -> int:
         print(f"query failed: {error}", file=sys.stderr)
         return 1
     if writer is not None:
-        writer.finish(query)
+        if not args.no_finish:
+            writer.finish(query)
         writer.close()
     events.emit(f"done rollbacks={writer.rollbacks if writer else 0}")
     spark.stop()

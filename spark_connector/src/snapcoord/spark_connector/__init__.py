@@ -5,7 +5,9 @@ driver process. This package depends on ``snapcoord-client`` (and the driver's o
 only, never on the coordinator.
 
 Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transactions) with
-``sinks`` (the sink protocol and ``PartitionedFileSink``), ``listener`` (snapshot reports and
+``attempts`` (whose record may roll a sink back), ``epochs`` (per-run fencing tokens from the
+coordinator), ``sinks`` (the sink protocol and ``PartitionedFileSink``) and ``commit_log`` (its
+atomic, fenced commits), ``listener`` (snapshot reports and
 backlog progress from Spark's progress events), ``app_snapshots`` (take a snapshot of an app's
 queries, plan a restore from it) and ``backlog_runner`` (switch from a catch-up trigger to a
 low-latency one when the backlog is done). They import pyspark, so this package root exports only

@@ -2,6 +2,13 @@
 
 gRPC channels do not survive fork or pickling, and a coordinator hammered by every executor
 would be a scaling bug, so connector objects refuse to travel into tasks and refuse to run there.
+
+Spark Connect moves "the driver": the user's process is a thin client, and ``foreachBatch``
+functions (and, from a PySpark 3.5 client, ``StreamingQueryListener`` objects; PySpark >= 4 runs
+listeners in the client) are pickled to the Connect server and run in a Python worker next to its
+driver JVM, outside any task. Objects that can rebuild their connection
+from configuration (``ExactlyOnceWriter`` given an address or a factory) override ``__reduce__`` to
+pickle as that configuration; ``require_driver`` still stops them inside a task.
 """
 
 from __future__ import annotations
@@ -40,5 +47,6 @@ class DriverOnly:
     def __reduce__(self) -> NoReturn:
         raise ExecutorContextError(
             f"{type(self).__name__} holds a coordinator connection and cannot be pickled into a "
-            "Spark task: use it on the driver only (do not capture it in a UDF or RDD function)"
+            "Spark task: use it on the driver only (do not capture it in a UDF or RDD function; "
+            "under Spark Connect it cannot be sent to the server either)"
         )

@@ -7,20 +7,27 @@ batch N plus a full one). ``exactly_once`` closes that gap with the coordinator'
 
     sink = PartitionedFileSink("/data/events", partition_by=["day"])
     query = (df.writeStream
-             .foreachBatch(exactly_once(sink, "coordinator:50051", query_name="events-to-table"))
+             .foreachBatch(exactly_once(sink, "coordinator:50051", query_name="events-to-table",
+                                        checkpoint_location="/chk/events"))
              .option("checkpointLocation", "/chk/events")
              .start())
 
-For batch N, on the driver:
+On the first batch a run executes, the writer claims the run's *epoch* from the coordinator
+(``epochs``) and, for a ``FencedSink``, fences the sink with it: from then on every write of an older
+run (a zombie driver) is invisible. Then, for batch N, on the driver:
 
 1. delete the record of batch N-1: Spark calls ``foreachBatch`` for N only after N-1's commit log
    entry is durable, so N-1 can never be re-run and its record is no longer needed (this is also
    how a restarted driver cleans up after its predecessor);
-2. ``register_producer_offsets("<query_name>.b<N>", sink.positions())``, create-if-absent;
-3. if a record already existed, an earlier attempt of batch N got that far and may have written part
-   (or all) of its output: ``sink.rollback_to(stored positions)`` first. (After a retried RPC the
-   stored record can be this attempt's own; rolling back to it is then a no-op, so we always roll
-   back when ``registered`` is False);
+2. ``register_producer_offsets("<query_name>.b<N>", attempt + sink.positions())``, create-if-absent;
+   the attempt (``attempts``) names the run: epoch, the checkpoint's query id, a digest of Spark's
+   offsets log entry for N;
+3. if a record already existed, ``attempts.decide`` says whose it is. Only the attempt that wrote it
+   is rolled back: this run's own (after a lost reply, a no-op), or the previous driver of this
+   checkpoint that died in N, which can only be the first batch this run executes. Any other record
+   (a reset or restored checkpoint, another query of the same name, a leftover) is stale: logged as
+   a WARNING and replaced, never a reason to delete output. After a rollback the record is replaced
+   by this attempt's, so that the next rollback removes exactly this attempt's writes;
 4. run the user's batch function (by default ``sink.write(df, batch_id)``).
 
 The record of the *last* batch of a query stays until the next batch of a later run deletes it, or
@@ -30,10 +37,9 @@ comes back). Deleting it early would be wrong: a query stopped in the middle of 
 The TTL must exceed the longest time a crashed driver may stay down: a record that expired before the
 restart cannot protect the re-run batch.
 
-The producer id derives only from ``query_name`` and the batch id, so use a name that is stable
-across restarts and unique per (query, sink); the checkpoint location is a good source of one.
 Everything runs on the driver (``require_driver``); the client is created lazily in the driver
-process, and the writer refuses to be pickled into a task.
+process. Under Spark Connect the writer is pickled to the Connect server and runs in its Python
+worker: see ``ExactlyOnceWriter.__reduce__``.
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ import logging
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.driver import DriverOnly, require_driver
-from snapcoord.spark_connector.sinks import RollbackSink
+from snapcoord.spark_connector.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
+from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
+from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
+from snapcoord.spark_connector.sinks import FencedSink, RollbackSink
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,9 @@ ClientSource = CoordinatorClient | str | Callable[[], CoordinatorClient]
 
 _QUERY_NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,150}$")
 DEFAULT_TTL_MS = 7 * 24 * 3_600_000
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on the thread that runs foreachBatch
+#: How often one batch may meet and replace a foreign record before giving up (races only).
+_MAX_REGISTER_ROUNDS = 8
 
 
 class ExactlyOnceWriter(DriverOnly):
@@ -68,6 +80,7 @@ class ExactlyOnceWriter(DriverOnly):
         query_name: str,
         batch_function: BatchFunction | None = None,
         ttl_ms: int = DEFAULT_TTL_MS,
+        checkpoint_location: str | None = None,
     ) -> None:
         if not _QUERY_NAME_RE.fullmatch(query_name) or query_name in (".", ".."):
             raise ValueError(f"query_name {query_name!r} must be 1-150 characters of [A-Za-z0-9._:-]")
@@ -81,14 +94,26 @@ class ExactlyOnceWriter(DriverOnly):
         self.sink = sink
         self.query_name = query_name
         self.ttl_ms = ttl_ms
+        self.checkpoint_location = checkpoint_location
         self._batch_function: BatchFunction = batch_function
         self._client_source = client
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        """Everything that belongs to this process and its run, never to the configuration: a new
+        writer and an unpickled copy (Spark Connect's server) both start from here."""
         self._client: CoordinatorClient | None = None
         self._lock = threading.Lock()
-        #: Batch ids this process ran, the newest last (the records that may still exist).
+        #: The batch id this process ran last (its record may still exist).
         self.last_batch_id: int | None = None
         #: How many batches found a record of an earlier attempt and rolled the sink back.
         self.rollbacks = 0
+        #: How many records of other runs were found, logged and replaced without a rollback.
+        self.stale_records = 0
+        #: This run's epoch (None before the first batch) and the query id it was claimed for.
+        self.epoch: int | None = None
+        self._run_query_id: str | None = None
+        self._batches_in_run = 0
 
     def producer_id(self, batch_id: int) -> str:
         return f"{self.query_name}.b{batch_id}"
@@ -111,33 +136,163 @@ class ExactlyOnceWriter(DriverOnly):
     def __call__(self, df: Any, batch_id: int) -> None:
         require_driver("exactly_once batch function")
         batch_id = int(batch_id)
-        client = self.client
+        attempt = self._attempt(df, batch_id)
         if batch_id > 0:
+            self._check_fence()
             # N-1 is committed (Spark runs N only after N-1's commit log entry): its record is garbage.
-            client.delete_producer_offsets(self.producer_id(batch_id - 1))
-        positions = list(self.sink.positions())
-        registration = client.register_producer_offsets(
-            self.producer_id(batch_id), positions, ttl_ms=self.ttl_ms
-        )
-        if not registration.registered:
-            stored: list[Offset] = list(registration.snapshot.offsets)
-            if stored != positions:
-                self.rollbacks += 1
-                log.warning(
-                    "batch %d of %s was attempted before: rolling %r back to %s (now at %s)",
-                    batch_id,
-                    self.query_name,
-                    self.sink,
-                    stored,
-                    positions,
-                )
-            self.sink.rollback_to(stored)
+            self.client.delete_producer_offsets(self.producer_id(batch_id - 1))
+        self._hook("after_delete", batch_id)
+        self._register(attempt)
+        self._batches_in_run += 1
         self.last_batch_id = batch_id
+        self._hook("after_register", batch_id)
         self._batch_function(df, batch_id)
+
+    # -- the steps -------------------------------------------------------------------------------
+    def _attempt(self, df: Any, batch_id: int) -> Attempt:
+        """This batch's attempt; claims an epoch (and fences the sink) on a run's first batch."""
+        query_id = self._query_id(df)
+        if self.epoch is None or query_id != self._run_query_id:
+            self._start_run(query_id, floor=0)
+        assert self.epoch is not None
+        return Attempt(batch_id, self.epoch, query_id, self._plan(batch_id))
+
+    def _start_run(self, query_id: str | None, *, floor: int) -> None:
+        sink = self.sink if isinstance(self.sink, FencedSink) else None
+        if sink is not None:
+            floor = max(floor, sink.max_epoch())
+        epoch = claim_epoch(self.client, self.query_name, floor=floor, ttl_ms=self.ttl_ms, query_id=query_id)
+        if sink is not None:
+            sink.fence(epoch)  # before any write of this run: older runs' late writes become invisible
+        self.epoch, self._run_query_id, self._batches_in_run = epoch, query_id, 0
+
+    def _register(self, attempt: Attempt) -> None:
+        pid = self.producer_id(attempt.batch_id)
+        for _ in range(_MAX_REGISTER_ROUNDS):
+            positions = list(self.sink.positions())
+            registration = self.client.register_producer_offsets(
+                pid, encode(attempt, positions), ttl_ms=self.ttl_ms
+            )
+            if registration.registered:
+                return
+            record = decode(registration.snapshot.offsets)
+            decision = decide(record, attempt, first_batch_of_run=self._batches_in_run == 0)
+            if decision.verdict is Verdict.OWN:
+                # Ours (a retried call whose reply was lost, or this run re-running a failed batch):
+                # roll back to it; a no-op when nothing was written since.
+                if list(record.sink_positions) != positions:
+                    self._count_rollback(attempt, record.sink_positions, positions, decision.reason)
+                self.sink.rollback_to(record.sink_positions)
+                return
+            if decision.verdict is Verdict.NEWER:
+                if isinstance(self.sink, FencedSink) or self._batches_in_run > 0:
+                    raise Fenced(
+                        f"{self.query_name} batch {attempt.batch_id}: {decision.reason}; stopping this driver"
+                    )
+                # A sink without fences on its first batch: this run's number was claimed after the
+                # claims of earlier runs expired (the coordinator keeps records at most 7 days).
+                assert record.attempt is not None
+                log.warning(
+                    "%s: record %s: %s; claiming a higher epoch", self.query_name, pid, decision.reason
+                )
+                self._start_run(attempt.query_id, floor=record.attempt.epoch)
+                assert self.epoch is not None
+                attempt = Attempt(attempt.batch_id, self.epoch, attempt.query_id, attempt.plan)
+                continue
+            if decision.verdict is Verdict.ROLLBACK:
+                self._count_rollback(attempt, record.sink_positions, positions, decision.reason)
+                self._hook("before_rollback", attempt.batch_id)
+                self.sink.rollback_to(record.sink_positions)
+            else:
+                self.stale_records += 1
+                log.warning(
+                    "%s: ignoring stale record %s (%s): %s; it is replaced and rolls nothing back",
+                    self.query_name,
+                    pid,
+                    list(registration.snapshot.offsets),
+                    decision.reason,
+                )
+            # Replace the record by this attempt's, so that a later rollback removes only what *this*
+            # attempt writes. A crash right here leaves no record: nothing of this attempt is written yet.
+            self.client.delete_producer_offsets(pid)
+        raise RuntimeError(f"{self.query_name}: could not register {pid} after {_MAX_REGISTER_ROUNDS} rounds")
+
+    def _count_rollback(self, attempt: Attempt, stored: Any, now: list[Offset], reason: str) -> None:
+        self.rollbacks += 1
+        log.warning(
+            "batch %d of %s was attempted before (%s): rolling %r back to %s (now at %s)",
+            attempt.batch_id,
+            self.query_name,
+            reason,
+            self.sink,
+            list(stored),
+            now,
+        )
+
+    def _check_fence(self) -> None:
+        if isinstance(self.sink, FencedSink):
+            self.sink.check_epoch()
+
+    def _query_id(self, df: Any) -> str | None:
+        """The streaming query's id (stable for a checkpoint): Spark's local property on the thread
+        running foreachBatch, else ``<checkpoint>/metadata``.
+
+        Under Spark Connect the function runs in the server's Python worker, which sees a Connect
+        DataFrame: no SparkContext, and the local property lives on a JVM thread the worker cannot
+        reach. There only ``checkpoint_location`` (read by the worker, on the server's host) names the
+        run, and without it a record of a reset checkpoint's batch could pass for this run's earlier
+        attempt and roll back committed output: such a writer refuses to run.
+        """
+        try:
+            value = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+        except Exception:  # not a classic DataFrame (tests, Spark Connect): fall back to the checkpoint
+            value = None
+        if value:
+            return str(value)
+        checkpoint = self._checkpoint_dir()
+        if checkpoint is not None:
+            import json
+
+            metadata = checkpoint / "metadata"
+            if metadata.is_file():
+                return str(json.loads(metadata.read_text(encoding="utf-8").splitlines()[0])["id"])
+        if type(df).__module__.startswith("pyspark.sql.connect."):
+            raise ValueError(
+                f"{self.query_name}: under Spark Connect exactly_once cannot see the streaming query's id; "
+                "pass checkpoint_location= (the query's checkpointLocation, a path the Connect server can "
+                f"read), found {self.checkpoint_location!r} without a readable metadata file"
+            )
+        return None
+
+    def _checkpoint_dir(self) -> Path | None:
+        """``checkpoint_location`` as a local path (a plain path or a ``file:`` URI), else None."""
+        location = self.checkpoint_location
+        if location is None:
+            return None
+        if location.startswith("file:"):
+            from urllib.parse import unquote, urlparse
+
+            return Path(unquote(urlparse(location).path))
+        return None if "://" in location else Path(location)
+
+    def _plan(self, batch_id: int) -> str | None:
+        """Digest of ``<checkpoint>/offsets/<N>`` (written before foreachBatch; the same on a re-run)."""
+        checkpoint = self._checkpoint_dir()
+        if checkpoint is None:
+            return None
+        entry = checkpoint / "offsets" / str(batch_id)
+        try:
+            return plan_digest(entry.read_text(encoding="utf-8"))
+        except OSError:
+            return None
+
+    def _hook(self, point: str, batch_id: int) -> None:
+        """Test seam for kill points between the steps; does nothing here."""
 
     def finish(self, query: Any) -> bool:
         """After ``query`` (a StreamingQuery) stopped: delete the last batch's record when the query's
-        last progress proves that batch committed. Returns True when it deleted one.
+        last progress proves that batch committed, and then this run's epoch claim. Returns True when
+        it deleted the batch record.
 
         Proof: Spark writes a batch's commit log entry before it reports the batch's progress, and
         reports a higher batch id (an idle trigger's progress carries the *next* id) only after that.
@@ -155,7 +310,12 @@ class ExactlyOnceWriter(DriverOnly):
         executed = "addBatch" in (progress.get("durationMs") or {})
         if batch_id < last or (batch_id == last and not executed):
             return False
-        return self.client.delete_producer_offsets(self.producer_id(last))
+        deleted = self.client.delete_producer_offsets(self.producer_id(last))
+        if self.epoch is not None:
+            # No record of this run is left, so its epoch claim protects nothing any more (a sink's
+            # fences keep the numbers growing).
+            self.client.delete_producer_offsets(epoch_producer_id(self.query_name, self.epoch))
+        return deleted
 
     def close(self) -> None:
         """Close a client this writer created (not one that was passed in)."""
@@ -163,6 +323,48 @@ class ExactlyOnceWriter(DriverOnly):
             if self._client is not None and self._client is not self._client_source:
                 self._client.close()
             self._client = None
+
+    # -- pickling: Spark Connect ships the foreachBatch function to the server -----------------------
+    #: What a copy carries: configuration only. Everything else (client, lock, epoch, the run's query
+    #: id and batch count, counters) is per process and per run, and ``_reset_process_state`` sets it
+    #: afresh, so the copy on the Connect server claims its own epoch and derives its run at its first
+    #: batch. A copy that inherited the sender's epoch would write as a run it never claimed.
+    #: Subclasses with more configuration extend this tuple.
+    _CONFIGURATION: tuple[str, ...] = (
+        "sink",
+        "query_name",
+        "ttl_ms",
+        "checkpoint_location",
+        "_batch_function",
+        "_client_source",
+    )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # type: ignore[override]  # DriverOnly's refuses
+        """Pickle as configuration (``_CONFIGURATION``).
+
+        Under Spark Connect, ``foreachBatch`` pickles the function on the client and runs it in a
+        Python worker of the Connect server's driver; the copy creates its client lazily there. A live
+        ``CoordinatorClient`` cannot travel, so a writer built from one refuses. Shipping a copy into
+        a Spark task still fails, at use: ``require_driver``.
+        """
+        if isinstance(self._client_source, CoordinatorClient):
+            raise ExecutorContextError(
+                "ExactlyOnceWriter was given a live CoordinatorClient, which cannot be pickled; under "
+                "Spark Connect foreachBatch pickles the writer to the Connect server: pass the "
+                "coordinator's address (exactly_once(sink, 'host:port', ...)) or a picklable "
+                "zero-argument factory instead"
+            )
+        state = {k: self.__dict__[k] for k in self._CONFIGURATION}
+        return (_blank, (type(self),), state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+
+def _blank(cls: type[ExactlyOnceWriter]) -> ExactlyOnceWriter:
+    """An uninitialised writer for unpickling (``__setstate__`` fills it in)."""
+    return cls.__new__(cls)
 
 
 def exactly_once(
@@ -172,14 +374,22 @@ def exactly_once(
     query_name: str,
     batch_function: BatchFunction | None = None,
     ttl_ms: int = DEFAULT_TTL_MS,
+    checkpoint_location: str | None = None,
 ) -> ExactlyOnceWriter:
     """Wrap ``batch_function`` (default ``sink.write``) for ``writeStream.foreachBatch`` so that
-    every batch lands in ``sink`` exactly once across driver crashes.
+    every batch lands in ``sink`` exactly once across driver crashes and run changes.
 
     ``client`` is a ``CoordinatorClient``, a gRPC target string, or a zero-argument factory (called
-    lazily, on the driver). ``query_name`` must be stable across restarts and unique per query and
-    sink. ``ttl_ms`` bounds how long a record of an unfinished batch outlives its driver.
+    lazily, on the driver). ``query_name`` must be unique per query and sink. ``ttl_ms`` bounds how
+    long a record of an unfinished batch outlives its driver. ``checkpoint_location`` (the query's,
+    when it is a local or mounted path) lets records carry the batch's planned offsets, so a record of
+    a restored or rewound checkpoint is never mistaken for an earlier attempt of the same batch.
     """
     return ExactlyOnceWriter(
-        sink, client, query_name=query_name, batch_function=batch_function, ttl_ms=ttl_ms
+        sink,
+        client,
+        query_name=query_name,
+        batch_function=batch_function,
+        ttl_ms=ttl_ms,
+        checkpoint_location=checkpoint_location,
     )

@@ -2,28 +2,33 @@
 
 A sink that cannot write transactionally can still be made exactly-once by ``exactly_once`` if it can
 say where its output ends (``positions()``) and cut everything written after such a point
-(``rollback_to(positions)``). Both run on the Spark driver; the data itself is written by executors.
+(``rollback_to(positions)``). Sinks that can also *fence* (``FencedSink``: hide every write of an
+older run once a newer run started) are safe against zombie drivers too. All of it runs on the Spark
+driver; the data itself is written by executors.
 
 ``PartitionedFileSink`` is an append-only table of JSON-lines (or Parquet/CSV/ORC) files under a local
-or shared filesystem path, partitioned Hive-style (``table/<col>=<value>/part-...``) and written in
-parallel by Spark's executors. Every ``write`` gets the next *write sequence* number ``S``:
+or shared filesystem path, partitioned Hive-style and written in parallel by Spark's executors, with a
+commit log (``commit_log``) that makes each batch visible atomically. Every ``write`` gets the next
+*write sequence* number ``S`` and runs under the sink's epoch ``E``:
 
-1. ``df.write`` puts the batch's part files into ``table/_staging/<seq>-<attempt>/`` (executors, in
-   parallel; Spark's own committer; readers ignore ``_``-prefixed directories);
-2. the driver moves each part file into its partition directory as
-   ``part-<S:012d>-<attempt>-<n>.<ext>``, one atomic rename per file (this step is *not* atomic as a
-   whole: a crash in the middle leaves part of the batch visible, exactly the failure the wrapper fixes);
-3. the staging directory is removed.
+1. ``df.write`` puts the batch's part files into ``table/_staging/<S>-e<E>-<attempt>/`` (executors, in
+   parallel; Spark's own committer);
+2. the driver renames each part file into its partition directory as
+   ``part-<S:012d>-e<E:012d>-<attempt>-<n>.<ext>`` (not yet visible: no commit names them);
+3. the driver checks that no newer epoch fenced the sink and writes the commit file
+   ``_commits/<S>-e<E>.json`` listing those files, atomically (the batch's visibility point);
+4. the staging directory is removed.
 
-``positions()`` is one ``Offset(name, 0, next_seq)``: every file with a sequence number below
-``next_seq`` is the output of a finished or started earlier write. ``rollback_to`` deletes every
-published file whose sequence number is ``>= next_seq`` of the given position, and every staging
-directory. It is idempotent (a crash during a rollback is repaired by the next one).
-Assumes one writer per table at a time (one streaming query).
+Readers use ``committed_files()`` / ``read(spark)``: files no visible commit lists (a crashed or
+rolled-back write, a zombie's late write) are never read. ``positions()`` is
+``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` removes the commits at or
+after ``next_seq`` written by the epoch named in the positions (the attempt that took them), then every
+file of this or an older epoch that no visible commit lists. It is idempotent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,9 +39,23 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from snapcoord.client import Offset
+from snapcoord.spark_connector.commit_log import (
+    COMMITS_DIR,
+    FENCES_DIR,
+    Commit,
+    Fence,
+    fence_file_name,
+    parse_commit_name,
+    parse_fence_name,
+    visible,
+)
 from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.epochs import Fenced
 
-_FILE_RE = re.compile(r"^part-(?P<seq>\d{12})-(?P<attempt>[0-9a-f]{12})-(?P<n>\d{5})(?P<ext>\..*)?$")
+_FILE_RE = re.compile(
+    r"^part-(?P<seq>\d{12})-e(?P<epoch>\d{12})-(?P<attempt>[0-9a-f]{12})-(?P<n>\d{5})(?P<ext>\..*)?$"
+)
+_STAGING_RE = re.compile(r"^(?P<seq>\d{12})-e(?P<epoch>\d{12})-(?P<attempt>[0-9a-f]{12})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
 STAGING_DIR = "_staging"
 
@@ -46,13 +65,11 @@ class RollbackSink(Protocol):
     """What ``exactly_once`` needs from a sink. Both methods run on the driver.
 
     - ``positions()``: where the sink's output ends right now, as a non-empty list of
-      ``Offset(stream, partition, offset)`` (stream: an identifier of ``[A-Za-z0-9._:-]``; each
-      (stream, partition) once; offset >= -1). Examples: one write sequence for a file table; the
-      end offset of every partition of a Kafka topic the sink produces to; the max auto-increment id
-      of a database table.
-    - ``rollback_to(positions)``: delete (or truncate, or mark invalid) everything written after
-      ``positions``, which an earlier ``positions()`` returned. Must be idempotent and must tolerate a
-      half-finished earlier write or rollback.
+      ``Offset(stream, partition, offset)`` (stream: an identifier of ``[A-Za-z0-9._:-]`` not starting
+      with ``_eo:``; each (stream, partition) once; offset >= -1).
+    - ``rollback_to(positions)``: delete (or truncate, or mark invalid) what the attempt that took
+      ``positions`` wrote after them. Must be idempotent and must tolerate a half-finished earlier
+      write or rollback.
     """
 
     def positions(self) -> Sequence[Offset]: ...
@@ -60,8 +77,27 @@ class RollbackSink(Protocol):
     def rollback_to(self, positions: Sequence[Offset]) -> None: ...
 
 
+@runtime_checkable
+class FencedSink(RollbackSink, Protocol):
+    """A ``RollbackSink`` that can shut out the writes of older runs (zombie drivers).
+
+    - ``max_epoch()``: the highest epoch fenced so far (0 when none); durable.
+    - ``fence(epoch)``: from now on, writes of any lower epoch are invisible (also those committed
+      after this call by a driver that checked just before it), and this sink object writes as
+      ``epoch``. Raises ``Fenced`` when a higher epoch already fenced.
+    - ``check_epoch()``: raise ``Fenced`` when a higher epoch than this object's fenced the sink.
+    """
+
+    def max_epoch(self) -> int: ...
+
+    def fence(self, epoch: int) -> None: ...
+
+    def check_epoch(self) -> None: ...
+
+
 class PartitionedFileSink:
-    """An append-only, Hive-partitioned file table written by executors (see the module docstring).
+    """An append-only, Hive-partitioned file table with an atomic commit per batch (see the module
+    docstring).
 
     ``path`` is a local or shared (NFS, mounted) filesystem directory, the same path on the driver
     and on every executor. ``partition_by`` names the columns that become directories. ``name`` is
@@ -81,72 +117,177 @@ class PartitionedFileSink:
         self.partition_by = tuple(partition_by)
         self.file_format = file_format
         stream = name if name is not None else re.sub(r"[^A-Za-z0-9._:-]", "_", self.path.name) or "table"
-        if not _NAME_RE.fullmatch(stream) or stream in (".", ".."):
+        if not _NAME_RE.fullmatch(stream) or stream in (".", "..") or stream.startswith("_eo:"):
             raise ValueError(f"sink name {stream!r} must be 1-100 characters of [A-Za-z0-9._:-]")
         self.name = stream
         self.write_options = dict(write_options or {})
+        #: The epoch this object writes as (0 until ``fence``: a sink used without the wrapper).
+        self.epoch = 0
         self._next_seq: int | None = None  # cached after the first scan in this process
 
     def __repr__(self) -> str:
         return f"PartitionedFileSink({str(self.path)!r}, partition_by={self.partition_by!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as configuration (Spark Connect ships the sink with the foreachBatch function):
+        the copy starts at epoch 0 and rescans, like a new object on the same path.
+
+        Both fields are this process's view. A copy that trusted a stale cached sequence would register
+        too low a position, and a later rollback to it would delete committed output. A copy that kept
+        the sender's epoch would act as that run without having claimed it: its ``rollback_to`` deletes
+        every file of that epoch no commit lists yet, which includes the real holder's in-flight write,
+        and its writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor
+        roll back (``Fenced``) until its writer claims and fences a new epoch.
+        """
+        return {**self.__dict__, "_next_seq": None, "epoch": 0}
+
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
         require_driver("PartitionedFileSink.positions")
-        return [Offset(self.name, 0, self._sequence())]
+        return [Offset(self.name, 0, self._sequence()), Offset(self.name, 1, self.epoch)]
 
     def rollback_to(self, positions: Sequence[Offset]) -> None:
         require_driver("PartitionedFileSink.rollback_to")
-        mine = [p for p in positions if p.stream == self.name and p.partition == 0]
-        if len(mine) != 1:
+        mine = {p.partition: p.offset for p in positions if p.stream == self.name}
+        if 0 not in mine:
             raise ValueError(f"positions {list(positions)!r} do not name this sink ({self.name!r}, 0)")
-        keep_below = max(mine[0].offset, 0)
-        shutil.rmtree(self.path / STAGING_DIR, ignore_errors=True)
-        for file, seq in self._data_files():
-            if seq >= keep_below:
-                file.unlink(missing_ok=True)
-        self._next_seq = keep_below
+        keep_below = max(mine[0], 0)
+        attempt_epoch = mine.get(1, self.epoch)
+        if attempt_epoch > self.epoch:
+            raise Fenced(f"{self!r}: cannot roll back epoch {attempt_epoch}'s write as epoch {self.epoch}")
+        self.check_epoch()
+        fences = self._fences()
+        commits = self._commits()
+        shown = {c.file_name for c in visible(commits, fences)}
+        # 1. The attempt's own commits (one unlink hides a whole batch), and commits of older epochs
+        #    that are invisible anyway (a zombie's fenced leftovers). Never a newer epoch's.
+        for c in commits:
+            own_attempt = c.seq >= keep_below and c.epoch == attempt_epoch
+            dead = c.file_name not in shown and c.epoch < self.epoch
+            if own_attempt or dead:
+                self._remove(self.path / COMMITS_DIR / c.file_name)
+        # 2. Files that no visible commit lists, of this or an older epoch (an in-flight write of a
+        #    newer epoch is not ours to touch), and staging directories of those epochs.
+        remaining = self._commits()
+        listed = {f for c in visible(remaining, fences) for f in c.files}
+        for file, _, epoch in self._data_files():
+            if epoch <= self.epoch and file.relative_to(self.path).as_posix() not in listed:
+                self._remove(file)
+        for staging, epoch in self._staging_dirs():
+            if epoch <= self.epoch:
+                shutil.rmtree(staging, ignore_errors=True)
+        self._next_seq = None  # rescan: the next write takes a number above everything left
+
+    # -- fencing -------------------------------------------------------------------------------------
+    def max_epoch(self) -> int:
+        return max((f.epoch for f in self._fences()), default=0)
+
+    def fence(self, epoch: int) -> None:
+        require_driver("PartitionedFileSink.fence")
+        if epoch <= 0:
+            raise ValueError(f"epoch must be positive, got {epoch}")
+        highest = self.max_epoch()
+        if highest > epoch:
+            raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
+        if highest < epoch:
+            # Everything committed so far stays visible; a lower epoch's commit at or above from_seq,
+            # now or later, is hidden. A zombie cannot commit below from_seq: its next sequence is
+            # above its own last commit, and every visible commit is below from_seq.
+            from_seq = max((c.seq for c in visible(self._commits(), self._fences())), default=-1) + 1
+            payload = json.dumps({"epoch": epoch, "from_seq": from_seq})
+            _create_exclusive(self.path / FENCES_DIR, fence_file_name(epoch), payload)
+        self.epoch = epoch
+        self._next_seq = None
+
+    def check_epoch(self) -> None:
+        highest = self.max_epoch()
+        if highest > self.epoch:
+            raise Fenced(f"{self!r} is fenced by epoch {highest}; this writer holds {self.epoch}")
 
     # -- writing -----------------------------------------------------------------------------------
     def write(self, df: Any, batch_id: int | None = None) -> int:
-        """Append ``df`` (a DataFrame) to the table; returns the write sequence number it used.
+        """Append ``df`` (a DataFrame) as one atomically committed batch; returns its write sequence.
 
-        ``batch_id`` is informational (it is not part of the file names: a retried batch writes new
-        files, which is why this sink alone is at-least-once and needs ``exactly_once``).
+        ``batch_id`` is recorded in the commit file (informational: a retried batch writes new files,
+        which is why this sink alone is at-least-once and needs ``exactly_once``).
         """
         require_driver("PartitionedFileSink.write")
+        self.check_epoch()
         seq = self._sequence()
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
-        staging = self.path / STAGING_DIR / f"{seq:012d}-{attempt}"
-        writer = df.write.format(self.file_format).mode("errorifexists").options(**self.write_options)
+        staging = self.path / STAGING_DIR / f"{seq:012d}-e{self.epoch:012d}-{attempt}"
+        # "error", not its alias "errorifexists", which Spark Connect's DataFrameWriter rejects.
+        writer = df.write.format(self.file_format).mode("error").options(**self.write_options)
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(str(staging))
+        files: list[str] = []
         for n, src in enumerate(sorted(_staged_part_files(staging))):
-            rel_dir = src.parent.relative_to(staging)
-            dst_dir = self.path / rel_dir
+            dst_dir = self.path / src.parent.relative_to(staging)
             dst_dir.mkdir(parents=True, exist_ok=True)
             ext = "".join(src.suffixes[-2:]) if src.name.endswith(".gz") else src.suffix
-            self._publish_file(src, dst_dir / f"part-{seq:012d}-{attempt}-{n:05d}{ext}")
+            dst = dst_dir / f"part-{seq:012d}-e{self.epoch:012d}-{attempt}-{n:05d}{ext}"
+            self._publish_file(src, dst)
+            files.append(dst.relative_to(self.path).as_posix())
+        self._commit(Commit(seq, self.epoch, batch_id, tuple(files)))
         shutil.rmtree(staging, ignore_errors=True)
         return seq
 
     def _publish_file(self, src: Path, dst: Path) -> None:
-        """Make one part file visible (an atomic rename). Subclasses may hook here."""
+        """Move one part file to its final name (invisible until the commit). Subclasses may hook here."""
         os.replace(src, dst)
 
+    def _commit(self, commit: Commit) -> None:
+        """The visibility point of a batch. The fence check makes a zombie fail here in the common
+        case; one that passes it just before a newer run fences is hidden by that fence instead."""
+        self.check_epoch()
+        payload = json.dumps(
+            {
+                "seq": commit.seq,
+                "epoch": commit.epoch,
+                "batch_id": commit.batch_id,
+                "files": list(commit.files),
+            }
+        )
+        _create_exclusive(self.path / COMMITS_DIR, commit.file_name, payload)
+
+    def _remove(self, path: Path) -> None:
+        """Delete one file of a rollback. Subclasses may hook here."""
+        path.unlink(missing_ok=True)
+
     # -- reading -----------------------------------------------------------------------------------
+    def commits(self) -> list[Commit]:
+        """The visible commits (one per batch), in write order."""
+        return visible(self._commits(), self._fences())
+
+    def committed_files(self) -> list[Path]:
+        """The data files of every visible commit, in write order: the table's content."""
+        return [self.path / f for c in self.commits() for f in c.files]
+
     def files(self) -> list[Path]:
-        """The published data files, in write order."""
-        return [f for f, _ in sorted(self._data_files(), key=lambda fs: (fs[1], str(fs[0])))]
+        """Alias of ``committed_files``."""
+        return self.committed_files()
+
+    def read(self, spark: Any, schema: Any = None) -> Any:
+        """A DataFrame of the committed files only (with the partition columns). Never point
+        ``spark.read`` at the table directory itself: it would also read uncommitted files."""
+        files = [str(f) for f in self.committed_files()]
+        if not files:
+            from pyspark.sql.types import StructType
+
+            return spark.createDataFrame([], schema if schema is not None else StructType([]))
+        reader = spark.read.format(self.file_format).option("basePath", str(self.path))
+        if schema is not None:
+            reader = reader.schema(schema)
+        return reader.options(**self.write_options).load(files)
 
     def read_json_records(self) -> Iterator[dict[str, Any]]:
-        """Every record of a JSON-lines table with its partition columns, without Spark (for tests,
-        tools and small tables; use ``spark.read.format(fmt).load(path)`` otherwise)."""
+        """Every committed record of a JSON-lines table with its partition columns, without Spark (for
+        tests, tools and small tables; use ``read(spark)`` otherwise)."""
         if self.file_format != "json":
             raise ValueError("read_json_records needs file_format='json'")
-        for file in self.files():
+        for file in self.committed_files():
             parts = dict(seg.split("=", 1) for seg in file.parent.relative_to(self.path).parts if "=" in seg)
             with file.open(encoding="utf-8") as f:
                 for line in f:
@@ -156,10 +297,34 @@ class PartitionedFileSink:
     # -- internals ---------------------------------------------------------------------------------
     def _sequence(self) -> int:
         if self._next_seq is None:
-            self._next_seq = max((seq for _, seq in self._data_files()), default=-1) + 1
+            seqs = [c.seq for c in self._commits()]
+            seqs += [seq for _, seq, _ in self._data_files()]
+            seqs += [f.from_seq - 1 for f in self._fences()]
+            seqs += [int(d.name[:12]) for d, _ in self._staging_dirs()]
+            self._next_seq = max(seqs, default=-1) + 1
         return self._next_seq
 
-    def _data_files(self) -> Iterator[tuple[Path, int]]:
+    def _commits(self) -> list[Commit]:
+        out = []
+        for entry in _list_dir(self.path / COMMITS_DIR):
+            if parse_commit_name(entry.name) is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):  # removed by a concurrent rollback
+                doc = json.loads(entry.read_text(encoding="utf-8"))
+                out.append(
+                    Commit(int(doc["seq"]), int(doc["epoch"]), doc.get("batch_id"), tuple(doc["files"]))
+                )
+        return out
+
+    def _fences(self) -> list[Fence]:
+        out = []
+        for entry in _list_dir(self.path / FENCES_DIR):
+            if parse_fence_name(entry.name) is not None:
+                doc = json.loads(entry.read_text(encoding="utf-8"))
+                out.append(Fence(int(doc["epoch"]), int(doc["from_seq"])))
+        return out
+
+    def _data_files(self) -> Iterator[tuple[Path, int, int]]:
         if not self.path.exists():
             return
         for dirpath, dirnames, filenames in os.walk(self.path):
@@ -167,7 +332,43 @@ class PartitionedFileSink:
             for fname in filenames:
                 m = _FILE_RE.match(fname)
                 if m:
-                    yield Path(dirpath) / fname, int(m.group("seq"))
+                    yield Path(dirpath) / fname, int(m.group("seq")), int(m.group("epoch"))
+
+    def _staging_dirs(self) -> list[tuple[Path, int]]:
+        out = []
+        for entry in _list_dir(self.path / STAGING_DIR):
+            m = _STAGING_RE.match(entry.name)
+            if m:
+                out.append((entry, int(m.group("epoch"))))
+        return out
+
+
+def _list_dir(path: Path) -> list[Path]:
+    try:
+        return sorted(path.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _create_exclusive(directory: Path, name: str, text: str) -> None:
+    """Write ``directory/name`` whole or not at all, failing if it exists: a temp file, fsync, then a
+    hard link (atomic, and refuses to replace), so no reader ever sees a partial file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".tmp-{uuid.uuid4().hex}"
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, directory / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _staged_part_files(staging: Path) -> Iterator[Path]:
