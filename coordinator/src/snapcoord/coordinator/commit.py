@@ -60,9 +60,9 @@ T = TypeVar("T")
 
 #: Refusals that an unsynced read can cause wrongly: the record (or generation) was created
 #: through another replica and this replica's ZooKeeper server has not applied it yet. Before
-#: answering one of these the kernel syncs and decides again. (EXPIRED is not here: a stale read
-#: shows an older expiry only if the record was renewed elsewhere, and a lease renewed after its
-#: expiry was already refused there.)
+#: answering one of these the kernel syncs and decides again. (EXPIRED is left as it is: a stale
+#: read shows a past expiry only when a renewal elsewhere landed within one follower lag of the
+#: expiry moment, and a client renews well before expiry.)
 STALE_REFUSALS = frozenset({Reason.NOT_FOUND, Reason.SNAPSHOT_FENCED, Reason.SNAPSHOT_NOT_CREATED})
 
 
