@@ -16,6 +16,12 @@ commit whose outcome is unknown (``CommitOutcomeUnknown``: never assumed lost; t
 gets it as ``pending`` and recognises it in what it reads), uploading payloads before the commit
 that references them, best-effort deletion of objects nobody references any more, the one
 ``Aborted`` error, and the conflicts metric.
+
+Reads are not synced: a replica's ZooKeeper server may be a follower behind the leader, so a
+record a client just created through another replica may not be visible yet. That only matters
+when it makes ``decide`` refuse ("no such lease", "that generation does not exist yet"): then the
+kernel syncs, re-reads everything and decides once more (``STALE_REFUSALS``). The fast path pays
+no extra round trip.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
     NoNodeError,
     Reason,
+    SnapcoordError,
     StoreUnavailable,
     TransactionFailed,
 )
@@ -50,6 +57,30 @@ _UPLOADS = concurrent.futures.ThreadPoolExecutor(UPLOAD_THREADS, thread_name_pre
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+#: Refusals that an unsynced read can cause wrongly: the record (or generation) was created
+#: through another replica and this replica's ZooKeeper server has not applied it yet. Before
+#: answering one of these the kernel syncs and decides again. (EXPIRED is left as it is: a stale
+#: read shows a past expiry only when a renewal elsewhere landed within one follower lag of the
+#: expiry moment, and a client renews well before expiry.)
+STALE_REFUSALS = frozenset({Reason.NOT_FOUND, Reason.SNAPSHOT_FENCED, Reason.SNAPSHOT_NOT_CREATED})
+
+
+def may_be_stale(error: SnapcoordError) -> bool:
+    """True when ``error`` may only be the answer of a replica behind the leader."""
+    return error.reason in STALE_REFUSALS
+
+
+def synced_retry(metadata: MetadataStore, attempt: Callable[[], T]) -> T:
+    """``attempt()``; when it refuses with a ``STALE_REFUSALS`` reason, sync and ``attempt()`` once
+    more (for read-only calls outside the kernel: GetLease, GetSnapshot, GetProducerOffsets)."""
+    try:
+        return attempt()
+    except SnapcoordError as e:
+        if not may_be_stale(e):
+            raise
+    metadata.sync("/")
+    return attempt()
 
 
 @dataclass(frozen=True)
@@ -233,13 +264,14 @@ class CommitKernel:
         version checks verify, e.g. "no record yet"); later rounds read. ``finish`` presents the
         result with reads ``decide`` cannot make (payloads) and may raise ``Reread``.
         """
+        synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
         in_doubt: frozenset[str] = frozenset()  # uploads of the commit whose outcome is unknown
         pending: Commit[R] | None = None
         lost = 0
         try:
             for attempt in range(self._policy.rounds(contenders)):
-                decision = self._decide(reads, decide, pending, assume if attempt == 0 else None)
+                decision = self._decide(reads, decide, pending, assume if attempt == 0 else None, synced)
                 # What was read after a commit in doubt settles whether it landed; a Done that
                 # keeps uploads says they are referenced, whatever ``finish`` then raises.
                 in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()
@@ -306,10 +338,12 @@ class CommitKernel:
         for future in futures:
             future.result()  # the first failure, if any
 
-    def read(self, reads: Iterable[Read]) -> Reads:
-        """Issue ``reads`` together: every node in one ``get_many``, then the listings."""
+    def read(self, reads: Iterable[Read], *, sync: bool = False) -> Reads:
+        """Issue ``reads`` together: every node in one ``get_many``, then the listings; ``sync``:
+        sync first (sent with the node reads), so that they see every write committed before."""
         wanted = list(reads)
-        nodes = self._metadata.get_many([r.path for r in wanted if isinstance(r, ReadNode)])
+        paths = [r.path for r in wanted if isinstance(r, ReadNode)]
+        nodes = self._metadata.synced_get_many("/", paths) if sync else self._metadata.get_many(paths)
         lists = {
             r.path: tuple(self._metadata.children(r.path)) for r in wanted if isinstance(r, ReadChildren)
         }
@@ -326,11 +360,27 @@ class CommitKernel:
                 _log.warning("could not delete %s now (the orphan sweep will): %s", key, e)
 
     def _decide(
-        self, first: Sequence[Read], decide: Decide[R], pending: Commit[R] | None, assume: Reads | None
+        self,
+        first: Sequence[Read],
+        decide: Decide[R],
+        pending: Commit[R] | None,
+        assume: Reads | None,
+        synced: list[bool],
     ) -> Done[R] | Commit[R]:
         reads = assume if assume is not None else self.read(first)
         while True:
-            decision = decide(reads, pending)
+            try:
+                decision = decide(reads, pending)
+            except SnapcoordError as e:
+                if synced[0] or not may_be_stale(e):
+                    raise
+                # A refusal that may only say "this replica's ZooKeeper server is behind": sync,
+                # read everything again (the dependent reads too: they may differ now) and
+                # decide anew. Once per call, so a true refusal costs one extra round trip.
+                synced[0] = True
+                known = [ReadNode(p) for p in reads.nodes] + [ReadChildren(p) for p in reads.lists]
+                reads = self.read(known or first, sync=True)
+                continue
             if not isinstance(decision, More):
                 return decision
             missing = [r for r in decision.reads if not reads.has(r)]

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Protocol
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.commit import CommitKernel, ReadNode, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.leases import (
@@ -124,9 +124,15 @@ class LeaseRegistry:
         return outcome == "alive"
 
     def get(self, lease_id: str) -> Lease:
+        """The live lease; NOT_FOUND (after a sync: it may just have been acquired through
+        another replica) when there is none."""
         require_id("lease_id", lease_id)
-        current = decide.stored(self._metadata.get(record_path(lease_id)))
-        return decide.live(lease_id, current, self._clocks("")).lease
+
+        def attempt() -> Lease:
+            current = decide.stored(self._metadata.get(record_path(lease_id)))
+            return decide.live(lease_id, current, self._clocks("")).lease
+
+        return synced_retry(self._metadata, attempt)
 
     def list_page(self, page_size: int, page_token: str) -> tuple[list[Lease], str]:
         """Live leases in lease_id order, and the token of the next page."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode, Reads, Reread
+from snapcoord.coordinator.commit import CommitKernel, ReadNode, Reads, Reread, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.ids import require_id
@@ -93,8 +93,12 @@ class ProducerRegistry:
         return registration
 
     def get(self, producer_id: str) -> ProducerSnapshot:
-        """The live snapshot; NOT_FOUND when absent or expired (even before the janitor runs)."""
+        """The live snapshot; NOT_FOUND when absent or expired (even before the janitor runs).
+        Absent is checked again after a sync: it may have been registered through another replica."""
         require_id("producer_id", producer_id)
+        return synced_retry(self._metadata, lambda: self._get(producer_id))
+
+    def _get(self, producer_id: str) -> ProducerSnapshot:
         current = self._read(producer_id)
         now = self._clock.now_ms()
         if current is None:

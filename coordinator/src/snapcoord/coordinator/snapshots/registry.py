@@ -15,7 +15,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from snapcoord.coordinator import pins
-from snapcoord.coordinator.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.commit import CommitKernel, ReadNode, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
@@ -141,8 +141,12 @@ class SnapshotRegistry:
         return self._cache.get(app_id)
 
     def get(self, app_id: str, generation: int, *, include_checkpoints: bool) -> SnapshotPayloads:
-        """One snapshot with every task report; payloads too when ``include_checkpoints``."""
+        """One snapshot with every task report; payloads too when ``include_checkpoints``.
+        NOT_FOUND only after a sync: the generation may just have been created elsewhere."""
         require_id("app_id", app_id)
+        return synced_retry(self._metadata, lambda: self._get(app_id, generation, include_checkpoints))
+
+    def _get(self, app_id: str, generation: int, include_checkpoints: bool) -> SnapshotPayloads:
         header = self._read(app_id, generation) if generation > 0 else None
         if header is None:
             raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
@@ -180,10 +184,16 @@ class SnapshotRegistry:
     ) -> tuple[CheckpointRef, Generator[bytes, None, None]]:
         """One checkpoint payload as pieces of at most ``CHUNK_BYTES``, read from the blob store as
         the caller consumes them; each piece is held from the payload budget while it is in
-        memory. The ref comes first (size, hash) so the caller can frame the stream."""
+        memory. The ref comes first (size, hash) so the caller can frame the stream. NOT_FOUND
+        only after a sync (the report may just have been made through another replica)."""
         require_id("app_id", app_id)
         require_id("task_id", task_id)
         require_id("store", store)
+        return synced_retry(self._metadata, lambda: self._read_checkpoint(app_id, generation, task_id, store))
+
+    def _read_checkpoint(
+        self, app_id: str, generation: int, task_id: str, store: str
+    ) -> tuple[CheckpointRef, Generator[bytes, None, None]]:
         if generation <= 0 or self._read(app_id, generation) is None:
             raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
         node = self._metadata.get(task_path(app_id, generation, task_id))
