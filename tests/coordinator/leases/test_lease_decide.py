@@ -45,7 +45,7 @@ def with_nodes(reads: Reads, pairs: dict[str, Node | None]) -> Reads:
     return reads.merged(Reads(pairs))
 
 
-NEW = Lease("job", 30_000, NOW + 30_000, (A,))
+NEW = Lease("job", 30_000, NOW + 30_000, (A,), "nonce")  # a new record: this call's nonce
 
 
 def test_acquire_reads_headers_and_pins_after_the_lease() -> None:
@@ -64,13 +64,15 @@ ACQUIRE_NEW = Commit(
         Check(snapshot_path("a", 1), 4),
         Create(pin_path("a", 1), encode_pins({"job": NOW + 30_000})),
         Create(RECORD, encode_lease(NEW)),
+        Create(f"{RECORD}/nonce", b""),
         Create(entry(NEW), b""),
     ],
     Acquired(NEW, (B,)),
     buckets=((EXPIRY, NOW + 30_000 + SKEW),),
     ensure=(RECORDS, PINS),
 )
-EXPIRED = Lease("job", 30_000, NOW - 5_000, (B,))
+EXPIRED = Lease("job", 30_000, NOW - 5_000, (B,), "i1")
+RENEWED = Lease("job", 30_000, NOW + 30_000, (A,), "i1")  # the record's incarnation stays
 ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired]]] = [
     (
         "a new lease: pin what exists (checking its header), report the rest unavailable",
@@ -102,12 +104,13 @@ ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired
                 Check(snapshot_path("a", 1), 4),
                 Create(pin_path("a", 1), encode_pins({"job": NOW + 30_000})),
                 SetData(pin_path("b", 2), encode_pins({"other": NOW + 1}), 2),
-                SetData(RECORD, encode_lease(NEW), 6),
+                Check(f"{RECORD}/i1", 0),
+                SetData(RECORD, encode_lease(RENEWED), 6),
                 Delete(entry(EXPIRED), None),
                 Create(entry(NEW), b""),
                 Create(f"{RETENTION}/{NOW // MINUTE}/b@unpinned-nonce", b""),
             ],
-            Acquired(NEW, ()),
+            Acquired(RENEWED, ()),
             buckets=((EXPIRY, NOW + 30_000 + SKEW), (RETENTION, NOW)),
             ensure=(RECORDS, PINS),
         ),
@@ -131,15 +134,16 @@ def test_acquire(
     assert decide.acquire("job", 30_000, wanted, reads, pending, CLOCKS) == expected
 
 
-HELD = Lease("job", 30_000, NOW + 10_000, (A, B))
+HELD = Lease("job", 30_000, NOW + 10_000, (A, B), "i1")
 
 
 def test_release_unpins_deleting_an_empty_index() -> None:
     reads = with_nodes(lease_reads(HELD, 3), {pin_path("a", 1): node(encode_pins({"job": NOW + 10_000}), 5)})
-    after = Lease("job", 30_000, NOW + 10_000, (B,))
+    after = Lease("job", 30_000, NOW + 10_000, (B,), "i1")
     assert decide.release("job", frozenset({A, SnapshotRef("c", 9)}), reads, None, CLOCKS) == Commit(
         [
             Delete(pin_path("a", 1), 5),
+            Check(f"{RECORD}/i1", 0),
             SetData(RECORD, encode_lease(after), 3),
             Create(f"{RETENTION}/{NOW // MINUTE}/a@unpinned-nonce", b""),
         ],
@@ -157,11 +161,12 @@ def test_renew_moves_the_expiry_entry_and_the_pins_expiry() -> None:
             pin_path("b", 2): node(encode_pins({"job": NOW + 10_000}), 2),
         },
     )
-    renewed = Lease("job", 600_000, NOW + 600_000, (A, B))
+    renewed = Lease("job", 600_000, NOW + 600_000, (A, B), "i1")
     assert decide.renew("job", 600_000, reads, None, CLOCKS) == Commit(
         [
             SetData(pin_path("a", 1), encode_pins({"job": NOW + 600_000}), 1),
             SetData(pin_path("b", 2), encode_pins({"job": NOW + 600_000}), 2),
+            Check(f"{RECORD}/i1", 0),  # a record dropped and acquired again fails the renew
             SetData(RECORD, encode_lease(renewed), 3),
             Delete(entry(HELD), None),
             Create(entry(renewed), b""),
@@ -203,6 +208,20 @@ REMOVE_CASES: list[tuple[str, Lease | None, bool, Decision[decide.Removal]]] = [
         False,
         Commit(
             [Delete(RECORD, 2), Delete(entry(Lease("job", 1, NOW + 5, ())), None)],
+            "alive",
+            ensure=(RECORDS, PINS),
+        ),
+    ),
+    (
+        "drop a live lease with its incarnation: the child goes first (no delete of a parent)",
+        Lease("job", 1, NOW + 5, (), "i1"),
+        False,
+        Commit(
+            [
+                Delete(f"{RECORD}/i1", 0),
+                Delete(RECORD, 2),
+                Delete(entry(Lease("job", 1, NOW + 5, ())), None),
+            ],
             "alive",
             ensure=(RECORDS, PINS),
         ),

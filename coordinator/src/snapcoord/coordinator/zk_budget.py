@@ -285,13 +285,14 @@ def _holders(limits: Limits, lease_id: str) -> dict[str, int]:
 
 
 def _lease(limits: Limits, refs: Sequence[SnapshotRef]) -> Lease:
-    return Lease(_id("l"), limits.leases.max_duration_ms, _NOW_MS, tuple(sorted(refs)))
+    return Lease(_id("l"), limits.leases.max_duration_ms, _NOW_MS, tuple(sorted(refs)), "i" * 12)
 
 
 def _record_move(limits: Limits, lease: Lease) -> list[Op]:
     """leases.decide.record_ops for an existing lease whose expiry bucket moves."""
     index = leases_layout.index_path(lease, limits.leases.max_clock_skew_ms)
     return [
+        Check(leases_layout.incarnation_path(lease), _BIG_INT),
         SetData(leases_layout.record_path(lease.lease_id), encode_lease(lease), _BIG_INT),
         Delete(index, None),
         Create(index, b""),
@@ -344,6 +345,7 @@ def drop_lease(limits: Limits) -> list[Op]:
     lease = _lease(limits, refs)
     ops = _unpins(limits, refs)
     ops += [
+        Delete(leases_layout.incarnation_path(lease), _BIG_INT),
         Delete(leases_layout.record_path(lease.lease_id), _BIG_INT),
         Delete(leases_layout.index_path(lease, limits.leases.max_clock_skew_ms), None),
     ]

@@ -48,6 +48,12 @@ class Lease:
     duration_ms: int
     expires_at_ms: int
     snapshots: tuple[SnapshotRef, ...]
+    #: Names this lease record from its create to its delete (never changed in between). ZooKeeper
+    #: versions restart at 0 when a lease is dropped and acquired again, so a version alone does
+    #: not tell two incarnations apart; a writer that did not just read the record checks this
+    #: (as the ``<record>/<incarnation>`` child node, see ``leases.layout``). Empty for records
+    #: written before incarnations existed.
+    incarnation: str = ""
 
     def is_alive(self, now_ms: int, skew_ms: int) -> bool:
         return now_ms < self.expires_at_ms + skew_ms
@@ -87,15 +93,16 @@ def pinned_by_live_lease(holders: Mapping[str, int], now_ms: int, skew_ms: int) 
 
 
 def encode_lease(lease: Lease) -> bytes:
-    return _dump(
-        {
-            "version": LEASE_VERSION,
-            "lease_id": lease.lease_id,
-            "duration_ms": lease.duration_ms,
-            "expires_at_ms": lease.expires_at_ms,
-            "snapshots": [[r.app_id, r.generation] for r in sorted(lease.snapshots)],
-        }
-    )
+    doc: dict[str, object] = {
+        "version": LEASE_VERSION,
+        "lease_id": lease.lease_id,
+        "duration_ms": lease.duration_ms,
+        "expires_at_ms": lease.expires_at_ms,
+        "snapshots": [[r.app_id, r.generation] for r in sorted(lease.snapshots)],
+    }
+    if lease.incarnation:
+        doc["incarnation"] = lease.incarnation
+    return _dump(doc)
 
 
 def decode_lease(data: bytes) -> Lease:
@@ -106,6 +113,7 @@ def decode_lease(data: bytes) -> Lease:
             duration_ms=int(doc["duration_ms"]),
             expires_at_ms=int(doc["expires_at_ms"]),
             snapshots=tuple(SnapshotRef(str(a), int(g)) for a, g in doc["snapshots"]),
+            incarnation=str(doc.get("incarnation", "")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise Internal(f"stored lease is malformed: {e!r}") from e

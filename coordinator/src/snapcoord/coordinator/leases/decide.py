@@ -16,7 +16,14 @@ from snapcoord.coordinator import pins
 from snapcoord.coordinator.commit import Commit, Done, More, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_lease, encode_lease
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, due_ms, index_path, record_path
+from snapcoord.coordinator.leases.layout import (
+    EXPIRY,
+    RECORDS,
+    due_ms,
+    incarnation_path,
+    index_path,
+    record_path,
+)
 from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
@@ -92,11 +99,21 @@ def pin_ops(
 
 
 def record_ops(current: Stored | None, lease: Lease, skew_ms: int) -> list[Op]:
-    """Write the lease and move its expiry-index entry, version-checked against ``current``."""
+    """Write the lease and move its expiry-index entry, version-checked against ``current``.
+
+    A new record gets its incarnation child; a rewrite checks it: ``current`` may come from this
+    process's cache of what it last wrote (``leases.cache``), not from a read, and a record dropped
+    and acquired again meanwhile may be back at the same version. The check fails that commit,
+    so a stale copy never extends, or overwrites, another incarnation of the lease."""
     entry = index_path(lease, skew_ms)
+    record = record_path(lease.lease_id)
     if current is None:
-        return [Create(record_path(lease.lease_id), encode_lease(lease)), Create(entry, b"")]
-    ops: list[Op] = [SetData(record_path(lease.lease_id), encode_lease(lease), current.version)]
+        ops: list[Op] = [Create(record, encode_lease(lease))]
+        if lease.incarnation:
+            ops.append(Create(incarnation_path(lease), b""))
+        return [*ops, Create(entry, b"")]
+    ops = [Check(incarnation_path(current.lease), 0)] if current.lease.incarnation else []
+    ops.append(SetData(record, encode_lease(lease), current.version))
     old = index_path(current.lease, skew_ms)
     if old != entry:
         ops += [Delete(old, None), Create(entry, b"")]
@@ -189,7 +206,12 @@ def acquire(
             reason=Reason.TOO_LARGE,
             metadata={"field": "snapshots", "limit": clocks.max_snapshots},
         )
-    lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, tuple(sorted(held | set(new_refs))))
+    # The record keeps its incarnation while it exists (even across an expiry); a new record gets
+    # this call's nonce, the same in every round of the call (a commit in doubt is recognised).
+    incarnation = current.lease.incarnation if current is not None else clocks.nonce
+    lease = Lease(
+        lease_id, duration_ms, clocks.now + duration_ms, tuple(sorted(held | set(new_refs))), incarnation
+    )
     ops += pin_ops(
         lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=dropped, clocks=clocks
     )
@@ -215,7 +237,11 @@ def release(
         return more
     old = current.lease
     lease = Lease(
-        lease_id, old.duration_ms, old.expires_at_ms, tuple(r for r in old.snapshots if r not in gone)
+        lease_id,
+        old.duration_ms,
+        old.expires_at_ms,
+        tuple(r for r in old.snapshots if r not in gone),
+        old.incarnation,
     )
     ops = pin_ops(
         lease_id, reads, add=(), expires_at_ms=lease.expires_at_ms, remove=sorted(gone), clocks=clocks
@@ -235,7 +261,8 @@ def renew(
     more = _pin_reads(current.lease.snapshots, reads)
     if more is not None:
         return more
-    lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, current.lease.snapshots)
+    old = current.lease
+    lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, old.snapshots, old.incarnation)
     ops = pin_ops(
         lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=(), clocks=clocks
     )
@@ -265,5 +292,7 @@ def remove(
     if more is not None:
         return more
     ops = pin_ops(lease_id, reads, add=(), expires_at_ms=0, remove=lease.snapshots, clocks=clocks)
+    if lease.incarnation:  # first: ZooKeeper deletes no node that has children
+        ops.append(Delete(incarnation_path(lease), 0))
     ops += [Delete(record_path(lease_id), current.version), Delete(index_path(lease, clocks.skew_ms), None)]
     return _commit(ops, "alive" if alive else "removed", lease, clocks, lease.snapshots, indexed=False)

@@ -1,10 +1,14 @@
 """Where leases live::
 
     /leases/records/<lease_id>                  the lease: duration, expiry, pinned snapshots
+    /leases/records/<lease_id>/<incarnation>    empty; exists exactly as long as that incarnation
     /leases/expiry/<minute>/<lease_id>          the expiry index (ExpiryIndex), by expiry + skew
     /snapshots/pins/<app>@<generation>          each pinned snapshot's reverse index (coordinator.pins)
 
 A lease, its expiry-index entry and the pin indexes of its snapshots change in one transaction.
+The incarnation child is created with the record and deleted with it (ZooKeeper refuses to delete a
+record that still has it), so a ``Check`` on it in a transaction proves the record is still the
+incarnation the writer knows, which the record's version alone cannot (versions restart at 0).
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ EXPIRY = "/leases/expiry"
 
 def record_path(lease_id: str) -> str:
     return f"{RECORDS}/{lease_id}"
+
+
+def incarnation_path(lease: Lease) -> str:
+    return f"{record_path(lease.lease_id)}/{lease.incarnation}"
 
 
 def due_ms(lease: Lease, skew_ms: int) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import bisect
 import uuid
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode, synced_retry
+from snapcoord.coordinator.commit import Commit, CommitKernel, Decide, Decision, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.leases import (
@@ -26,6 +26,7 @@ from snapcoord.coordinator.domain.leases import (
 from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.leases import decide
+from snapcoord.coordinator.leases.cache import RecordCache
 from snapcoord.coordinator.leases.decide import Acquired
 from snapcoord.coordinator.leases.janitor import LeaseJanitor
 from snapcoord.coordinator.leases.layout import RECORDS, record_path
@@ -33,6 +34,8 @@ from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 __all__ = ["Acquired", "LeaseRegistry"]
+
+R = TypeVar("R")
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -63,6 +66,7 @@ class LeaseRegistry:
         self._metrics = metrics
         self._kernel = snapshots.kernel
         self._janitor = LeaseJanitor(self._kernel, metadata, clock, policy, metrics)
+        self._records = RecordCache()
 
     # --- the API ----------------------------------------------------------------------------
 
@@ -73,13 +77,13 @@ class LeaseRegistry:
         validate_duration(duration_ms, self._policy)
         wanted = tuple(validate_refs(refs, self._policy))
         nonce = uuid.uuid4().hex[:12]
-        acquired = self._kernel.run(
+        acquired = self._run(
             "lease_acquire",
-            {"lease_id": lease_id},
-            [ReadNode(record_path(lease_id))],
+            lease_id,
             lambda reads, pending: decide.acquire(
                 lease_id, duration_ms, wanted, reads, pending, self._clocks(nonce)
             ),
+            assume=self._assumed(lease_id, refusals=False, unknown_absent=True),
         )
         self._metrics.lease_acquires.inc()
         return acquired
@@ -89,11 +93,11 @@ class LeaseRegistry:
         require_id("lease_id", lease_id)
         releasing = frozenset(validate_refs(refs, self._policy))
         nonce = uuid.uuid4().hex[:12]
-        released = self._kernel.run(
+        released = self._run(
             "lease_release",
-            {"lease_id": lease_id},
-            [ReadNode(record_path(lease_id))],
+            lease_id,
             lambda reads, pending: decide.release(lease_id, releasing, reads, pending, self._clocks(nonce)),
+            assume=self._assumed(lease_id, refusals=True),
         )
         self._metrics.lease_releases.inc(len(released.released))
         return released.lease
@@ -102,24 +106,24 @@ class LeaseRegistry:
         """Extend a live lease to now + duration; NOT_FOUND for an unknown or expired lease."""
         require_id("lease_id", lease_id)
         validate_duration(duration_ms, self._policy)
-        return self._kernel.run(
+        return self._run(
             "lease_renew",
-            {"lease_id": lease_id},
-            [ReadNode(record_path(lease_id))],
+            lease_id,
             lambda reads, pending: decide.renew(lease_id, duration_ms, reads, pending, self._clocks("")),
+            assume=self._assumed(lease_id, refusals=True),
         )
 
     def drop(self, lease_id: str) -> bool:
         """Release everything and delete the lease; True when a live lease was dropped."""
         require_id("lease_id", lease_id)
         nonce = uuid.uuid4().hex[:12]
-        outcome = self._kernel.run(
+        outcome = self._run(
             "lease_drop",
-            {"lease_id": lease_id},
-            [ReadNode(record_path(lease_id))],
+            lease_id,
             lambda reads, pending: decide.remove(
                 lease_id, reads, pending, self._clocks(nonce), only_expired=False
             ),
+            assume=self._assumed(lease_id, refusals=False),
         )
         return outcome == "alive"
 
@@ -165,6 +169,46 @@ class LeaseRegistry:
     def update_gauges(self) -> int:
         """Set the lease and pinned-snapshot gauges (names only: one listing each)."""
         return self._janitor.update_gauges()
+
+    # --- the record cache (leases.cache) ----------------------------------------------------
+
+    def _assumed(self, lease_id: str, *, refusals: bool, unknown_absent: bool = False) -> Reads | None:
+        """What the first round of a call may take as read instead of reading the lease record:
+        this process's copy of it. ``refusals``: the decision refuses a dead lease (renew,
+        release), so a copy showing one is not used (it may be stale: renewed elsewhere). A copy
+        showing a lease alive can only be wrong by being stale, which fails the commit.
+        ``unknown_absent`` (acquire): with no copy, guess "no record" (a new lease is one
+        transaction; a create over an existing record fails, and the call reads)."""
+        path = record_path(lease_id)
+        node = self._records.get(path)
+        if node is None:
+            return Reads({path: None}) if unknown_absent else None
+        current = decide.stored(node)
+        if current is None or not current.lease.incarnation:
+            return None
+        if refusals and not current.lease.is_alive(self._clock.now_ms(), self._policy.max_clock_skew_ms):
+            return None
+        return Reads({path: node})
+
+    def _run(self, operation: str, lease_id: str, decide_fn: Decide[R], *, assume: Reads | None) -> R:
+        """``kernel.run`` on the lease's record, then remember what its last commit wrote there."""
+        path = record_path(lease_id)
+        last: list[Decision[R] | None] = [None]
+
+        def tracked(reads: Reads, pending: Commit[R] | None) -> Decision[R]:
+            decision = decide_fn(reads, pending)
+            last[0] = decision
+            return decision
+
+        try:
+            result = self._kernel.run(
+                operation, {"lease_id": lease_id}, [ReadNode(path)], tracked, assume=assume
+            )
+        except Exception:
+            self._records.forget(path)
+            raise
+        self._records.committed(path, last[0])
+        return result
 
     def _clocks(self, nonce: str) -> decide.Clocks:
         p = self._policy

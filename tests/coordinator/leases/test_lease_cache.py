@@ -1,0 +1,243 @@
+"""The lease record cache on both backends: a renew is one transaction, and a stale copy never
+extends, resurrects or overwrites another incarnation of the lease.
+
+Two registries on one store stand for two coordinator processes: each has its own cache, so what
+one writes makes the other's copy stale, which is the race these tests play out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from harness.stores import Stores
+from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
+from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, decode_pins, encode_lease
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
+from snapcoord.coordinator.errors import NotFound, Reason
+from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, index_path, record_path
+from snapcoord.coordinator.leases.registry import LeaseRegistry
+from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.pins import PINS, pin_path
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
+from snapcoord.coordinator.storage.metadata import MetadataStore
+
+HOUR_MS = 3_600_000
+SKEW_MS = 5_000
+LEASES = LeasePolicy(max_duration_ms=24 * HOUR_MS, max_snapshots=10, max_clock_skew_ms=SKEW_MS)
+
+
+@dataclass
+class Calls:
+    """The metadata store requests made, by kind."""
+
+    reads: int = 0
+    transactions: int = 0
+    log: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """At the start of a minute: a renew soon after an acquire keeps its expiry-index entry (a
+    moved entry's delete would fail a stale commit by itself, hiding what the tests check)."""
+    return ManualClock(SystemClock().now_ms() // 60_000 * 60_000)
+
+
+@pytest.fixture
+def snapshots(stores: Stores, clock: ManualClock) -> SnapshotRegistry:
+    policy = SnapshotPolicy(default_keep_last_completed=1, max_clock_skew_ms=SKEW_MS)
+    return SnapshotRegistry(stores.metadata, stores.blobs, clock, policy, CoordinatorMetrics(new_registry()))
+
+
+def registry(stores: Stores, clock: ManualClock, snapshots: SnapshotRegistry) -> LeaseRegistry:
+    return LeaseRegistry(stores.metadata, clock, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+
+
+@pytest.fixture
+def here(stores: Stores, clock: ManualClock, snapshots: SnapshotRegistry) -> LeaseRegistry:
+    """The process whose cache is under test."""
+    return registry(stores, clock, snapshots)
+
+
+@pytest.fixture
+def elsewhere(stores: Stores, clock: ManualClock, snapshots: SnapshotRegistry) -> LeaseRegistry:
+    """Another process on the same store."""
+    return registry(stores, clock, snapshots)
+
+
+@pytest.fixture
+def calls(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+    counted = Calls()
+    store: MetadataStore = stores.metadata
+    for name in ("get", "get_many", "synced_get_many", "children", "sync", "transaction"):
+        inner = getattr(store, name)
+
+        def wrapper(*args: object, _inner: object = inner, _name: str = name, **kwargs: object) -> object:
+            if _name == "transaction":
+                counted.transactions += 1
+            else:
+                counted.reads += 1
+            counted.log.append(_name)
+            return _inner(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(store, name, wrapper)
+    yield counted
+
+
+def completed(snapshots: SnapshotRegistry, app_id: str) -> SnapshotRef:
+    created = snapshots.create(app_id, ["q"], 0, 0, {})
+    snapshots.report(app_id, created.record.generation, "q", (Offset("in", 0, 1),), {"store": b"payload"})
+    return SnapshotRef(app_id, created.record.generation)
+
+
+def holders(stores: Stores, ref: SnapshotRef) -> dict[str, int]:
+    node = stores.metadata.get(pin_path(ref.app_id, ref.generation))
+    return decode_pins(node.data) if node is not None and node.data else {}
+
+
+def stored(stores: Stores, lease_id: str) -> tuple[Lease, int] | None:
+    from snapcoord.coordinator.leases.decide import stored as decode
+
+    current = decode(stores.metadata.get(record_path(lease_id)))
+    return (current.lease, current.version) if current is not None else None
+
+
+def test_a_renew_of_a_lease_this_process_wrote_is_one_transaction(
+    stores: Stores, here: LeaseRegistry, clock: ManualClock, calls: Calls
+) -> None:
+    """The pure acquire + renew pair: no read at all, one transaction each (the raw bound)."""
+    stores.metadata.ensure_path(RECORDS)
+    stores.metadata.ensure_path(PINS)
+    here.acquire("warm", 60_000, [])  # makes the expiry bucket of this minute
+    calls.reads = calls.transactions = 0
+    calls.log.clear()
+    acquired = here.acquire("job", 60_000, [])
+    clock.advance(1_000)
+    renewed = here.renew("job", 60_000)
+    assert (calls.reads, calls.transactions) == (0, 2), calls.log
+    assert renewed.expires_at_ms == clock.now_ms() + 60_000
+    assert renewed.incarnation == acquired.lease.incarnation != ""
+    current = stored(stores, "job")
+    assert current is not None and current == (renewed, 1)
+
+
+def test_a_renew_racing_a_drop_and_reacquire_never_extends_the_old_incarnation(
+    stores: Stores,
+    here: LeaseRegistry,
+    elsewhere: LeaseRegistry,
+    snapshots: SnapshotRegistry,
+    clock: ManualClock,
+) -> None:
+    """Here holds a copy of the lease at version 0 pinning ``old``. Elsewhere drops it and acquires
+    it again on ``new`` for a short term: the record is back at version 0, so only the incarnation
+    tells the two apart. Here's renew must not write its copy (which would bring ``old`` back into
+    the record, drop ``new`` from it while its pin stays, and put back the expiry here chose)."""
+    old, new = completed(snapshots, "old"), completed(snapshots, "new")
+    first = here.acquire("job", HOUR_MS, [old]).lease
+    assert elsewhere.drop("job") is True
+    second = elsewhere.acquire("job", 10_000, [new]).lease
+    current = stored(stores, "job")
+    assert current is not None and current[1] == 0, "the test needs the version to have restarted"
+    assert second.incarnation != first.incarnation
+
+    clock.advance(1_000)
+    renewed = here.renew("job", HOUR_MS)
+    # The renew read the record and extended what is stored now: the second incarnation.
+    assert renewed.snapshots == (new,) and renewed.incarnation == second.incarnation
+    assert stored(stores, "job") == (renewed, 1)
+    assert holders(stores, old) == {}, "the old incarnation's pin must not come back"
+    assert holders(stores, new) == {"job": clock.now_ms() + HOUR_MS}
+
+
+def test_a_renew_racing_a_drop_does_not_resurrect_the_lease(
+    stores: Stores, here: LeaseRegistry, elsewhere: LeaseRegistry, snapshots: SnapshotRegistry
+) -> None:
+    ref = completed(snapshots, "app")
+    here.acquire("job", HOUR_MS, [ref])
+    assert elsewhere.drop("job") is True
+    with pytest.raises(NotFound) as raised:
+        here.renew("job", HOUR_MS)
+    assert raised.value.reason is Reason.NOT_FOUND
+    with pytest.raises(NotFound):
+        here.release("job", [ref])
+    assert stored(stores, "job") is None and holders(stores, ref) == {}
+    assert here.drop("job") is False  # from the stale copy: nothing to drop, nothing written
+    assert stores.metadata.children(RECORDS) == []
+
+
+def test_a_renew_after_the_janitor_expired_and_another_process_reacquired(
+    stores: Stores, elsewhere: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """Expiry by the janitor (not a drop) and a re-acquire elsewhere while a process whose clock
+    lags still holds the old copy, which to it shows a live lease (replicas' clocks differ)."""
+    behind = ManualClock(clock.now_ms())
+    lagging = LeaseRegistry(stores.metadata, behind, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    old, new = completed(snapshots, "old"), completed(snapshots, "new")
+    lagging.acquire("job", 10_000, [old])
+    clock.advance(10_000 + SKEW_MS + 1)
+    assert elsewhere.expire_due(100) == 1
+    second = elsewhere.acquire("job", 10_000, [new]).lease
+    current = stored(stores, "job")
+    assert current is not None and current[1] == 0
+    renewed = lagging.renew("job", 30_000)
+    assert renewed.snapshots == (new,) and renewed.incarnation == second.incarnation
+    assert holders(stores, old) == {}
+
+
+def test_a_stale_copy_after_a_renew_elsewhere_costs_one_more_round(
+    stores: Stores, here: LeaseRegistry, elsewhere: LeaseRegistry, clock: ManualClock
+) -> None:
+    here.acquire("job", 60_000, [])
+    clock.advance(1_000)
+    longer = elsewhere.renew("job", 600_000)  # version 1; here's copy says 0
+    clock.advance(1_000)
+    assert here.renew("job", 60_000).expires_at_ms == clock.now_ms() + 60_000
+    current = stored(stores, "job")
+    assert current is not None and current[1] == 2 and current[0].incarnation == longer.incarnation
+    # Elsewhere's copy is now stale; its drop reads and drops.
+    assert elsewhere.drop("job") is True
+    assert stored(stores, "job") is None
+
+
+def test_an_acquire_of_a_lease_held_elsewhere_keeps_what_it_holds(
+    stores: Stores, here: LeaseRegistry, elsewhere: LeaseRegistry, snapshots: SnapshotRegistry
+) -> None:
+    """With no copy, an acquire guesses "no record"; the record exists, so its create fails and
+    the call reads: the lease keeps its snapshots and incarnation, and adds the new one."""
+    one, two = completed(snapshots, "one"), completed(snapshots, "two")
+    first = elsewhere.acquire("job", HOUR_MS, [one]).lease
+    both = here.acquire("job", HOUR_MS, [two]).lease
+    assert both.snapshots == (one, two) and both.incarnation == first.incarnation
+    assert set(holders(stores, one)) == set(holders(stores, two)) == {"job"}
+
+
+def test_a_copy_of_an_expired_lease_is_not_used_for_a_refusal(
+    here: LeaseRegistry, elsewhere: LeaseRegistry, clock: ManualClock
+) -> None:
+    """Here's copy shows the lease expired, but elsewhere renewed it: renew reads, and succeeds."""
+    here.acquire("job", 10_000, [])
+    elsewhere.renew("job", HOUR_MS)
+    clock.advance(10_000 + SKEW_MS + 1)
+    assert here.renew("job", 60_000).expires_at_ms == clock.now_ms() + 60_000
+
+
+def test_a_record_without_incarnation_is_renewed_and_dropped_by_reading(
+    stores: Stores, here: LeaseRegistry, clock: ManualClock, calls: Calls
+) -> None:
+    """Records written before incarnations existed: no copy is used for them, every call reads."""
+    lease = Lease("legacy", 60_000, clock.now_ms() + 60_000, ())
+    for parent in (RECORDS, EXPIRY):
+        stores.metadata.ensure_path(parent)
+    stores.metadata.create(record_path("legacy"), encode_lease(lease))
+    stores.metadata.create(index_path(lease, SKEW_MS), b"", make_parents=True)
+    calls.reads = calls.transactions = 0
+    renewed = here.renew("legacy", 120_000)
+    assert renewed.incarnation == "" and calls.reads >= 1
+    reads = calls.reads
+    here.renew("legacy", 120_000)
+    assert calls.reads > reads
+    assert here.drop("legacy") is True
+    assert stores.metadata.children(RECORDS) == []
