@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from snapcoord.coordinator.pins import pin_path
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import Op
+from snapcoord.coordinator.storage.metadata import Node, Op
 
 HOUR_MS = 3_600_000
 POLICY = SnapshotPolicy(
@@ -352,12 +353,14 @@ def test_reports_refresh_the_cache_instead_of_emptying_it(stores: Stores, clock:
     metrics = CoordinatorMetrics(new_registry())
     writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
     loads: list[str] = []
+    seen: dict[str, int] = {}
 
-    def load(app_id: str) -> Snapshot:
+    def present(app_id: str, current: int, header: Node | None) -> Snapshot:
         loads.append(threading.current_thread().name)
-        return writer.current(app_id, consistent=True)
+        seen[app_id] = current
+        return writer._present(app_id, current, header)
 
-    cache = CurrentSnapshotCache(stores.metadata, load, max_apps=10)
+    cache = CurrentSnapshotCache(stores.metadata, present, lambda app: seen.get(app, 0), max_apps=10)
     tasks = tuple(f"q{i}" for i in range(5))
     writer.create("app", tasks, 0, 0, {})
     assert cache.get("app").record.generation == 1
@@ -365,10 +368,49 @@ def test_reports_refresh_the_cache_instead_of_emptying_it(stores: Stores, clock:
         writer.report("app", 1, task, OFFSETS, {})
     wait_until(lambda: cache.get("app").record.state is State.COMPLETED, timeout=30, what="refresh")
     by_readers = [name for name in loads if name != "snapshot-cache-refresh"]
-    assert len(by_readers) == 2, loads  # the first get (load, watch the header, load again) only
+    assert len(by_readers) == 1, loads  # the first get only
     assert cache.get("app") == writer.current("app", consistent=True)
     writer.create("app", ("q9",), 0, 0, {})  # a new generation: its header is watched in turn
     wait_until(lambda: cache.get("app").record.generation == 2, timeout=30, what="new generation")
     writer.report("app", 2, "q9", OFFSETS, {})
     wait_until(lambda: cache.get("app").record.state is State.COMPLETED, timeout=30, what="gen 2 report")
     assert [name for name in loads if name != "snapshot-cache-refresh"] == by_readers
+
+
+@pytest.mark.parametrize("known", [False, True], ids=["app never seen", "generation known"])
+def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
+    stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, known: bool
+) -> None:
+    """A cold cache read arms its watches and reads in one call to the store (one ZooKeeper round
+    trip), a second only when the pointer names a header it did not guess; and the entry then
+    follows a report made elsewhere."""
+    metrics = CoordinatorMetrics(new_registry())
+    writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    writer.create("app", ["q1", "q2"], 0, 0, {})
+    if known:
+        assert reader.current("app", consistent=True).record.generation == 1  # remembers it
+    calls: list[str] = []
+    depth = threading.local()  # the embedded store's watch_and_get_many calls watch and get_many
+    for name in ("get", "get_many", "synced_get_many", "children", "watch", "watch_and_get_many"):
+        inner = getattr(stores.metadata, name)
+
+        def counted(*args: object, _inner: Any = inner, _name: str = name, **kwargs: object) -> object:
+            outer = getattr(depth, "n", 0) == 0
+            if outer and threading.current_thread().name != "snapshot-cache-refresh":
+                calls.append(_name)
+            depth.n = getattr(depth, "n", 0) + 1
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                depth.n -= 1
+
+        monkeypatch.setattr(stores.metadata, name, counted)
+    assert reader.current("app", consistent=False).record.generation == 1
+    assert calls == ["watch_and_get_many"] * (1 if known else 2)
+    writer.report("app", 1, "q1", OFFSETS, {})
+    calls.clear()
+    wait_until(
+        lambda: reader.current("app", consistent=False).record.reported == 1, timeout=30, what="refresh"
+    )
+    assert calls == [], "cached reads after the first read nothing"

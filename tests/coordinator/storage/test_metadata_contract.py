@@ -384,6 +384,25 @@ def test_watch_fires_on_create_set_and_delete(store: MetadataStore) -> None:
     assert threading.current_thread().name not in rec.threads
 
 
+def test_watch_and_get_many_reads_under_its_watches(store: MetadataStore) -> None:
+    """The reads come back like get_many's (absent: None), and each watch then fires on the next
+    change of its node, however soon after the reads it comes; a cancel stops its watch."""
+    store.create("/a", b"1")
+    rec, other = Recorder(), Recorder()
+    cancels, nodes = store.watch_and_get_many([("/a", rec), ("/b", other)], ["/a", "/b", "/a"])
+    assert len(cancels) == 2
+    assert set(nodes) == {"/a", "/b"} and nodes["/b"] is None
+    a = nodes["/a"]
+    assert a is not None and (a.data, a.version) == (b"1", 0)
+    store.set("/a", b"2", version=0)
+    assert rec.wait_for(1) == ["/a"]
+    cancels[1]()
+    store.create("/b", b"")
+    store.set("/a", b"3", version=1)  # a later change: the cancelled watch had its chance by now
+    assert rec.wait_for(2) == ["/a", "/a"]
+    assert other.calls == []
+
+
 def test_watch_fires_for_changes_made_in_a_transaction(store: MetadataStore) -> None:
     store.create("/w", b"")
     rec = Recorder()

@@ -8,26 +8,38 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from snapcoord.coordinator.domain.snapshots import Snapshot
+from snapcoord.coordinator.snapshots.decide import current_generation
 from snapcoord.coordinator.snapshots.layout import app_path, gen_path
-from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.metadata import MetadataStore, Node
 
 _log = logging.getLogger(__name__)
+
+
+#: Builds the snapshot answered for an app from its current generation (0: none) and that
+#: generation's header node (None when absent); it may remember the generation (``Guess``).
+Present = Callable[[str, int, Node | None], Snapshot]
+#: The app's current generation as last seen (0: unknown): read together with the pointer, its
+#: header costs no round trip of its own when the guess is right.
+Guess = Callable[[str], int]
 
 
 class CurrentSnapshotCache:
     """The current snapshot of recently asked apps.
 
     An entry watches the app's pointer and the current header. Watches are set before the reads
-    they guard. A change reloads the entry in the background (one refresher thread) while reads
-    keep being served the snapshot it replaces: while an app is being snapshotted, every report
-    changes its header, and dropping the entry on each would make cached reads slower than
-    consistent ones. A reload that fails, or a reconnect after which events may have been missed,
-    drops the entry; the next read loads it again.
+    they guard, in the same round trip (``watch_and_get_many``): a cold read whose generation is
+    known (``guess``) is one round of overlapped requests, an app never seen two (the pointer
+    names the header to read). A change reloads the entry in the background (one refresher
+    thread, one round per reload) while reads keep being served the snapshot it replaces: while
+    an app is being snapshotted, every report changes its header, and dropping the entry on each
+    would make cached reads slower than consistent ones. A reload that fails, or a reconnect
+    after which events may have been missed, drops the entry; the next read loads it again.
     """
 
-    def __init__(self, metadata: MetadataStore, load: Callable[[str], Snapshot], *, max_apps: int) -> None:
+    def __init__(self, metadata: MetadataStore, present: Present, guess: Guess, *, max_apps: int) -> None:
         self._metadata = metadata
-        self._load = load
+        self._present = present
+        self._guess = guess
         self._max_apps = max_apps
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _CacheEntry] = OrderedDict()
@@ -46,11 +58,7 @@ class CurrentSnapshotCache:
             self._entries[app_id] = entry
         if old is not None:
             old.cancel()
-        entry.app_cancel = self._metadata.watch(app_path(app_id), lambda _p: self._changed(app_id, entry))
-        snapshot = self._load(app_id)
-        if snapshot.record.generation:
-            self._watch_header(app_id, entry, snapshot.record.generation)
-            snapshot = self._load(app_id)  # re-read under the header watch
+        snapshot = self._fetch(app_id, entry, self._guess(app_id), watch_app=True)
         evicted: list[_CacheEntry] = []
         with self._lock:
             if self._entries.get(app_id) is entry and entry.valid:
@@ -64,18 +72,34 @@ class CurrentSnapshotCache:
             item.cancel()
         return snapshot
 
-    def _watch_header(self, app_id: str, entry: _CacheEntry, generation: int) -> bool:
-        """Watch the header of ``generation`` instead of the previous one; True if it is new."""
-        with entry.watch_lock:  # get() and the refresher may both move it
-            if entry.header == generation:
-                return False
-            cancel = self._metadata.watch(
-                gen_path(app_id, generation), lambda _p: self._changed(app_id, entry)
-            )
-            previous, entry.header, entry.header_cancel = entry.header_cancel, generation, cancel
-        if previous is not None:
-            previous()
-        return True
+    def _fetch(self, app_id: str, entry: _CacheEntry, guess: int, *, watch_app: bool) -> Snapshot:
+        """Read the pointer and the header of ``guess`` under watches, in one round trip (arming
+        the pointer's watch with ``watch_app``, and the header's unless it is already watched);
+        when the pointer names another generation, watch and read its header in a second."""
+
+        def changed(_path: str) -> None:
+            self._changed(app_id, entry)
+
+        pointer = app_path(app_id)
+        header = gen_path(app_id, guess) if guess else ""
+        watches = [pointer] if watch_app else []
+        if guess and entry.header != guess:
+            watches.append(header)
+        cancels, nodes = self._metadata.watch_and_get_many(
+            [(p, changed) for p in watches], [pointer, header] if guess else [pointer]
+        )
+        if watch_app:
+            entry.set_app_watch(cancels[0])
+        if header in watches:
+            entry.set_header_watch(guess, cancels[-1])
+        current = current_generation(nodes[pointer])
+        if current and current != guess:
+            header = gen_path(app_id, current)
+            new = entry.header != current
+            cancels, nodes = self._metadata.watch_and_get_many([(header, changed)] if new else [], [header])
+            if new:
+                entry.set_header_watch(current, cancels[0])
+        return self._present(app_id, current, nodes[header] if current else None)
 
     def _changed(self, app_id: str, entry: _CacheEntry) -> None:
         """A watch fired (a change, or a reconnect): queue a reload of the entry."""
@@ -100,12 +124,7 @@ class CurrentSnapshotCache:
                 app_id, entry = self._due.popitem(last=False)
                 seen = entry.changes
             try:
-                snapshot = self._load(app_id)
-                # A new generation: watch its header, then read again so that a change made
-                # between the load and the watch is not missed.
-                generation = snapshot.record.generation
-                if generation and self._watch_header(app_id, entry, generation):
-                    snapshot = self._load(app_id)
+                snapshot = self._fetch(app_id, entry, entry.header, watch_app=False)
             except Exception as e:  # the store is down or closed: fall back to reading on demand
                 _log.debug("could not reload the cached snapshot of %s: %s", app_id, e)
                 self._drop(app_id, entry)
@@ -135,8 +154,28 @@ class _CacheEntry:
         self.header_cancel: Callable[[], None] | None = None
         self.app_cancel: Callable[[], None] | None = None
 
+    def set_app_watch(self, cancel: Callable[[], None]) -> None:
+        with self.watch_lock:
+            stale = not self.valid
+            if not stale:
+                self.app_cancel = cancel
+        if stale:  # cancelled while the watch was being armed
+            cancel()
+
+    def set_header_watch(self, generation: int, cancel: Callable[[], None]) -> None:
+        """Watch the header of ``generation`` instead of the previous one (``get()`` and the
+        refresher may both move it; a watch armed twice keeps one)."""
+        with self.watch_lock:
+            if not self.valid or self.header == generation:
+                previous: Callable[[], None] | None = cancel
+            else:
+                previous, self.header, self.header_cancel = self.header_cancel, generation, cancel
+        if previous is not None:
+            previous()
+
     def cancel(self) -> None:
         with self.watch_lock:
+            self.valid = False
             cancels = [c for c in (self.app_cancel, self.header_cancel) if c is not None]
             self.app_cancel = self.header_cancel = None
         for cancel in cancels:

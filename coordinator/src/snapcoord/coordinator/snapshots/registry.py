@@ -7,10 +7,13 @@ the reads that are not decisions (pages, payloads), metrics and logs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,9 +62,12 @@ from snapcoord.coordinator.snapshots.layout import (
     tasks_path,
 )
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import MetadataStore, Op
+from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
 _log = logging.getLogger(__name__)
+
+#: GetSnapshot's payload reads of all calls share these threads (a call's reads run together).
+_READS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="payload-read")
 
 DEFAULT_PAGE_SIZE = 50
 #: The pieces ReadCheckpoint streams: large enough for throughput, small next to any budget.
@@ -102,7 +108,12 @@ class SnapshotRegistry:
         self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
         #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
         self._budget = payload_budget or PayloadBudget(2**62, 0)
-        self._cache = CurrentSnapshotCache(metadata, self._load_current, max_apps=cache_size)
+        #: app -> the current generation last seen, so that a read of the pointer can read that
+        #: header in the same round trip (a wrong guess costs the round it would have cost anyway).
+        self._generations: OrderedDict[str, int] = OrderedDict()
+        self._generations_max = max(cache_size, 10_000)
+        self._generations_lock = threading.Lock()
+        self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
         )
@@ -137,7 +148,7 @@ class SnapshotRegistry:
         """The snapshot at the app's current generation (header only; GetSnapshot has the tasks)."""
         require_id("app_id", app_id)
         if consistent:
-            return self._load_current(app_id, synced=True)
+            return self._load_current(app_id)
         return self._cache.get(app_id)
 
     def get(self, app_id: str, generation: int, *, include_checkpoints: bool) -> SnapshotPayloads:
@@ -150,7 +161,10 @@ class SnapshotRegistry:
         header = self._read(app_id, generation) if generation > 0 else None
         if header is None:
             raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
-        reports = self._read_reports(app_id, generation)
+        # A completed snapshot lists every task that reported: their nodes are read in one round
+        # (no listing first); otherwise the listing says which did.
+        done = header.record.state is State.COMPLETED
+        reports = self._read_reports(app_id, generation, header.record.task_ids if done else None)
         payloads: dict[tuple[str, str], bytes] = {}
         if include_checkpoints:
             size = sum(ref.size for report in reports for ref in report.checkpoints)
@@ -166,17 +180,24 @@ class SnapshotRegistry:
                         "size": size,
                     },
                 )
+            wanted = [
+                ((report.task_id, ref.store), ref.object_key)
+                for report in reports
+                for ref in report.checkpoints
+            ]
             with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
-                for report in reports:
-                    for ref in report.checkpoints:
-                        try:
-                            payloads[(report.task_id, ref.store)] = self._blobs.get(ref.object_key)
-                        except BlobNotFound:
-                            if self._read(app_id, generation) is None:
-                                raise NotFound(
-                                    f"app {app_id!r} generation {generation} was deleted meanwhile"
-                                ) from None
-                            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+                # Every payload is fetched at once (the raw bound gets them one by one).
+                futures = [_READS.submit(self._blobs.get, key) for _, key in wanted]
+                concurrent.futures.wait(futures)
+                for (slot, key), future in zip(wanted, futures, strict=True):
+                    try:
+                        payloads[slot] = future.result()
+                    except BlobNotFound:
+                        if self._read(app_id, generation) is None:
+                            raise NotFound(
+                                f"app {app_id!r} generation {generation} was deleted meanwhile"
+                            ) from None
+                        raise Internal(f"checkpoint payload {key} is missing") from None
         return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
 
     def read_checkpoint(
@@ -425,16 +446,42 @@ class SnapshotRegistry:
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
         return decide.stored(self._metadata.get(gen_path(app_id, generation)))
 
-    def _read_reports(self, app_id: str, generation: int) -> list[TaskReport]:
-        names = self._metadata.children(tasks_path(app_id, generation))
+    def _read_reports(
+        self, app_id: str, generation: int, task_ids: Sequence[str] | None = None
+    ) -> list[TaskReport]:
+        """The task reports in task id order; of ``task_ids`` when given (no listing)."""
+        names = (
+            sorted(task_ids)
+            if task_ids is not None
+            else self._metadata.children(tasks_path(app_id, generation))
+        )
         nodes = self._metadata.get_many([task_path(app_id, generation, t) for t in names])
         return [decode_task_report(node.data) for node in nodes.values() if node is not None]
 
-    def _load_current(self, app_id: str, *, synced: bool = False) -> Snapshot:
-        """The app's current header; ``synced``: seeing every write committed before the call
-        (the sync and the pointer's read go together)."""
+    def _load_current(self, app_id: str) -> Snapshot:
+        """The app's current header, seeing every write committed before the call: the sync, the
+        pointer's read and the read of the header last seen go together; a second round reads
+        the header only when the pointer has moved on."""
         path = app_path(app_id)
-        pointer = self._metadata.synced_get_many(APPS, [path])[path] if synced else self._metadata.get(path)
-        current = decide.current_generation(pointer)
-        header = self._read(app_id, current) if current else None
-        return Snapshot(header.record, ()) if header is not None else empty_snapshot(app_id, current)
+        guess = self._guess(app_id)
+        header = gen_path(app_id, guess) if guess else ""
+        nodes = self._metadata.synced_get_many(APPS, [path, header] if guess else [path])
+        current = decide.current_generation(nodes[path])
+        if current and current != guess:
+            header = gen_path(app_id, current)
+            nodes = self._metadata.get_many([header])
+        return self._present(app_id, current, nodes[header] if current else None)
+
+    def _present(self, app_id: str, current: int, header: Node | None) -> Snapshot:
+        """GetCurrentSnapshot's answer from the pointer's generation and its header node."""
+        with self._generations_lock:
+            self._generations[app_id] = current
+            self._generations.move_to_end(app_id)
+            if len(self._generations) > self._generations_max:
+                self._generations.popitem(last=False)
+        stored = decide.stored(header)
+        return Snapshot(stored.record, ()) if stored is not None else empty_snapshot(app_id, current)
+
+    def _guess(self, app_id: str) -> int:
+        with self._generations_lock:
+            return self._generations.get(app_id, 0)

@@ -108,6 +108,24 @@ class MetadataStore(abc.ABC):
         self.sync(sync_path)
         return self.get_many(paths)
 
+    def watch_and_get_many(
+        self, watches: Sequence[tuple[str, WatchCallback]], paths: Sequence[str]
+    ) -> tuple[list[Callable[[], None]], dict[str, Node | None]]:
+        """``watch`` each (path, callback), then ``get_many(paths)``: the watches are armed before
+        the reads, so a change after a read is never missed. Returns the cancel functions (in
+        ``watches`` order) and the nodes. This default does one after the other; ZooKeeper sends
+        every request together (one round trip), in the order that keeps that promise.
+        """
+        cancels: list[Callable[[], None]] = []
+        try:
+            for path, callback in watches:
+                cancels.append(self.watch(path, callback))
+            return cancels, self.get_many(paths)
+        except BaseException:
+            for cancel in cancels:
+                cancel()
+            raise
+
     @abc.abstractmethod
     def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
         """Create ``path``; ``NodeExistsError`` if it exists, ``NoNodeError`` if the parent does not

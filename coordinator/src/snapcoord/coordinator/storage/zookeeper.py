@@ -44,6 +44,8 @@ from urllib.parse import urlsplit
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.paths import _prefix_root
+from kazoo.protocol.serialization import Sync
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import ACL, make_digest_acl
@@ -77,6 +79,7 @@ from snapcoord.coordinator.storage.metadata import (
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
+from snapcoord.coordinator.storage.zk_handler import PollingHandler
 from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
 from snapcoord.coordinator.storage.zk_request_size import request_bytes as zk_request_bytes
 
@@ -259,6 +262,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._tls = _tls_kwargs(options)
         self._client = KazooClient(
             hosts=hosts + chroot,
+            handler=PollingHandler(),
             timeout=self._session_timeout_s,
             auth_data=self._auth_data,
             default_acl=self._acl,
@@ -325,7 +329,7 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def sync(self, path: str = "/") -> None:
         path = validate_path(path)
-        self._run(lambda a: a.wait(lambda: self._client.sync_async(path)), f"sync {path}")
+        self._run(lambda a: a.wait(lambda: self._sync_async(path)), f"sync {path}")
 
     def synced_get_many(self, sync_path: str, paths: Sequence[str]) -> dict[str, Node | None]:
         sync_path = validate_path(sync_path)
@@ -334,7 +338,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One round trip instead of two: ZooKeeper serves a session's requests in order, so
             # the reads sent right behind the sync wait for it and see what it made visible.
-            starts = [functools.partial(self._client.sync_async, sync_path)]
+            starts = [functools.partial(self._sync_async, sync_path)]
             starts += [functools.partial(self._client.get_async, p) for p in wanted]
             results = a.wait_all(starts)[1:]
             nodes: dict[str, Node | None] = {}
@@ -343,6 +347,14 @@ class ZooKeeperMetadataStore(MetadataStore):
             return nodes
 
         return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
+
+    def _sync_async(self, path: str) -> Any:
+        """kazoo's ``sync_async`` without its extra hop: kazoo hands the sync's reply to a second
+        result on its completion thread (one more thread wake-up and GIL handover per call). The
+        reads sent behind a sync need its ordering and its success, not the path it returns."""
+        result = self._client.handler.async_result()
+        self._client._call(Sync(_prefix_root(self._client.chroot, path)), result)
+        return result
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -469,6 +481,46 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def watch(self, path: str, callback: WatchCallback) -> Callable[[], None]:
         path = validate_path(path)
+        cancel = self._register(path, callback)
+        try:
+            # Armed before returning, so that any change made after watch() returns is seen.
+            self._arm(path)
+        except BaseException:
+            cancel()
+            raise
+        return cancel
+
+    def watch_and_get_many(
+        self, watches: Sequence[tuple[str, WatchCallback]], paths: Sequence[str]
+    ) -> tuple[list[Callable[[], None]], dict[str, Node | None]]:
+        watched = [validate_path(p) for p, _ in watches]
+        wanted = list(dict.fromkeys(validate_path(p) for p in paths))
+        cancels = [
+            self._register(path, callback) for path, (_, callback) in zip(watched, watches, strict=True)
+        ]
+
+        def attempt(a: _Attempts) -> dict[str, Node | None]:
+            # One pipeline: ZooKeeper serves a session's requests in order, so every exists watch
+            # is armed before any read behind it is served.
+            starts = [
+                functools.partial(self._client.exists_async, p, watch=self._on_zk_watch) for p in watched
+            ]
+            starts += [functools.partial(self._client.get_async, p) for p in wanted]
+            results = a.wait_all(starts)[len(watched) :]
+            return {
+                path: None if isinstance(result, kz.NoNodeError) else _node(*result)
+                for path, result in zip(wanted, results, strict=True)
+            }
+
+        try:
+            return cancels, self._run(attempt, f"watch {len(watched)} and get {len(wanted)} nodes")
+        except BaseException:
+            for cancel in cancels:
+                cancel()
+            raise
+
+    def _register(self, path: str, callback: WatchCallback) -> Callable[[], None]:
+        """Add ``callback`` to ``path``'s watch registry (not armed yet); returns its cancel."""
         entry = _Watch(callback)
         with self._watch_lock:
             self._watches.setdefault(path, []).append(entry)
@@ -483,12 +535,6 @@ class ZooKeeperMetadataStore(MetadataStore):
             # The server-side watch stays armed until it fires once; the dispatcher then finds no
             # callback and does not re-arm it.
 
-        try:
-            # Armed before returning, so that any change made after watch() returns is seen.
-            self._arm(path)
-        except BaseException:
-            cancel()
-            raise
         return cancel
 
     def is_usable(self) -> bool:
