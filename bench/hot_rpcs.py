@@ -825,13 +825,15 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
         ]
     skew = coordinator_config.load({}, {}).leases.max_clock_skew_ms
     for i in range(leases):
-        lease = Lease(f"lease-{i:06d}", day, now + day, ())
+        lease = Lease(f"lease-{i:06d}", day, now + day, (), f"inc{i:09d}")
         nodes += [
             (lease_layout.record_path(lease.lease_id), encode_lease(lease)),
+            (lease_layout.incarnation_path(lease), b""),
             (lease_layout.index_path(lease, skew), b""),
         ]
     started = time.perf_counter()
-    for parent in sorted({path.rsplit("/", 1)[0] for path, _ in nodes}):
+    made = {path for path, _ in nodes}  # a record is its incarnation's parent: created in order
+    for parent in sorted({path.rsplit("/", 1)[0] for path, _ in nodes} - made):
         raw.ensure_path(f"{chroot}/coordinator{parent}")
     for i in range(0, len(nodes), 2000):  # pipelined: every create of a batch sent before any reply
         pending = [

@@ -108,27 +108,37 @@ def _abort(context: grpc.ServicerContext, call: _Call, status: Status) -> NoRetu
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
+class _MethodMetrics:
+    """The metric series of one method, looked up once: prometheus_client's ``labels()`` takes a
+    lock and builds a key on every call, three times per RPC otherwise."""
+
+    def __init__(self, metrics: GrpcServerMetrics, labels: tuple[str, str, str]) -> None:
+        self._metrics = metrics
+        self._labels = labels
+        self.started = metrics.started.labels(*labels)
+        self.handling_seconds = metrics.handling_seconds.labels(*labels)
+        self._handled: dict[grpc.StatusCode, Any] = {}
+
+    def handled(self, code: grpc.StatusCode) -> Any:
+        child = self._handled.get(code)
+        if child is None:  # a race only looks up the same child twice
+            child = self._handled[code] = self._metrics.handled.labels(*self._labels, code_label(code))
+        return child
+
+
 class _Call:
     """One RPC's metrics, log line and span; ``finish`` records it exactly once, from whichever
     thread ends it."""
 
-    def __init__(
-        self,
-        metrics: GrpcServerMetrics,
-        labels: tuple[str, str, str],
-        method: str,
-        request: Any,
-        span: CallSpan | None,
-    ) -> None:
+    def __init__(self, metrics: _MethodMetrics, method: str, request: Any, span: CallSpan | None) -> None:
         self._metrics = metrics
-        self._labels = labels
         self._method = method
         self._request = request
         self.span = span
         self._start = time.perf_counter()
         self._lock = threading.Lock()
         self._done = False
-        metrics.started.labels(*labels).inc()
+        metrics.started.inc()
 
     def active(self) -> AbstractContextManager[None]:
         """The call's span current in this thread, for the block (nothing without tracing)."""
@@ -140,8 +150,8 @@ class _Call:
                 return
             self._done = True
         latency_s = time.perf_counter() - self._start
-        self._metrics.handling_seconds.labels(*self._labels).observe(latency_s)
-        self._metrics.handled.labels(*self._labels, code_label(code)).inc()
+        self._metrics.handling_seconds.observe(latency_s)
+        self._metrics.handled(code).inc()
         logged = call_log.wants_line(code)
         if self.span is None and not logged:
             return  # the common case at INFO: an OK call, no tracing; spare reading the ids
@@ -161,6 +171,8 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._version = version
         self._tracer = tracer
         self._open_streams = _OpenStreams()
+        #: Per known method (a fixed set: unknown ones return early), what every call shares.
+        self._wrappers: dict[str, _Wrapper] = {}
 
     def end_open_streams(self) -> int:
         """End the server-pushed streams in flight (health Watch) with OK; returns how many.
@@ -181,11 +193,15 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             # would be whatever names a client sends (unbounded series).
             return None
         method: str = handler_call_details.method
-        service, name = _split_method(method)
-        rpc_type = _rpc_type(handler)
-        labels = (rpc_type, service, name)
-        tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
-        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer)
+        wrap = self._wrappers.get(method)
+        if wrap is None:  # the first call of the method (a race builds the same one twice)
+            service, name = _split_method(method)
+            labels = (_rpc_type(handler), service, name)
+            tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
+            wrap = _Wrapper(
+                self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer
+            )
+            self._wrappers[method] = wrap
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 wrap.unary_response(handler.unary_unary),
@@ -229,10 +245,9 @@ class _Wrapper:
     ) -> None:
         self._open_streams = open_streams
         self._tracer = tracer
-        self._metrics = metrics
+        self._metrics = _MethodMetrics(metrics, labels)
         self._version = version
         self._method = method
-        self._labels = labels
 
     def _start(self, request: Any, context: grpc.ServicerContext) -> _Call:
         if _log.isEnabledFor(logging.DEBUG):  # peer() builds a string per call: only when logged
@@ -240,7 +255,7 @@ class _Wrapper:
         span = None
         if self._tracer is not None:
             span = self._tracer.start_call(self._method, context.invocation_metadata())
-        return _Call(self._metrics, self._labels, self._method, request, span)
+        return _Call(self._metrics, self._method, request, span)
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
         """Record and raise the status for ``exc`` (``context.abort`` raises)."""
