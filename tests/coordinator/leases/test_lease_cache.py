@@ -241,3 +241,42 @@ def test_a_record_without_incarnation_is_renewed_and_dropped_by_reading(
     assert calls.reads > reads
     assert here.drop("legacy") is True
     assert stores.metadata.children(RECORDS) == []
+
+
+def test_racing_renews_drops_and_reacquires_keep_record_pins_and_incarnation_in_step(
+    stores: Stores, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """Two processes (one registry each, so two caches) hammer one lease id with renews,
+    acquires on alternating snapshots, releases and drops from several threads. Whatever
+    interleaving, the stored state stays coherent: the record lists exactly the snapshots whose
+    pin index names the lease, and its one incarnation child is the one its data names."""
+    from harness.concurrency import run_threads
+
+    refs = [completed(snapshots, f"app{i}") for i in range(3)]
+    procs = [registry(stores, clock, snapshots) for _ in range(2)]
+
+    def worker(i: int) -> None:
+        leases = procs[i % 2]
+        for k in range(12):
+            step = (i + k) % 4
+            try:
+                if step == 0:
+                    leases.acquire("job", HOUR_MS, [refs[(i + k) % 3]])
+                elif step == 1:
+                    leases.renew("job", HOUR_MS)
+                elif step == 2:
+                    leases.release("job", [refs[k % 3]])
+                else:
+                    leases.drop("job")
+            except NotFound:
+                pass  # dropped by another thread: the answer, not a failure
+
+    run_threads(6, worker)
+    current = stored(stores, "job")
+    pinned = {ref for ref in refs if "job" in holders(stores, ref)}
+    if current is None:
+        assert pinned == set() and stores.metadata.children(RECORDS) == []
+        return
+    lease, _ = current
+    assert set(lease.snapshots) == pinned
+    assert lease.incarnation and stores.metadata.children(record_path("job")) == [lease.incarnation]
