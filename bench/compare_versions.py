@@ -1,6 +1,6 @@
 """This checkout's coordinator against another checkout's, RPC by RPC, in one run.
 
-    bench/run compare_versions --other /path/to/other/checkout [--seconds 1.0] [--rounds 4]
+    bench/run compare_versions --other /path/to/other/checkout [--seconds 1.0] [--rounds 4] [--only TEXT]
 
 Both run as ``snapcoord serve`` processes (the other one with its own sources first on
 PYTHONPATH) on the same ZooKeeper and SeaweedFS, and each row alternates short slices between
@@ -193,6 +193,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", default="1,16")
+    parser.add_argument("--only", default="", help="run only the rows whose name contains this")
     args = parser.parse_args()
     other = Path(args.other).resolve()
     other_path = f"{other}/coordinator/src:{other}/client/src"
@@ -217,6 +218,8 @@ def main() -> None:
                 other_rows, our_rows = rows(a, clients, tag), rows(b, clients, tag)
                 print(f"\n## c={clients}", flush=True)
                 for name, (op, _) in our_rows.items():
+                    if args.only not in name:
+                        continue
                     bench.pair(name, clients, other_rows[name][0], op, f"the same RPC on {other.name}")
                 a.close()
                 b.close()
