@@ -26,6 +26,7 @@ from harness.coordinator import CoordinatorProcess
 from harness.faults import TcpProxy
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
+from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.backlog import BacklogBound
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner, last_batch_time_ms
@@ -337,3 +338,59 @@ def test_restarted_driver_keeps_the_original_boundary(
         assert sorted(driver1_ids + sink.ids()) == ids_of(range(6))
     finally:
         runner.stop()
+
+
+def test_switches_both_ways_under_spark_connect(
+    spark_connect: Any, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """Under Spark Connect the runner drives the server's query from this client process, reading
+    its progress with ``recentProgress`` (no listener): catch-up, steady, a burst past the lag
+    bound, catch-up, steady. Spark's file sink (exactly once by its own log) holds every record once."""
+    job = f"connect-{uuid.uuid4().hex[:8]}"
+    source, checkpoint, out = tmp_path / "in", tmp_path / "cp", tmp_path / "out"
+    for i in range(3):
+        write_file(source, i)
+
+    def start(trigger: Mapping[str, Any]) -> Any:  # a Connect StreamingQuery
+        return start_with_retries(
+            lambda: (
+                spark_connect.readStream.schema("id INT")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(source))
+                .writeStream.queryName("events-connect")
+                .format("json")
+                .option("path", str(out))
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(**trigger)
+                .start()
+            )
+        )
+
+    runner = BacklogAwareRunner(
+        start,
+        job,
+        client,
+        CATCH_UP,
+        STEADY,
+        bound=BacklogBound(max_lag=2),
+        latest_offsets=lambda: files_latest(source),
+        stream_names=[STREAM],
+        checkpoint_location=str(checkpoint),
+        poll_interval_s=0.1,
+    )
+    try:
+        runner.start()
+        runner.await_steady(timeout_s=120)
+        for i in range(3, 8):
+            write_file(source, i)
+        runner.await_phase("catch_up", timeout_s=120)
+        runner.await_steady(timeout_s=120)
+        assert [s.to_phase for s in runner.switches] == ["steady", "catch_up", "steady"]
+        assert runner.triggers == [CATCH_UP, STEADY, CATCH_UP, STEADY]
+        status = client.get_backlog_status(job)
+        assert [(p.boundary, p.finished) for p in status.partitions] == [(7, True)]
+        assert runner.tracker is not None and runner.tracker.errors == 0
+    finally:
+        runner.stop()
+    written = spark_connect.read.schema("id INT").json(str(out)).collect()
+    assert sorted(int(r["id"]) for r in written) == ids_of(range(8))

@@ -160,3 +160,13 @@ def test_an_outage_keeps_reports_pending_until_delivered(tmp_path: Path, target:
         assert result is not None and result.newly_finished == (s(0, 9),)
         last = listener.last_batch("q")
         assert last is not None and last.report_id == f"{RUN}.1"
+
+
+def test_a_batch_without_offsets_marks_nothing_yet(client: CoordinatorClient) -> None:
+    job = f"empty-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q")
+    tracker.request_backlog()
+    assert tracker.observe(progress(0, None)) is False
+    assert tracker.mark is None and not tracker.pending and tracker.errors == 0
+    assert tracker.observe(progress(1, kafka({0: 3}), kafka({0: 8}))) is True  # the request holds
+    assert [(p.boundary, p.position) for p in client.get_backlog_status(job).partitions] == [(8, 3)]

@@ -185,12 +185,15 @@ class BacklogTracker:
     def _observe(self, batch: BatchOffsets) -> bool:
         self.last_batch = batch
         latest = self._latest(batch)
+        boundaries = latest or batch.end
         turned_on = False
+        if not boundaries:
+            return False  # no source has an offset yet: nothing to mark or report
         if self.mark is None and self._pending_mark is None:
-            self._pending_mark = (latest or batch.end, self._reset_requested)
+            self._pending_mark = (boundaries, self._reset_requested)
             turned_on = self._reset_requested
         elif self._reset_requested:
-            self._pending_mark = (latest or batch.end, True)
+            self._pending_mark = (boundaries, True)
             turned_on = True
         else:
             behind = lag(batch.end, latest)
@@ -226,9 +229,6 @@ class BacklogTracker:
         with self._lock:
             if self._pending_mark is not None:
                 boundaries, reset = self._pending_mark
-                if not boundaries:
-                    self._failed("mark_backlog", "no offsets to mark yet")
-                    return False
                 try:
                     status = self._client.mark_backlog(
                         self.job_id, boundaries, reset=reset, timeout_s=self._timeout_s
