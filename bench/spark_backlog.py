@@ -4,13 +4,14 @@
                             [--embedded] [--smoke]
 
 **Listener overhead.** One local[2] SparkSession runs the same file-source -> foreachBatch job
-(trigger availableNow, one input file per micro-batch) alternately without and with a
-``SnapcoordListener`` tracking a backlog job (a mark, then one ReportProgress per batch), each round
-on a fresh checkpoint, against a real ``snapcoord serve`` on ZooKeeper + SeaweedFS (``--embedded``:
-on the embedded stores). It reports the median ``triggerExecution`` of the batches (Spark's own
-progress; the first batch of every query is left out as warm-up), and the listener's own time per
-progress event, measured around its callback (it runs on Spark's listener bus, off the batch's
-critical path, so its cost shows in the batch time only through contention).
+(trigger availableNow, one input file per micro-batch) without and with a ``SnapcoordListener``
+tracking a backlog job (a mark, then one ReportProgress per batch), each round on a fresh
+checkpoint, the order alternating between rounds, against a real ``snapcoord serve`` on ZooKeeper
++ SeaweedFS (``--embedded``: on the embedded stores). It reports the median ``triggerExecution``
+of the batches (Spark's own progress; the first batch of every query is left out as warm-up), and
+the listener's own time per progress event, measured around its callback (it runs on Spark's
+listener bus, off the batch's critical path, so its cost shows in the batch time only through
+contention).
 
 **Trigger switch.** ``BacklogAwareRunner`` switches by stopping the query and starting it again on
 the same checkpoint with the other trigger. A stateful query (a count per key over ``--keys`` keys,
@@ -94,14 +95,14 @@ def listener_overhead(spark: Any, client: CoordinatorClient, tmp: Path, rounds: 
     plain: list[float] = []
     listened: list[float] = []
     callback_ms: list[float] = []
-    for r in range(rounds):
-        plain += run(f"plain-{r}")[0]
+
+    def run_listened(r: int) -> None:
         name = f"listened-{r}"
         listener = TimedListener(client, {name: f"bench-backlog-{uuid.uuid4().hex[:8]}"})
         spark.streams.addListener(listener)
         try:
             durations, query = run(name)
-            listened += durations
+            listened.extend(durations)
             # The bus may still be delivering the last events: wait for them (bounded).
             deadline = time.monotonic() + 30
             while len(listener.callback_ms) < len(query.recentProgress) and time.monotonic() < deadline:
@@ -110,7 +111,14 @@ def listener_overhead(spark: Any, client: CoordinatorClient, tmp: Path, rounds: 
             spark.streams.removeListener(listener)
         if listener.errors:
             raise RuntimeError(f"the listener had {listener.errors} failed coordinator calls")
-        callback_ms += listener.callback_ms[1:]
+        callback_ms.extend(listener.callback_ms[1:])
+
+    for r in range(rounds):  # alternate which goes first, so warm-up and drift favour neither
+        if r % 2:
+            run_listened(r)
+        plain.extend(run(f"plain-{r}")[0])
+        if not r % 2:
+            run_listened(r)
     p_med, l_med = statistics.median(plain), statistics.median(listened)
     print("\n## listener overhead (file source, one file per batch, availableNow)")
     print(f"{'micro-batch triggerExecution':<40} {'n':>4} {'median ms':>10}")
@@ -245,6 +253,7 @@ def main() -> None:
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
