@@ -96,6 +96,8 @@ def listener_overhead(spark: Any, client: CoordinatorClient, tmp: Path, rounds: 
     listened: list[float] = []
     callback_ms: list[float] = []
 
+    pairs: list[tuple[float, float]] = []  # per round: (median without, median with)
+
     def run_listened(r: int) -> None:
         name = f"listened-{r}"
         listener = TimedListener(client, {name: f"bench-backlog-{uuid.uuid4().hex[:8]}"})
@@ -114,11 +116,13 @@ def listener_overhead(spark: Any, client: CoordinatorClient, tmp: Path, rounds: 
         callback_ms.extend(listener.callback_ms[1:])
 
     for r in range(rounds):  # alternate which goes first, so warm-up and drift favour neither
+        n_plain, n_listened = len(plain), len(listened)
         if r % 2:
             run_listened(r)
         plain.extend(run(f"plain-{r}")[0])
         if not r % 2:
             run_listened(r)
+        pairs.append((statistics.median(plain[n_plain:]), statistics.median(listened[n_listened:])))
     p_med, l_med = statistics.median(plain), statistics.median(listened)
     print("\n## listener overhead (file source, one file per batch, availableNow)")
     print(f"{'micro-batch triggerExecution':<40} {'n':>4} {'median ms':>10}")
@@ -126,6 +130,9 @@ def listener_overhead(spark: Any, client: CoordinatorClient, tmp: Path, rounds: 
     print(f"{'with SnapcoordListener (backlog job)':<40} {len(listened):>4} {l_med:>10.1f}")
     change = f"({(l_med / p_med - 1) * 100:+.1f}%)"
     print(f"{'difference of medians':<40} {'':>4} {l_med - p_med:>10.1f}  {change}")
+    for r, (p, w) in enumerate(pairs):
+        first = "with" if r % 2 else "without"
+        print(f"  round {r} ({first} first): without {p:.0f} ms, with {w:.0f} ms ({(w / p - 1) * 100:+.0f}%)")
     own = statistics.median(callback_ms)
     print(f"{'listener callback per event (median)':<40} {len(callback_ms):>4} {own:>10.2f}")
 
