@@ -5,7 +5,7 @@
 
 One local[2] SparkSession runs the same file-source -> ``PartitionedFileSink`` job (trigger
 availableNow, one input file per micro-batch) alternately without ``exactly_once``, with it, and
-with it plus a ``SnapcoordListener`` reporting snapshots and backlog progress, each
+with it plus a ``SnapcoordListener`` reporting backlog progress, each
 round on a fresh checkpoint and table, against a real ``snapcoord serve`` on ZooKeeper + SeaweedFS
 (``--embedded``: on the embedded stores). It reports the median ``triggerExecution`` of the batches
 (Spark's own progress; the first batch of every query is left out as warm-up) and, measured inside
@@ -127,15 +127,10 @@ def measure(spark: Any, tmp: Path, target: str, client: CoordinatorClient, round
         timed = own_time_writer(wsink, target, f"bench-{tag}-{r}", wroot / "chk", own_log)
         t.wrapped += run_query(spark, input_dir, tmp / f"{tag}-wrapped-{r}", timed)
 
-        # The wrapper plus the listener (snapshot reports and backlog progress on every batch).
+        # The wrapper plus the listener (backlog progress on every batch).
         name = f"{tag}-listened-{r}"
         lsink = PartitionedFileSink(tmp / name / "table", partition_by=["bucket"])
-        listener = SnapcoordListener(
-            client,
-            f"bench-app-{tag}-{r}",
-            {name: str(tmp / name / "chk")},
-            backlog_jobs={name: f"bench-job-{tag}-{r}"},
-        )
+        listener = SnapcoordListener(client, {name: f"bench-job-{tag}-{r}"})
         spark.streams.addListener(listener)
         lwriter = exactly_once(lsink, target, query_name=name, checkpoint_location=str(tmp / name / "chk"))
         t.listened += run_query(spark, input_dir, tmp / name, lwriter, name=name)

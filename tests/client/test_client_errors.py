@@ -208,7 +208,7 @@ def test_success_after_retries_returns_the_value() -> None:
 @pytest.mark.parametrize(
     ("method", "error"),
     [
-        ("ReportProgress", Unavailable("down")),  # not idempotent
+        ("NotAnRpc", Unavailable("down")),  # not known to be idempotent
         ("GetLease", NotFound("gone")),  # not a transient status
         ("GetLease", DeadlineExceeded("slow")),  # the time budget is spent
     ],
@@ -249,7 +249,7 @@ def test_retry_policy_rejects_nonsense() -> None:
 
 def test_the_retry_tables_come_from_the_protos_idempotency_levels() -> None:
     assert not set(IDEMPOTENT) & set(NOT_RETRIED)
-    assert NOT_RETRIED == {"ReportProgress": "IDEMPOTENCY_UNKNOWN"}
+    assert NOT_RETRIED == {}  # ReportProgress is safe to retry through its report_id
     assert set(IDEMPOTENT.values()) <= RETRIED_LEVELS
     for rpc, level in IDEMPOTENT.items():  # reads are NO_SIDE_EFFECTS, and only reads
         assert (level == "NO_SIDE_EFFECTS") == rpc.startswith(("Get", "List", "Read")), rpc
@@ -268,7 +268,7 @@ def test_every_idempotent_rpc_says_why_in_the_proto() -> None:
                 assert lines[n - 1].strip().startswith("//"), f"{proto.name}:{n + 1} has no comment above"
     assert marked == sum(level == "IDEMPOTENT" for level in IDEMPOTENT.values())
     backlog = (ROOT / "proto" / "snapcoord" / "v1" / "backlog.proto").read_text()
-    assert re.search(r"// Not idempotent.*\n(\s*//.*\n)*\s*rpc ReportProgress\(", backlog)
+    assert re.search(r"rpc ReportProgress\(.*\n(\s*//.*\n)*.*same report_id", backlog)
 
 
 def test_the_client_readme_retry_table_matches_the_proto() -> None:

@@ -79,23 +79,24 @@ def test_idempotent_calls_retry_until_the_coordinator_is_back(
     assert proxied.get_current_snapshot(uid, consistent=True) == created
 
 
-def test_report_progress_is_not_retried(
+def test_report_progress_is_retried_and_answers_what_it_finished(
     proxied: CoordinatorClient, proxy: TcpProxy, uid: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="snapcoord.client")
-    proxied.mark_backlog(uid, [Offset("in", 0, 10)])
+    proxied.mark_backlog(uid, [Offset("in", 0, 10), Offset("in", 1, 10)])
     proxy.cut()
-    # Refused once, the call fails at once: a retrying client would have logged retries until its
-    # 30 s deadline, and one waiting for the path would have ended in DEADLINE_EXCEEDED.
-    with pytest.raises(Unavailable) as e:
-        proxied.report_progress(uid, [Offset("in", 0, 10)])
-    assert e.value.attempts == 1
-    assert e.value.method == "ReportProgress"
-    assert not [r for r in caplog.records if r.getMessage().startswith("ReportProgress")]
-    proxy.restore()
-    # The report never reached the coordinator; sent again it finishes the partition, once.
-    assert not proxied.get_backlog_status(uid).partitions[0].finished
-    assert proxied.report_progress(uid, [Offset("in", 0, 10)]).newly_finished == (Offset("in", 0, 10),)
+    restorer = restore_after_first_retry(proxy, "ReportProgress")
+    result = proxied.report_progress(uid, [Offset("in", 0, 10)])  # starts while the path is cut
+    restorer.join()
+    assert [r for r in caplog.records if r.getMessage().startswith("ReportProgress: UNAVAILABLE")]
+    assert result.newly_finished == (Offset("in", 0, 10),)
+    # A report sent again by the caller with its report_id (a reply lost for good, a deadline)
+    # answers the same; another report finishes nothing more.
+    done = proxied.report_progress(uid, [Offset("in", 1, 12)], report_id="run-1.batch-7")
+    assert done.newly_finished == (Offset("in", 1, 12),)
+    again = proxied.report_progress(uid, [Offset("in", 1, 12)], report_id="run-1.batch-7")
+    assert again.newly_finished == (Offset("in", 1, 12),) and not again.status.processing_backlog
+    assert proxied.report_progress(uid, [Offset("in", 1, 12)]).newly_finished == ()
 
 
 def test_retries_stop_at_the_deadline(proxied: CoordinatorClient, proxy: TcpProxy, uid: str) -> None:

@@ -227,6 +227,11 @@ def test_bad_input_is_invalid_argument_and_leaves_state_untouched(stores: Stores
             lambda: backlog.report("job-1", [off("x", i, 1) for i in range(4)]),
             "positions has 4 entries",
         ),
+        (
+            lambda: backlog.report("job-1", [off("orders", 0, 150)], "r" * 129),
+            "report_id is 129 characters long; the limit is 128",
+        ),
+        (lambda: backlog.report("job-1", [off("orders", 0, 150)], "a b"), "report_id 'a b' contains ' '"),
         (lambda: backlog.status("job:*"), r"job_id 'job:\*' contains '\*'"),
         (lambda: backlog.clear("a" * 201), "job_id is 201 characters long; the limit is 200"),
     ]
@@ -335,6 +340,49 @@ def test_a_lost_commit_reply_is_settled_by_the_report_tags(
     assert backlog.report("job-1", [off("orders", 0, 100)]).newly_finished == ()
     assert backlog.status("job-2") == marked_again
     assert len(objects(stores.blobs)) == 2
+
+
+def test_a_retry_with_the_same_report_id_answers_the_same_newly_finished(
+    backlog: BacklogRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost final report: its write landed, its reply never came, and nothing else would tell
+    the caller. Sent again with its report_id it lists what it finished, with its own positions,
+    even after a later report moved the positions on; a report with another id lists nothing."""
+    backlog.mark("job-1", BOUNDARIES, reset=False)
+    real_transaction = stores.metadata.transaction
+
+    def applied_then_lost(ops: Sequence[Op]) -> None:
+        real_transaction(ops)
+        raise ConnectionError("the reply was lost (test)")
+
+    final = [off("orders", 0, 100), off("orders", 1, 50), off("clicks", 1, 10)]
+    monkeypatch.setattr(stores.metadata, "transaction", applied_then_lost)
+    with pytest.raises(ConnectionError):
+        backlog.report("job-1", final, "run-a.batch-9")
+    monkeypatch.undo()
+    finished = (off("clicks", 1, 10), off("orders", 0, 100), off("orders", 1, 50))
+    assert not backlog.status("job-1").processing_backlog  # the write landed
+    retry = backlog.report("job-1", final, "run-a.batch-9")
+    assert retry == Progress("job-1", finished, processing_backlog=False)
+    assert backlog.report("job-1", [off("orders", 0, 180)], "run-a.batch-10").newly_finished == ()
+    assert backlog.report("job-1", final, "run-a.batch-9").newly_finished == finished
+    assert backlog.report("job-1", final, "other").newly_finished == ()
+    assert backlog.report("job-1", final).newly_finished == ()  # no id: a fresh tag
+    # The stored tag is a 16-character hash whatever the id's length: shards stay bounded.
+    node = stores.metadata.get(f"{JOBS}/job-1/s-{mark_id_of(stores.metadata, 'job-1')}-0")
+    assert node is not None
+    assert {len(tag) for tag in json.loads(node.data)["finished_by"].values()} == {16}
+
+
+def test_report_ids_are_scoped_to_a_mark(backlog: BacklogRegistry) -> None:
+    """After a reset the same report id finishes the new mark's partitions afresh."""
+    backlog.mark("job-1", [off("in", 0, 5)], reset=False)
+    assert backlog.report("job-1", [off("in", 0, 5)], "r1").newly_finished == (off("in", 0, 5),)
+    backlog.mark("job-1", [off("in", 0, 9)], reset=True)
+    assert backlog.status("job-1").processing_backlog
+    assert backlog.report("job-1", [off("in", 0, 5)], "r1").newly_finished == ()
+    assert backlog.report("job-1", [off("in", 0, 9)], "r1").newly_finished == (off("in", 0, 9),)
+    assert not backlog.status("job-1").processing_backlog
 
 
 def test_restart_survival(

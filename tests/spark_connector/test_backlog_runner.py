@@ -1,5 +1,7 @@
-"""The backlog-aware runner: catch-up trigger until the coordinator says the backlog is done, then one
-switch to the steady trigger on the same checkpoint; the boundary survives a driver restart."""
+"""The backlog-aware runner, on a real coordinator (ZooKeeper + SeaweedFS) and real PySpark: catch-up
+trigger until the coordinator says the backlog is done, steady trigger after it, and back to
+catch-up when the query falls behind by more than the bound or restarts after downtime; an
+unfinished boundary survives a driver restart; a final report lost to an outage is delivered."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,10 +22,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from harness.coordinator import embedded_deps, serve_in_process
+from harness.coordinator import CoordinatorProcess
+from harness.faults import TcpProxy
+from harness.process import wait_until
+from harness.seaweed import SeaweedS3Server
+from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
-from snapcoord.spark_connector.listener import SnapcoordListener
+from snapcoord.spark_connector.backlog import BacklogBound
+from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner, last_batch_time_ms
 
 pytestmark = pytest.mark.spark
 
@@ -33,12 +40,19 @@ APPS = Path(__file__).parent / "apps"
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorClient]:
-    with (
-        embedded_deps(tmp_path_factory.mktemp("coordinator")) as deps,
-        serve_in_process(deps) as server,
-        CoordinatorClient(server.target, timeout_s=10) as c,
-    ):
+def coordinator(
+    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
+) -> Iterator[CoordinatorProcess]:
+    """``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of this module's own)."""
+    run = uuid.uuid4().hex[:8]
+    args = ["--metadata", f"zk://{zk_hosts}/t/backlog-{run}", "--blobs", s3_server.uri(f"t/backlog-{run}")]
+    with CoordinatorProcess(tmp_path_factory.mktemp("coordinator-backlog"), args=args) as coord:
+        yield coord
+
+
+@pytest.fixture(scope="module")
+def client(coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(coordinator.target, timeout_s=10) as c:
         yield c
 
 
@@ -55,18 +69,21 @@ def ids_of(files: range) -> list[int]:
 
 
 class Sink:
+    """Idempotent per batch, as a foreachBatch sink must be: a batch interrupted by a switch and
+    run again replaces what it wrote."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ids: list[int] = []
+        self._batches: dict[int, list[int]] = {}
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         rows = [int(r["id"]) for r in df.collect()]
         with self._lock:
-            self._ids.extend(rows)
+            self._batches[batch_id] = rows
 
     def ids(self) -> list[int]:
         with self._lock:
-            return sorted(self._ids)
+            return sorted(i for rows in self._batches.values() for i in rows)
 
 
 class QueryStarter:
@@ -91,16 +108,32 @@ class QueryStarter:
         )
 
 
-def backlog_listener(
-    client: CoordinatorClient, checkpoint: Path, job_id: str, boundary: int
-) -> SnapcoordListener:
-    return SnapcoordListener(
+def files_latest(directory: Path) -> list[Offset]:
+    """The file source's latest offset with one file per batch: its log offset after reading every
+    file of ``directory`` is the file count - 1 (a stand-in for Kafka's latest offsets)."""
+    count = len(list(directory.glob("f*.json")))
+    return [Offset(STREAM, 0, count - 1)] if count else []
+
+
+def runner_for(
+    starter: QueryStarter,
+    client: CoordinatorClient,
+    job: str,
+    bound: BacklogBound | None = None,
+    call_timeout_s: float = 2.0,
+) -> BacklogAwareRunner:
+    return BacklogAwareRunner(
+        starter,
+        job,
         client,
-        "backlog-app",
-        {"events": str(checkpoint)},
-        backlog_jobs={"events": job_id},
-        backlog_boundaries={"events": [Offset(STREAM, 0, boundary)]},
-        stream_names={"events": [STREAM]},
+        CATCH_UP,
+        STEADY,
+        bound=bound,
+        latest_offsets=lambda: files_latest(starter.source),
+        stream_names=[STREAM],
+        checkpoint_location=str(starter.checkpoint),
+        poll_interval_s=0.1,
+        call_timeout_s=call_timeout_s,
     )
 
 
@@ -111,11 +144,9 @@ def test_switches_once_after_the_backlog(
     source, checkpoint = tmp_path / "in", tmp_path / "cp"
     for i in range(4):  # the backlog: 4 files, one per batch -> file-source log offsets 0..3
         write_file(source, i)
-    listener = backlog_listener(client, checkpoint, job, boundary=3)
-    spark.streams.addListener(listener)
     sink = Sink()
     starter = QueryStarter(spark, source, checkpoint, sink)
-    runner = BacklogAwareRunner(starter, job, client, CATCH_UP, STEADY, poll_interval_s=0.1)
+    runner = runner_for(starter, client, job)
     try:
         catch_up = runner.start()
         steady = runner.await_steady(timeout_s=90)
@@ -136,19 +167,111 @@ def test_switches_once_after_the_backlog(
         steady.processAllAvailable()
         assert sink.ids() == ids_of(range(5))
         assert steady.exception() is None
-        assert runner.poll() is False
+        assert runner.poll() is False  # one file behind is within any bound: no switch
         assert runner.switch_count == 1
         runner.stop()
 
-        # A later start of the same job (the backlog is done) goes straight to the steady trigger.
-        again = BacklogAwareRunner(starter, job, client, CATCH_UP, STEADY)
+        # A later start of the same job (caught up, no downtime bound) goes straight to steady.
+        again = runner_for(starter, client, job)
         again.start()
         assert again.phase == "steady" and again.switch_count == 0
         assert starter.seen_at_start[-1][0] == STEADY
         again.stop()
     finally:
         runner.stop()
-        spark.streams.removeListener(listener)
+
+
+def test_switches_both_ways_on_lag_and_after_downtime(
+    spark: SparkSession, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """Catch-up, steady; a burst puts the query more than the bound behind: catch-up (the mark
+    reset to the new latest offset), steady; stopped, down for longer than the downtime bound while
+    data arrives, restarted: catch-up again, steady. Every record reaches the sink exactly once."""
+    job = f"both-{uuid.uuid4().hex[:8]}"
+    source, checkpoint = tmp_path / "in", tmp_path / "cp"
+    for i in range(3):
+        write_file(source, i)
+    sink = Sink()
+    starter = QueryStarter(spark, source, checkpoint, sink)
+    bound = BacklogBound(max_lag=2, max_downtime_s=1.0)
+    runner = runner_for(starter, client, job, bound)
+    try:
+        runner.start()
+        runner.await_steady(timeout_s=90)
+        assert [s.to_phase for s in runner.switches] == ["steady"]
+
+        # A burst: 5 files at once, read one per batch by the steady query -> 4 behind after its
+        # first batch, more than max_lag=2: backlog again, with the burst's end as the boundary.
+        for i in range(3, 8):
+            write_file(source, i)
+        runner.await_phase("catch_up", timeout_s=90)
+        assert runner.tracker is not None and runner.tracker.resets == 1
+        assert [p.boundary for p in client.get_backlog_status(job).partitions] == [7]
+        runner.await_steady(timeout_s=90)
+        assert [s.to_phase for s in runner.switches] == ["steady", "catch_up", "steady"]
+        assert not client.get_backlog_status(job).processing_backlog
+        assert sink.ids() == ids_of(range(8))
+        runner.stop()
+
+        # Downtime: data arrives while the query is stopped for longer than max_downtime_s (a
+        # condition on the checkpoint's last batch time, not a sleep of a guessed length).
+        for i in range(8, 11):
+            write_file(source, i)
+        last = last_batch_time_ms(checkpoint)
+        assert last is not None
+        wait_until(lambda: time.time() * 1000 - last > 1500, timeout=30, what="the downtime bound to pass")
+        restarted = runner_for(starter, client, job, bound)
+        restarted.start()
+        assert restarted.phase == "catch_up"  # although the job had caught up before the stop
+        restarted.await_steady(timeout_s=90)
+        assert [s.to_phase for s in restarted.switches] == ["steady"]
+        assert restarted.tracker is not None and restarted.tracker.resets == 1
+        status = client.get_backlog_status(job)
+        assert [(p.boundary, p.finished) for p in status.partitions] == [(10, True)]
+        assert sink.ids() == ids_of(range(11))
+        assert [t for t, _ in starter.seen_at_start] == [CATCH_UP, STEADY, CATCH_UP, STEADY, CATCH_UP, STEADY]
+        restarted.stop()
+    finally:
+        runner.stop()
+
+
+def test_a_final_report_lost_to_an_outage_is_delivered(
+    spark: SparkSession, coordinator: CoordinatorProcess, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """The coordinator is unreachable while an AvailableNow catch-up runs to its end: no progress
+    event will come again, yet the runner delivers the mark and the last report (same report id)
+    once the path is back, and only then goes steady."""
+    job = f"lost-{uuid.uuid4().hex[:8]}"
+    source, checkpoint = tmp_path / "in", tmp_path / "cp"
+    for i in range(3):
+        write_file(source, i)
+    sink = Sink()
+    starter = QueryStarter(spark, source, checkpoint, sink)
+    assert coordinator.grpc_port is not None
+    with (
+        TcpProxy("127.0.0.1", coordinator.grpc_port) as proxy,
+        CoordinatorClient(proxy.address, timeout_s=10) as through_proxy,
+    ):
+        runner = runner_for(starter, through_proxy, job, call_timeout_s=0.5)
+        try:
+            proxy.cut()
+            query = runner.start()
+            query.awaitTermination(120)  # the whole backlog, while nothing reaches the coordinator
+            assert not query.isActive and sink.ids() == ids_of(range(3))
+            assert runner.poll() is False and runner.phase == "catch_up"
+            assert runner.tracker is not None and runner.tracker.pending and runner.tracker.errors > 0
+            proxy.restore()
+            runner.await_steady(timeout_s=60)
+            assert not runner.tracker.pending
+            status = client.get_backlog_status(job)
+            assert [(p.boundary, p.position, p.finished) for p in status.partitions] == [(2, 2, True)]
+            # The last report went with its batch's id: sent again, it answers what it finished.
+            last = runner.tracker.last_batch
+            assert last is not None and last.report_id.endswith(".2")
+            again = client.report_progress(job, last.end, report_id=last.report_id)
+            assert again.newly_finished == (Offset(STREAM, 0, 2),)
+        finally:
+            runner.stop()
 
 
 def test_restarted_driver_keeps_the_original_boundary(
@@ -193,18 +316,15 @@ def test_restarted_driver_keeps_the_original_boundary(
     # More data arrived meanwhile; driver 2 would now see a larger backlog (boundary 5)...
     for i in range(4, 6):
         write_file(source, i)
-    listener = backlog_listener(client, checkpoint, job, boundary=5)
-    spark.streams.addListener(listener)
     sink = Sink()
     starter = QueryStarter(spark, source, checkpoint, sink)
-    runner = BacklogAwareRunner(starter, job, client, CATCH_UP, STEADY, poll_interval_s=0.1)
+    runner = runner_for(starter, client, job)
     try:
         runner.start()
         steady = runner.await_steady(timeout_s=90)
         # ...but MarkBacklog kept driver 1's boundary: the first mark wins.
-        mark = listener.backlog_mark(job)
-        assert mark is not None
-        assert [(p.stream, p.boundary) for p in mark.partitions] == [(STREAM, 3)]
+        assert runner.tracker is not None and runner.tracker.mark is not None
+        assert [(p.stream, p.boundary) for p in runner.tracker.mark.partitions] == [(STREAM, 3)]
         assert runner.switch_count == 1
         assert [t for t, _ in starter.seen_at_start] == [CATCH_UP, STEADY]
         status = client.get_backlog_status(job)
@@ -218,4 +338,59 @@ def test_restarted_driver_keeps_the_original_boundary(
         assert sorted(driver1_ids + sink.ids()) == ids_of(range(6))
     finally:
         runner.stop()
-        spark.streams.removeListener(listener)
+
+
+def test_switches_both_ways_under_spark_connect(
+    spark_connect: Any, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """Under Spark Connect the runner drives the server's query from this client process, reading
+    its progress with ``recentProgress`` (no listener): catch-up, steady, a burst past the lag
+    bound, catch-up, steady. Spark's file sink (exactly once by its own log) holds every record once."""
+    job = f"connect-{uuid.uuid4().hex[:8]}"
+    source, checkpoint, out = tmp_path / "in", tmp_path / "cp", tmp_path / "out"
+    for i in range(3):
+        write_file(source, i)
+
+    def start(trigger: Mapping[str, Any]) -> Any:  # a Connect StreamingQuery
+        return start_with_retries(
+            lambda: (
+                spark_connect.readStream.schema("id INT")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(source))
+                .writeStream.queryName("events-connect")
+                .format("json")
+                .option("path", str(out))
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(**trigger)
+                .start()
+            )
+        )
+
+    runner = BacklogAwareRunner(
+        start,
+        job,
+        client,
+        CATCH_UP,
+        STEADY,
+        bound=BacklogBound(max_lag=2),
+        latest_offsets=lambda: files_latest(source),
+        stream_names=[STREAM],
+        checkpoint_location=str(checkpoint),
+        poll_interval_s=0.1,
+    )
+    try:
+        runner.start()
+        runner.await_steady(timeout_s=120)
+        for i in range(3, 8):
+            write_file(source, i)
+        runner.await_phase("catch_up", timeout_s=120)
+        runner.await_steady(timeout_s=120)
+        assert [s.to_phase for s in runner.switches] == ["steady", "catch_up", "steady"]
+        assert runner.triggers == [CATCH_UP, STEADY, CATCH_UP, STEADY]
+        status = client.get_backlog_status(job)
+        assert [(p.boundary, p.finished) for p in status.partitions] == [(7, True)]
+        assert runner.tracker is not None and runner.tracker.errors == 0
+    finally:
+        runner.stop()
+    written = spark_connect.read.schema("id INT").json(str(out)).collect()
+    assert sorted(int(r["id"]) for r in written) == ids_of(range(8))

@@ -24,6 +24,7 @@ import pytest
 from pyspark import cloudpickle
 
 from harness.coordinator import CoordinatorProcess
+from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer, start_with_retries
 from snapcoord.client import CoordinatorClient, NotFound, Offset
@@ -364,15 +365,19 @@ def test_streaming_through_connect_with_listener_and_backlog_runner(
     with CoordinatorClient(coordinator, timeout_s=10) as client:
         listener = SnapcoordListener(
             client,
-            f"app-{name}",
-            {name: str(checkpoint)},
-            backlog_jobs={name: job},
-            backlog_boundaries={name: [Offset("files", 0, 2)]},
+            {name: f"{job}-listener"},
+            latest_offsets={name: lambda: [Offset("files", 0, 2)]},
             stream_names={name: ["files"]},
         )
         spark_connect.streams.addListener(listener)
         runner = BacklogAwareRunner(
-            start_query, job, client, {"availableNow": True}, {"processingTime": "200 milliseconds"}
+            start_query,
+            job,
+            client,
+            {"availableNow": True},
+            {"processingTime": "200 milliseconds"},
+            latest_offsets=lambda: [Offset("files", 0, 2)],
+            stream_names=["files"],
         )
         try:
             runner.run(timeout_s=120)
@@ -380,8 +385,15 @@ def test_streaming_through_connect_with_listener_and_backlog_runner(
             status = client.get_backlog_status(job)
             assert not status.processing_backlog
             assert [(p.stream, p.boundary, p.position) for p in status.partitions] == [("files", 2, 2)]
-            committed = listener.last_committed(name)
-            assert committed is not None and committed.offsets == (Offset("files", 0, 2),)
+            # The listener, in this client process, saw the same batches and kept its own job.
+            wait_until(lambda: listener.last_batch(name) is not None, timeout=60, what="a client-side event")
+            wait_until(
+                lambda: not client.get_backlog_status(f"{job}-listener").processing_backlog,
+                timeout=60,
+                what="the listener's job to catch up",
+            )
+            last = listener.last_batch(name)
+            assert last is not None and last.end == (Offset("files", 0, 2),)
             assert listener.errors == 0
         finally:
             runner.stop()

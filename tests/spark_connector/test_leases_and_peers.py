@@ -97,8 +97,6 @@ def test_restore_lease_keeps_snapshot_through_retention(
         app = f"retained-{uuid.uuid4().hex[:8]}"
         client.set_retention_policy(app, keep_last_completed=1, completed_ttl_ms=3_600_000)
         source, checkpoint = tmp_path / "in", tmp_path / "cp"
-        listener = SnapcoordListener(client, app, {"orders": str(checkpoint)})
-        spark.streams.addListener(listener)
         sink = Sink()
         write_rows(source, "a", [1, 2, 3])
         query = start_query(spark, "orders", source, checkpoint, sink)
@@ -153,7 +151,6 @@ def test_restore_lease_keeps_snapshot_through_retention(
             assert client.get_snapshot(app, second.generation).state is SnapshotState.COMPLETED
         finally:
             query.stop()
-            spark.streams.removeListener(listener)
 
 
 # -- only the driver talks to the coordinator -----------------------------------------------------
@@ -204,9 +201,7 @@ def test_only_the_driver_connects(spark: SparkSession, idle_events: None, tmp_pa
         app = f"peers-{uuid.uuid4().hex[:8]}"
         names = ["orders", "payments"]
         checkpoints = {n: tmp_path / "cp" / n for n in names}
-        listener = SnapcoordListener(
-            client, app, {n: str(c) for n, c in checkpoints.items()}, backlog_jobs={"orders": f"{app}-orders"}
-        )
+        listener = SnapcoordListener(client, {"orders": f"{app}-orders"})
         spark.streams.addListener(listener)
         sinks = {n: Sink() for n in names}
         for n in names:

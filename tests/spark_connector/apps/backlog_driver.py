@@ -2,7 +2,7 @@
 
 It runs ``BacklogAwareRunner`` with ``availableNow`` and one file per batch. Batch 1 blocks in the
 sink, so the driver has committed exactly batch 0 when it dies; it dies (``os._exit``, no cleanup)
-as soon as its listener has marked the backlog and reported batch 0. It prints one JSON line with
+as soon as its runner has marked the backlog and reported batch 0. It prints one JSON line with
 the mark it got before dying.
 
     python backlog_driver.py TARGET INPUT_DIR CHECKPOINT JOB_ID BOUNDARY
@@ -23,7 +23,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
-from snapcoord.spark_connector.listener import SnapcoordListener
 
 
 def main(target: str, input_dir: str, checkpoint: str, job_id: str, boundary: int) -> None:
@@ -38,15 +37,6 @@ def main(target: str, input_dir: str, checkpoint: str, job_id: str, boundary: in
         .getOrCreate()
     )
     client = CoordinatorClient(target, timeout_s=10)
-    listener = SnapcoordListener(
-        client,
-        "backlog-app",
-        {"events": checkpoint},
-        backlog_jobs={"events": job_id},
-        backlog_boundaries={"events": [Offset("events-files", 0, boundary)]},
-        stream_names={"events": ["events-files"]},
-    )
-    spark.streams.addListener(listener)
     never = threading.Event()
     committed: list[int] = []
 
@@ -69,15 +59,24 @@ def main(target: str, input_dir: str, checkpoint: str, job_id: str, boundary: in
             .start()
         )
 
-    runner = BacklogAwareRunner(start, job_id, client, {"availableNow": True}, {"processingTime": "1 second"})
+    runner = BacklogAwareRunner(
+        start,
+        job_id,
+        client,
+        {"availableNow": True},
+        {"processingTime": "1 second"},
+        latest_offsets=lambda: [Offset("events-files", 0, boundary)],
+        stream_names=["events-files"],
+    )
     runner.start()
     deadline = time.monotonic() + 120
-    while listener.last_progress_result(job_id) is None:
+    while runner.tracker is None or runner.tracker.last_result is None:
         if time.monotonic() > deadline:
             print(json.dumps({"error": "no progress reported"}), flush=True)
             os._exit(2)
+        runner.poll()  # reports batch 0 (batch 1 never commits)
         time.sleep(0.05)
-    mark = listener.backlog_mark(job_id)
+    mark = runner.tracker.mark
     assert mark is not None
     boundaries = [[p.stream, p.partition, p.boundary] for p in mark.partitions]
     print(json.dumps({"boundaries": boundaries, "batch0_ids": sorted(committed)}), flush=True)

@@ -235,8 +235,12 @@ def mark_request(job_id: str, boundaries: Iterable[Offset], reset: bool) -> back
     return backlog_pb2.MarkBacklogRequest(job_id=job_id, boundaries=offsets_to_pb(boundaries), reset=reset)
 
 
-def progress_request(job_id: str, positions: Iterable[Offset]) -> backlog_pb2.ReportProgressRequest:
-    return backlog_pb2.ReportProgressRequest(job_id=job_id, positions=offsets_to_pb(positions))
+def progress_request(
+    job_id: str, positions: Iterable[Offset], report_id: str = ""
+) -> backlog_pb2.ReportProgressRequest:
+    return backlog_pb2.ReportProgressRequest(
+        job_id=job_id, positions=offsets_to_pb(positions), report_id=report_id
+    )
 
 
 def progress_from_pb(pb: backlog_pb2.ReportProgressResponse) -> ProgressResult:

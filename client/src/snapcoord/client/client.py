@@ -10,6 +10,7 @@ call in each process.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -446,17 +447,24 @@ class CoordinatorClient:
         )
 
     def report_progress(
-        self, job_id: str, positions: Iterable[Offset], *, timeout_s: float | None = None
+        self,
+        job_id: str,
+        positions: Iterable[Offset],
+        *,
+        report_id: str | None = None,
+        timeout_s: float | None = None,
     ) -> ProgressResult:
-        """Report positions; ``newly_finished`` holds the partitions this call finished.
+        """Report positions; ``newly_finished`` holds the partitions this report finished.
 
-        Never retried: each partition is returned in ``newly_finished`` exactly once, so a retry of
-        a call whose reply was lost would answer an empty ``newly_finished``. On ``Unavailable`` or
-        ``DeadlineExceeded`` the report may or may not have landed; reporting again is safe for the
-        positions, and ``get_backlog_status`` tells which partitions are finished.
+        Safe to retry: the report goes with a ``report_id`` (a fresh UUID unless given), kept
+        across the client's own retries on UNAVAILABLE, and a retry with the same id answers the
+        same ``newly_finished``. After ``DeadlineExceeded`` (or any failure) call again with the
+        same ``report_id`` and positions to learn what the report finished; a caller that may
+        send a report again after a restart gives a deterministic id (the query run and batch).
         """
+        rid = uuid.uuid4().hex if report_id is None else report_id
         return self._call(
-            "ReportProgress", cv.progress_request(job_id, positions), cv.progress_from_pb, timeout_s
+            "ReportProgress", cv.progress_request(job_id, positions, rid), cv.progress_from_pb, timeout_s
         )
 
     def get_backlog_status(self, job_id: str, *, timeout_s: float | None = None) -> BacklogStatus:

@@ -41,12 +41,14 @@ class MarkBacklogRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., boundaries: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., reset: bool = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("job_id", "positions")
+    __slots__ = ("job_id", "positions", "report_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     positions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
-    def __init__(self, job_id: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ...) -> None: ...
+    report_id: str
+    def __init__(self, job_id: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., report_id: _Optional[str] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ("newly_finished", "status")

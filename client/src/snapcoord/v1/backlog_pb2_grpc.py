@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class BacklogServiceStub(object):
     """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
-    NO_SIDE_EFFECTS; ReportProgress is neither.
+    NO_SIDE_EFFECTS; all four are.
     """
 
     def __init__(self, channel):
@@ -60,7 +60,7 @@ class BacklogServiceStub(object):
 
 class BacklogServiceServicer(object):
     """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
-    NO_SIDE_EFFECTS; ReportProgress is neither.
+    NO_SIDE_EFFECTS; all four are.
     """
 
     def MarkBacklog(self, request, context):
@@ -72,13 +72,8 @@ class BacklogServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ReportProgress(self, request, context):
-        """A partition is finished once its position >= its boundary; each is returned in
-        newly_finished exactly once.
-
-        Not idempotent (no idempotency_level, so never retried): newly_finished is returned exactly
-        once, so if a first attempt committed and its reply was lost, a retry would answer an empty
-        newly_finished and the caller would never learn those partitions finished. After UNAVAILABLE
-        or DEADLINE_EXCEEDED, GetBacklogStatus tells which partitions are finished.
+        """A partition is finished once its position >= its boundary; each is finished by exactly one
+        report, and listed in that report's newly_finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,7 +126,7 @@ def add_BacklogServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class BacklogService(object):
     """Idempotency: the client retries UNAVAILABLE for exactly the RPCs marked IDEMPOTENT or
-    NO_SIDE_EFFECTS; ReportProgress is neither.
+    NO_SIDE_EFFECTS; all four are.
     """
 
     @staticmethod

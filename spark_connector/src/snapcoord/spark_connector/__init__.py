@@ -7,11 +7,13 @@ only, never on the coordinator.
 Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transactions) with
 ``attempts`` (whose record may roll a sink back), ``epochs`` (per-run fencing tokens from the
 coordinator), ``sinks`` (the sink protocol and ``PartitionedFileSink``) and ``commit_log`` (its
-atomic, fenced commits), ``listener`` (snapshot reports and
-backlog progress from Spark's progress events), ``app_snapshots`` (take a snapshot of an app's
-queries, plan a restore from it) and ``backlog_runner`` (switch from a catch-up trigger to a
-low-latency one when the backlog is done). They import pyspark, so this package root exports only
-the driver-only guards they are built on; import the pieces from their modules.
+atomic, fenced commits), ``sources`` (the offsets of Spark's sources, one stream per source),
+``backlog`` (FLIP-309's processing-backlog signal of a query, kept on the coordinator),
+``listener`` (that signal from Spark's progress events), ``app_snapshots`` (take a snapshot of an
+app's queries, plan a restore from it) and ``backlog_runner`` (a catch-up trigger while a query
+processes backlog, a low-latency one once caught up, and back). They import pyspark, so this
+package root exports only the driver-only guards they are built on; import the pieces from their
+modules.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
     def ReportProgress(
         self, request: backlog_pb2.ReportProgressRequest, context: grpc.ServicerContext
     ) -> backlog_pb2.ReportProgressResponse:
-        progress = self._backlog.report(request.job_id, offsets_from_pb(request.positions))
+        progress = self._backlog.report(request.job_id, offsets_from_pb(request.positions), request.report_id)
         return backlog_pb2.ReportProgressResponse(
             newly_finished=offsets_to_pb(progress.newly_finished),
             status=backlog_pb2.BacklogStatus(

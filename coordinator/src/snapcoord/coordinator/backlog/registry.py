@@ -28,11 +28,12 @@ from snapcoord.coordinator.domain.backlog import (
     PartitionBacklog,
     Progress,
     new_mark_id,
-    new_report_id,
     partition_backlog,
     remaining,
+    report_tag,
     validate_mark,
     validate_report,
+    validate_report_id,
 )
 from snapcoord.coordinator.domain.backlog_codec import decode_boundaries, encode_boundaries
 from snapcoord.coordinator.domain.clock import Clock
@@ -116,10 +117,13 @@ class BacklogRegistry:
             )
         return status
 
-    def report(self, job_id: str, positions: Iterable[Offset]) -> Progress:
-        """Record positions (each only forward) and return the partitions this call finished."""
+    def report(self, job_id: str, positions: Iterable[Offset], report_id: str = "") -> Progress:
+        """Record positions (each only forward) and return the partitions this report finished.
+
+        A retry with the same ``report_id`` (after a lost reply) returns the same partitions: they
+        carry the report's tag. Without one, the tag is fresh and a retry lists nothing."""
         items = validate_report(job_id, positions, self._policy)
-        report_id = new_report_id()
+        report_id = report_tag(validate_report_id(report_id))
 
         def report_on(record: JobRecord) -> Progress:
             try:
@@ -251,12 +255,15 @@ class BacklogRegistry:
             shards.update(written.shards)
             todo = written.rest
         # What this report finished is what carries its tag in the committed shards, whichever
-        # attempt's write landed.
+        # attempt's write landed, this call's or an earlier call's with the same report id. The
+        # tag was set by a write of this report's own position, which is the one listed: a later
+        # report may have moved the stored one on since, and a retry must answer the same.
         newly: list[Offset] = []
         for shard, stored in sorted(shards.items()):
             progress, start = stored.progress, shard * record.shard_size
             for local in sorted(k for k, tag in progress.finished_by.items() if tag == report_id):
-                b, position = boundaries.items[start + local], progress.positions[local]
+                b = boundaries.items[start + local]
+                position = updates.get(shard, {}).get(local, progress.positions[local])
                 assert position is not None  # a tag is only set with the position that finished it
                 newly.append(Offset(b.stream, b.partition, position))
         # The shards we hold tell "still processing" without a round trip unless all are done.

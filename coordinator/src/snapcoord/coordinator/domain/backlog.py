@@ -22,9 +22,12 @@ The rules:
   the report that made it (``finished_by``). Tags are set once, by a compare-and-set write, and
   never changed, so at most one report owns each partition; a report's ``newly_finished`` is read
   back from the committed tags, which also settles a write whose reply was lost. A call that
-  fails (UNAVAILABLE...) after its write committed lists nothing; the status still shows the
-  partition finished. The list is in (stream, partition) order, with the position that
-  finished each partition.
+  fails (UNAVAILABLE...) after its write committed can be sent again with the same
+  ``report_id``: the retry finds the partitions tagged with that id and lists them again (the
+  stored tag is a hash of the id, ``report_tag``), so no final report is lost. Without a
+  ``report_id`` the coordinator makes a fresh tag and a retry lists nothing; the status still
+  shows the partition finished. The list is in (stream, partition) order, with the position that
+  finished each partition (the report's own position for it).
 - **A report's answer** is ``newly_finished`` and the job-wide ``processing_backlog``, with no
   per-partition status (``Progress``); MarkBacklog and GetBacklogStatus list every partition.
 - **Not marked, not backlog.** Positions for partitions the mark does not name are validated,
@@ -34,6 +37,7 @@ The rules:
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -251,6 +255,30 @@ def new_report_id() -> str:
     """A tag for the partitions one report finishes: 64 random bits, unique enough among the
     reports that can race on one shard."""
     return uuid.uuid4().hex[:16]
+
+
+#: Longest client-supplied report id: the stored tag is its hash, so this only bounds the request.
+MAX_REPORT_ID_LENGTH = 128
+
+
+def report_tag(report_id: str) -> str:
+    """The tag a report stores on the partitions it finishes: 16 hex characters, like
+    ``new_report_id``, whatever the id's length (a shard's size stays bounded, docs in ``SHARD_SIZE``).
+    A client-supplied id gives the same tag on every retry; an empty one gives a fresh tag."""
+    if not report_id:
+        return new_report_id()
+    return hashlib.sha256(report_id.encode()).hexdigest()[:16]
+
+
+def validate_report_id(report_id: str) -> str:
+    """Empty (the coordinator makes one), or 1-128 characters of ``[A-Za-z0-9._:-]``."""
+    if not report_id:
+        return report_id
+    if len(report_id) > MAX_REPORT_ID_LENGTH:
+        raise InvalidArgument(
+            f"report_id is {len(report_id)} characters long; the limit is {MAX_REPORT_ID_LENGTH}"
+        )
+    return require_id("report_id", report_id)
 
 
 def boundaries_key(job_id: str, mark_id: str) -> str:

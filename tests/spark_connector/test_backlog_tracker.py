@@ -1,0 +1,172 @@
+"""The backlog tracker and the listener on progress built from Spark's own JSON (Kafka sources from
+the Structured Streaming guide's progress example), against a real coordinator in-process: the
+mark, FLIP-309's flag turned on again past the lag bound and off when caught up, requests after a
+restart, unknown formats, and reports that survive an outage."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.listener import QueryIdleEvent, QueryProgressEvent, StreamingQueryProgress
+
+from harness.coordinator import embedded_deps, serve_in_process
+from harness.faults import TcpProxy
+from harness.process import wait_until
+from snapcoord.client import CoordinatorClient, Offset
+from snapcoord.spark_connector.backlog import BacklogBound, BacklogTracker, lag
+from snapcoord.spark_connector.listener import SnapcoordListener
+
+RUN = str(uuid.uuid4())
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with embedded_deps(tmp_path_factory.mktemp("coordinator")) as deps, serve_in_process(deps) as server:
+        yield server.target
+
+
+@pytest.fixture(scope="module")
+def client(target: str) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(target, timeout_s=10) as c:
+        yield c
+
+
+def kafka(offsets: dict[int, int]) -> dict[str, Any]:
+    return {"topic-0": {str(p): o for p, o in offsets.items()}}
+
+
+def progress(
+    batch_id: int, end: Any, latest: Any = None, *, name: str = "q", run_id: str = RUN
+) -> StreamingQueryProgress:
+    """A progress as Spark 4 sends it (``fromJson`` of its JSON), one Kafka-like source."""
+    source = {
+        "description": "KafkaV2[Subscribe[topic-0]]",
+        "startOffset": None,
+        "endOffset": end,
+        "latestOffset": latest,
+        "numInputRows": 10,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 0.0,
+    }
+    return StreamingQueryProgress.fromJson(
+        {
+            "id": str(uuid.uuid4()),
+            "runId": run_id,
+            "name": name,
+            "timestamp": "2026-11-23T00:00:00.000Z",
+            "batchId": batch_id,
+            "batchDuration": 1,
+            "numInputRows": 10,
+            "stateOperators": [],
+            "sources": [source],
+            "sink": {"description": "ForeachBatchSink", "numOutputRows": -1},
+        }
+    )
+
+
+def s(partition: int, offset: int) -> Offset:
+    return Offset("q.0:topic-0", partition, offset)
+
+
+def test_lag() -> None:
+    assert lag([s(0, 5), s(1, 7)], [s(0, 9), s(1, 7), s(2, 3)]) == 4 + 0 + 3
+    assert lag([s(0, 9)], [s(0, 5)]) == 0  # never negative
+    assert lag([s(0, 5)], []) is None  # no latest offsets: unknown
+
+
+def test_flag_on_past_the_lag_bound_and_off_when_caught_up(client: CoordinatorClient) -> None:
+    job = f"lag-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q", bound=BacklogBound(max_lag=100))
+    # Batch 0: the boundary is the latest offsets Kafka reports.
+    assert tracker.observe(progress(0, kafka({0: 100, 1: 50}), kafka({0: 1000, 1: 60}))) is False
+    assert tracker.mark is not None
+    assert [(p.stream, p.partition, p.boundary) for p in tracker.mark.partitions] == [
+        ("q.0:topic-0", 0, 1000),
+        ("q.0:topic-0", 1, 60),
+    ]
+    assert tracker.processing_backlog is True and not tracker.caught_up()
+    # Far behind, but already processing backlog: no reset.
+    assert tracker.observe(progress(1, kafka({0: 500, 1: 60}), kafka({0: 2000, 1: 60}))) is False
+    assert tracker.observe(progress(2, kafka({0: 1000, 1: 60}), kafka({0: 1050, 1: 60}))) is False
+    assert tracker.caught_up() and tracker.resets == 0
+    assert not client.get_backlog_status(job).processing_backlog
+    # Caught up, then 50 behind: within the bound.
+    assert tracker.observe(progress(3, kafka({0: 1100, 1: 60}), kafka({0: 1150, 1: 60}))) is False
+    assert tracker.caught_up()
+    # 101 behind: backlog again, to the latest offsets.
+    assert tracker.observe(progress(4, kafka({0: 1200, 1: 60}), kafka({0: 1301, 1: 60}))) is True
+    assert tracker.resets == 1 and tracker.processing_backlog is True
+    status = client.get_backlog_status(job)
+    assert status.processing_backlog
+    assert [(p.boundary, p.position) for p in status.partitions] == [(1301, 1200), (60, 60)]
+    assert tracker.observe(progress(5, kafka({0: 1301, 1: 61}), kafka({0: 1310, 1: 61}))) is False
+    assert tracker.caught_up() and not client.get_backlog_status(job).processing_backlog
+    # The same batch again (a listener and a poll both saw it) is handled once.
+    assert tracker.observe(progress(4, kafka({0: 1200, 1: 60}), kafka({0: 5000, 1: 60}))) is False
+    assert tracker.resets == 1 and tracker.errors == 0
+
+
+def test_a_request_resets_the_mark_with_the_next_batch(client: CoordinatorClient) -> None:
+    job = f"req-{uuid.uuid4().hex[:8]}"
+    first = BacklogTracker(client, job, "q")
+    first.observe(progress(0, kafka({0: 10}), kafka({0: 10})))
+    assert first.caught_up()
+    # A restarted driver after downtime: a new tracker asked to turn the flag on again. Without
+    # the request, the first mark would win and the job would count as caught up.
+    again = BacklogTracker(client, job, "q")
+    again.request_backlog()
+    assert not again.caught_up()
+    assert again.observe(progress(1, kafka({0: 20}), kafka({0: 90}), run_id=str(uuid.uuid4()))) is True
+    assert again.resets == 1
+    assert [(p.boundary, p.position) for p in client.get_backlog_status(job).partitions] == [(90, 20)]
+    assert not again.caught_up()
+
+
+def test_unknown_offsets_are_counted_not_raised(client: CoordinatorClient) -> None:
+    tracker = BacklogTracker(client, f"unknown-{uuid.uuid4().hex[:8]}", "q")
+    assert tracker.observe(progress(0, {"shards": [1, 2]})) is False
+    assert tracker.errors == 1 and tracker.mark is None and not tracker.pending
+
+
+def test_an_outage_keeps_reports_pending_until_delivered(tmp_path: Path, target: str) -> None:
+    """No progress comes after the last batch; ``flush`` (the runner's poll, the listener's idle
+    event) delivers the mark and the last report once the coordinator is reachable."""
+    job = f"outage-{uuid.uuid4().hex[:8]}"
+    host, port = target.rsplit(":", 1)
+    with TcpProxy(host, int(port)) as proxy, CoordinatorClient(proxy.address, timeout_s=5) as client:
+        listener = SnapcoordListener(client, {"q": job}, call_timeout_s=0.5)
+        proxy.cut()
+        listener.onQueryProgress(QueryProgressEvent(progress(0, kafka({0: 5}), kafka({0: 9}))))
+        listener.onQueryProgress(QueryProgressEvent(progress(1, kafka({0: 9}), kafka({0: 9}))))
+        listener.onQueryProgress(QueryProgressEvent(progress(1, kafka({0: 9}), name="other")))  # ignored
+        tracker = listener.trackers["q"]
+        assert tracker.pending and listener.errors >= 2 and listener.backlog_mark(job) is None
+        assert listener.flush() is False
+        proxy.restore()
+        idle = QueryIdleEvent.fromJson({"id": RUN, "runId": RUN, "timestamp": "t"})
+
+        def delivered_on_idle() -> bool:  # the channel reconnects with backoff: idle events repeat
+            listener.onQueryIdle(idle)
+            return not tracker.pending
+
+        wait_until(delivered_on_idle, timeout=60, interval=0.2, what="the pending reports to be delivered")
+        status = client.get_backlog_status(job)
+        assert [(p.boundary, p.position, p.finished) for p in status.partitions] == [(9, 9, True)]
+        result = listener.last_progress_result(job)
+        assert result is not None and result.newly_finished == (s(0, 9),)
+        last = listener.last_batch("q")
+        assert last is not None and last.report_id == f"{RUN}.1"
+
+
+def test_a_batch_without_offsets_marks_nothing_yet(client: CoordinatorClient) -> None:
+    job = f"empty-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q")
+    tracker.request_backlog()
+    assert tracker.observe(progress(0, None)) is False
+    assert tracker.mark is None and not tracker.pending and tracker.errors == 0
+    assert tracker.observe(progress(1, kafka({0: 3}), kafka({0: 8}))) is True  # the request holds
+    assert [(p.boundary, p.position) for p in client.get_backlog_status(job).partitions] == [(8, 3)]
