@@ -18,11 +18,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.coordinator import embedded_deps, serve_in_process
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState, TaskSnapshot
-from snapcoord.spark_connector.app_snapshots import (
-    materialize_checkpoint,
-    restore_plan,
-    take_snapshot,
-)
 from snapcoord.spark_connector.listener import SnapcoordListener, default_stream_name, parse_end_offset
 
 SCHEMA = "id INT"
@@ -166,80 +161,3 @@ def test_unreachable_coordinator_is_swallowed() -> None:
     assert listener.backlog_mark("job") is None
     batch = listener.last_committed("q")
     assert batch is not None and batch.batch_id == 0
-
-
-# -- a two-query app on a real local Spark ------------------------------------------------------
-
-
-@pytest.mark.spark
-def test_two_queries_snapshot_and_restore(
-    spark: SparkSession, client: CoordinatorClient, tmp_path: Path
-) -> None:
-    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
-    app = f"shop-{uuid.uuid4().hex[:8]}"
-    names = ["orders", "payments"]
-    inputs = {n: tmp_path / "in" / n for n in names}
-    checkpoints = {n: tmp_path / "cp" / n for n in names}
-    base = {"orders": 0, "payments": 1000}
-    for n in names:  # before the snapshot: data set A
-        write_rows(inputs[n], "a1", [base[n] + i for i in range(0, 3)])
-        write_rows(inputs[n], "a2", [base[n] + i for i in range(3, 5)])
-    listener = SnapcoordListener(
-        client,
-        app,
-        {n: str(checkpoints[n]) for n in names},
-        stream_names={n: [f"{n}-files"] for n in names},
-    )
-    spark.streams.addListener(listener)
-    sinks = {n: CollectSink() for n in names}
-    queries: dict[str, StreamingQuery] = {}
-    try:
-        for n in names:
-            queries[n] = start_query(spark, n, inputs[n], checkpoints[n], sinks[n])
-        for n in names:
-            queries[n].processAllAvailable()
-
-        snapshot = take_snapshot(client, app, names, timeout_s=60)
-
-        assert snapshot.state is SnapshotState.COMPLETED
-        assert sorted(snapshot.task_ids) == names
-        plan = restore_plan(snapshot)
-        assert sorted(plan) == names
-        for n in names:
-            point = plan[n]
-            assert point.checkpoint_location == str(checkpoints[n])
-            # The offsets are the ones Spark committed for that batch, in its own checkpoint.
-            assert (checkpoints[n] / "commits" / str(point.batch_id)).exists()
-            assert last_commit(checkpoints[n]) == point.batch_id  # nothing newer was committed yet
-            log_offset = committed_log_offset(checkpoints[n], point.batch_id)
-            assert point.offsets == (Offset(f"{n}-files", 0, log_offset),)
-            assert sinks[n].ids(up_to_batch=point.batch_id) == [base[n] + i for i in range(5)]
-
-        for n in names:  # after the snapshot: data set B
-            write_rows(inputs[n], "b1", [base[n] + i for i in range(5, 8)])
-            write_rows(inputs[n], "b2", [base[n] + i for i in range(8, 10)])
-        for n in names:
-            queries[n].processAllAvailable()
-            assert sinks[n].ids() == [base[n] + i for i in range(10)]
-            assert queries[n].exception() is None
-            queries[n].stop()
-
-        # Restore: each query resumes from its snapshot point on a copy of its checkpoint.
-        for n in names:
-            point = plan[n]
-            restored_cp = Path(materialize_checkpoint(point, tmp_path / "restored" / n))
-            sink = CollectSink()
-            restored = start_query(spark, f"{n}-restore", inputs[n], restored_cp, sink)
-            try:
-                restored.processAllAvailable()
-                assert restored.exception() is None
-            finally:
-                restored.stop()
-            # No loss (all of B), no duplication (nothing of A, B once).
-            assert sink.ids() == [base[n] + i for i in range(5, 10)]
-            assert min(b for b, _ in sink.batches) == point.batch_id + 1
-    finally:
-        for q in queries.values():
-            q.stop()
-        spark.streams.removeListener(listener)
-        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")

@@ -8,8 +8,9 @@ Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transacti
 ``attempts`` (whose record may roll a sink back), ``epochs`` (per-run fencing tokens from the
 coordinator), ``sinks`` (the sink protocol and ``PartitionedFileSink``) and ``commit_log`` (its
 atomic, fenced commits), ``listener`` (snapshot reports and
-backlog progress from Spark's progress events), ``app_snapshots`` (take a snapshot of an app's
-queries, plan a restore from it) and ``backlog_runner`` (switch from a catch-up trigger to a
+backlog progress from Spark's progress events), ``app_snapshots`` (snapshot an app's queries into
+copies the coordinator owns, with ``checkpoint_archive``), ``restore`` (checkpoints and sinks back
+from such a snapshot) and ``backlog_runner`` (switch from a catch-up trigger to a
 low-latency one when the backlog is done). They import pyspark, so this package root exports only
 the driver-only guards they are built on; import the pieces from their modules.
 """
