@@ -98,8 +98,7 @@ def main() -> int:
 
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="snapcoord-bench-snap-")))
-        # Until the streaming upload is merged the archive travels inline in one report: raise the cap.
-        coord_args = ["--snapshot-max-report-size", "1GiB", "--snapshot-max-inline-read", "1GiB"]
+        coord_args: list[str] = []
         backend = "embedded stores"
         if not args.embedded:
             zk, s3 = stack.enter_context(real_servers())
@@ -109,7 +108,7 @@ def main() -> int:
             coord_args += ["--blobs", s3.uri(f"bench-{run_id}")]
             backend = f"ZooKeeper {zk.hosts} + S3 {s3.endpoint_url}"
         coord = stack.enter_context(CoordinatorProcess(tmp / "coordinator", args=coord_args))
-        client = CoordinatorClient(coord.target, timeout_s=600, max_send_message_bytes=1100 * MiB)
+        client = CoordinatorClient(coord.target, timeout_s=600)
         stack.callback(client.close)
         spark = (
             SparkSession.builder.master("local[2]")

@@ -1,26 +1,19 @@
-"""Consistent snapshots of a two-query Spark app, and a restore from one (real local Spark)."""
+"""The listener's offset mapping and its snapshot reports' error handling (snapshots themselves:
+``test_snapshot_restore.py``)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.listener import QueryProgressEvent
-from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.coordinator import embedded_deps, serve_in_process
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState, TaskSnapshot
 from snapcoord.spark_connector.listener import SnapcoordListener, default_stream_name, parse_end_offset
-
-SCHEMA = "id INT"
 
 
 @pytest.fixture(scope="module")
@@ -31,57 +24,6 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorClie
         CoordinatorClient(server.target, timeout_s=10) as c,
     ):
         yield c
-
-
-def write_rows(directory: Path, name: str, ids: list[int]) -> None:
-    """Publish one JSON file atomically (the file source must never see a partial file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}-{name}.tmp"
-    staging.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
-    os.replace(staging, directory / f"{name}.json")
-
-
-class CollectSink:
-    """foreachBatch sink (runs on the driver): keeps (batch_id, ids) of every batch."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.batches: list[tuple[int, list[int]]] = []
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        ids = sorted(int(r["id"]) for r in df.collect())
-        with self._lock:
-            self.batches.append((batch_id, ids))
-
-    def ids(self, *, up_to_batch: int | None = None) -> list[int]:
-        with self._lock:
-            return sorted(
-                i for b, ids in self.batches if up_to_batch is None or b <= up_to_batch for i in ids
-            )
-
-
-def start_query(
-    spark: SparkSession, name: str, source: Path, checkpoint: Path, sink: Callable[[DataFrame, int], None]
-) -> StreamingQuery:
-    return (
-        spark.readStream.schema(SCHEMA)
-        .json(str(source))
-        .writeStream.queryName(name)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(sink)
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
-
-
-def committed_log_offset(checkpoint: Path, batch_id: int) -> int:
-    """The file source's offset of ``batch_id`` in Spark's own offsets log (line 3: source 0)."""
-    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
-    return int(json.loads(lines[2])["logOffset"])
-
-
-def last_commit(checkpoint: Path) -> int:
-    return max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
 
 
 # -- offset mapping and error handling, without Spark -------------------------------------------

@@ -1,14 +1,26 @@
-"""The checkpoint cut and its archive, on checkpoint directories laid out as Spark writes them."""
+"""The checkpoint cut and its archive, on checkpoint directories laid out as Spark writes them, and
+the cut between two queries (on a real coordinator, without Spark)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from snapcoord.spark_connector.app_snapshots import SnapshotQuery, downstream_first
+from harness.coordinator import CoordinatorProcess
+from snapcoord.client import CoordinatorClient, SnapshotState
+from snapcoord.spark_connector.app_snapshots import (
+    ARCHIVE_KEY,
+    BATCH_ID_KEY,
+    SINK_POSITIONS_KEY,
+    SnapshotNotCompleted,
+    SnapshotQuery,
+    downstream_first,
+    take_snapshot,
+)
 from snapcoord.spark_connector.checkpoint_archive import (
     CheckpointNotReady,
     archive_chunks,
@@ -17,6 +29,7 @@ from snapcoord.spark_connector.checkpoint_archive import (
     local_checkpoint,
     stage_cut,
 )
+from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 
 def offsets_entry(file_log_offset: int, kafka: dict[str, dict[str, int]]) -> str:
@@ -172,3 +185,56 @@ def test_downstream_first_orders_readers_before_what_they_read() -> None:
         downstream_first([SnapshotQuery("u", "/u"), SnapshotQuery("d", "/d", reads_from=("u",))])
     with pytest.raises(ValueError, match="not a query of the snapshot"):
         downstream_first([SnapshotQuery("d", "/d", reads_from=("nope",))])
+
+
+# -- the cut between two queries, on a real coordinator (ZooKeeper + S3), without Spark -------------------
+
+
+def commit_to_sink(table: Path, seq: int, batch_id: int) -> None:
+    """A visible, empty commit of ``batch_id`` in a ``PartitionedFileSink`` table (its on-disk format)."""
+    commits = table / "_commits"
+    commits.mkdir(parents=True, exist_ok=True)
+    doc = {"seq": seq, "epoch": 1, "batch_id": batch_id, "files": []}
+    (commits / f"{seq:012d}-e{1:012d}.json").write_text(json.dumps(doc))
+
+
+def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
+    tmp_path: Path, zk_uri: str, s3_uri: str
+) -> None:
+    a_cp = make_checkpoint(tmp_path / "a", last_offsets=4, last_commit=3)
+    b_cp = make_checkpoint(tmp_path / "b", last_offsets=2, last_commit=2)
+    a_sink = PartitionedFileSink(tmp_path / "a-table", name="a")
+    b_sink = PartitionedFileSink(tmp_path / "b-table")
+    for b in range(5):  # A's sink shows batch 4 already; Spark has not committed it (no commits/4)
+        commit_to_sink(a_sink.path, b, b)
+    for b in range(3):
+        commit_to_sink(b_sink.path, b, b)
+    queries = [SnapshotQuery("a", str(a_cp), a_sink)]
+    queries.append(SnapshotQuery("b", str(b_cp), b_sink, reads_from=("a",)))
+    with (
+        CoordinatorProcess(tmp_path / "coordinator", args=["--metadata", zk_uri, "--blobs", s3_uri]) as coord,
+        CoordinatorClient(coord.target, timeout_s=30) as client,
+    ):
+        # B may have read A's batch 4, which A's checkpoint lacks: A cannot be cut, nothing completes.
+        with pytest.raises(SnapshotNotCompleted, match="its sink shows batch 4") as info:
+            take_snapshot(client, "pipe", queries, timeout_s=2)
+        aborted = client.get_snapshot("pipe", info.value.snapshot.generation)
+        assert aborted.state is SnapshotState.ABORTED
+        assert [t.task_id for t in aborted.tasks] == ["b"]  # downstream first: B was cut already
+
+        (a_cp / "commits" / "4").write_text("v1\n{}\n")  # Spark commits A's batch 4
+        done = take_snapshot(client, "pipe", queries, timeout_s=60)
+        gen = done.generation
+
+        def key(task: str, name: str) -> str:
+            return b"".join(client.read_checkpoint("pipe", gen, task, name)).decode()
+
+        assert (key("a", BATCH_ID_KEY), key("b", BATCH_ID_KEY)) == ("4", "2")
+        assert json.loads(key("a", SINK_POSITIONS_KEY)) == [["a", 0, 5]]  # after everything B can have read
+        assert json.loads(key("b", SINK_POSITIONS_KEY)) == [["b-table", 0, 3]]
+        # The archive is the checkpoint at A's batch 4, whatever Spark does to the live one next.
+        shutil.rmtree(a_cp)
+        restored = tmp_path / "restored"
+        extract_archive(client.read_checkpoint("pipe", gen, "a", ARCHIVE_KEY), restored)
+        assert cut_checkpoint(restored).batch_id == 4
+        assert (restored / "state/0/1/5.delta").exists() and not (restored / "state/0/1/6.delta").exists()

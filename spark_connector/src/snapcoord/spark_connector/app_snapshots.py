@@ -8,8 +8,9 @@ same under Spark Connect. For each query it
 1. cuts the checkpoint at its last committed batch ``N`` and copies what a restart from ``N``
    needs (``checkpoint_archive``: metadata, offsets, commits, source logs, state up to ``N+1``);
 2. reads the sink's positions right after batch ``N`` (``RestorableSink.batch_end_positions``);
-3. streams the copy to the coordinator as the task's ``archive`` checkpoint (``store_archive``)
-   and reports the small keys ``checkpoint``, ``batch_id``, ``sources`` and ``sink_positions``.
+3. streams the copy to the coordinator as the task's ``archive`` checkpoint (``store_archive``,
+   the coordinator's chunked upload: no single gRPC message limits it) and reports it with the small
+   keys ``checkpoint``, ``batch_id``, ``sources`` and ``sink_positions``.
 
 The coordinator owns the copy from then on: retention, leases, the janitor. ``restore`` rebuilds
 checkpoints and rolls sinks back from it.
@@ -35,11 +36,19 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapcoord.client import CoordinatorClient, Offset, Snapshot, SnapshotFenced, SnapshotState, TaskSnapshot
+from snapcoord.client import (
+    CoordinatorClient,
+    Offset,
+    Snapshot,
+    SnapshotFenced,
+    SnapshotState,
+    TaskSnapshot,
+    Unavailable,
+)
 from snapcoord.spark_connector.checkpoint_archive import (
     CheckpointNotReady,
     archive_chunks,
@@ -117,14 +126,27 @@ def store_archive(
     generation: int,
     task_id: str,
     small: dict[str, bytes],
-    chunks: Iterable[bytes],
+    staged: Path,
+    *,
+    attempts: int = 3,
 ) -> TaskSnapshot:
-    """Hand one query's archive to the coordinator; returns the query's report.
+    """Stream one query's staged copy to the coordinator (``upload_checkpoint``: pieces of 1 MiB,
+    never whole in memory, up to ``--snapshot-max-upload-size``); returns the query's report.
 
-    The archive travels inline in the report until the coordinator's streaming upload is merged;
-    inline reports are capped by the server (``--snapshot-max-report-size``, 64 MiB by default).
+    The client cannot replay a stream, so a lost connection (``Unavailable``) uploads again from
+    the staged copy, as a new upload: the janitor removes one that no report names.
     """
-    return TaskSnapshot(task_id, (), {**small, ARCHIVE_KEY: b"".join(chunks)})
+    for attempt in range(1, attempts + 1):
+        try:
+            chunks = archive_chunks(staged)
+            upload = client.upload_checkpoint(app_id, generation, task_id, ARCHIVE_KEY, chunks)
+        except Unavailable:
+            if attempt == attempts:
+                raise
+            log.info("%s gen %d: upload of %s lost (attempt %d); again", app_id, generation, task_id, attempt)
+            continue
+        return TaskSnapshot(task_id, (), small, uploads={ARCHIVE_KEY: upload.upload_id})
+    raise AssertionError("unreachable")
 
 
 def _wait_for_commit(query: SnapshotQuery, checkpoint: Path, batch_id: int, deadline: float) -> None:
@@ -169,12 +191,12 @@ def _report_query(
             SOURCES_KEY: json.dumps(list(cut.source_offsets)).encode(),
             SINK_POSITIONS_KEY: json.dumps([[p.stream, p.partition, p.offset] for p in positions]).encode(),
         }
-        report = store_archive(client, app_id, generation, query.name, small, archive_chunks(staging))
         try:
+            report = store_archive(client, app_id, generation, query.name, small, staging)
             client.report_task_snapshot(app_id, generation, report)
         except SnapshotFenced as e:
-            # Another driver reported this query first (its report stands), or the snapshot ended:
-            # the caller finds out which from the snapshot's state.
+            # Another driver reported this query first (its report stands), or the snapshot ended
+            # (the upload is refused up front then): the caller finds out from the snapshot's state.
             log.warning("%s gen %d: report of %s fenced: %s", app_id, generation, query.name, e.details)
         else:
             log.info("%s generation %d: %s reported batch %d", app_id, generation, query.name, cut.batch_id)
