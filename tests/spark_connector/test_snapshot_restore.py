@@ -116,8 +116,10 @@ def run_available_now(
     *,
     transform: Transform | None = None,
     output_mode: str = "append",
+    finish: bool = True,
 ) -> list[int]:
-    """One availableNow run (one input file per batch) to the end; returns the executed batch ids."""
+    """One availableNow run (one input file per batch) to the end; returns the executed batch ids.
+    ``finish=False`` leaves the last batch's record in the coordinator, as a crashed driver does."""
     writer = exactly_once(
         PartitionedFileSink(table, name=name),
         coordinator,
@@ -135,7 +137,8 @@ def run_available_now(
     try:
         query.awaitTermination()
         assert query.exception() is None
-        writer.finish(query)
+        if finish:
+            writer.finish(query)
     finally:
         query.stop()
         writer.close()
@@ -209,9 +212,13 @@ def test_restore_into_the_same_sink_after_retention_is_exactly_once(
         at_snapshot = committed_content(sink)
 
         publish(source, 2, 7)
-        assert run_available_now(spark, coordinator, name, source, checkpoint, table) == list(range(2, 9))
+        ran = run_available_now(spark, coordinator, name, source, checkpoint, table, finish=False)
+        assert ran == list(range(2, 9))
         assert not (checkpoint / "offsets" / "1").exists()  # retention: the live copy of batch 1 is gone
         assert ids(sink) == expected(9)
+        # The old run's record of batch 8 stays: the restored run meets it at its own batch 8 and must
+        # neither roll back to it (it is another query id's) nor be fenced by it.
+        client.get_producer_offsets(f"{name}.b8")
 
         restored_cp = tmp_path / "restored"
         done = restore_snapshot(
@@ -399,6 +406,7 @@ def test_snapshot_and_restore_under_spark_connect(
     assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
     publish(tmp_path / "input", 2, 2, bucket=True)
     assert run_connect_job(spark_connect_server, coordinator, tmp_path, checkpoint, name)["batches"] == [2, 3]
+    client.get_producer_offsets(f"{name}.b3")  # the old run's last record, met again by the restored run
 
     restored = tmp_path / "chk-restored"
     restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, str(restored), sink)])
