@@ -249,7 +249,7 @@ def test_retry_policy_rejects_nonsense() -> None:
 
 def test_the_retry_tables_come_from_the_protos_idempotency_levels() -> None:
     assert not set(IDEMPOTENT) & set(NOT_RETRIED)
-    assert NOT_RETRIED == {}  # ReportProgress is safe to retry through its report_id
+    assert NOT_RETRIED == {"UploadCheckpoint": "IDEMPOTENCY_UNKNOWN"}  # ReportProgress: report_id
     assert set(IDEMPOTENT.values()) <= RETRIED_LEVELS
     for rpc, level in IDEMPOTENT.items():  # reads are NO_SIDE_EFFECTS, and only reads
         assert (level == "NO_SIDE_EFFECTS") == rpc.startswith(("Get", "List", "Read")), rpc

@@ -70,6 +70,7 @@ CONTRACT = {
     "--snapshot-max-tasks": ("SNAPCOORD_SNAPSHOT_MAX_TASKS", "5000"),
     "--snapshot-max-report-size": ("SNAPCOORD_SNAPSHOT_MAX_REPORT_SIZE", "64MiB"),
     "--snapshot-max-inline-read": ("SNAPCOORD_SNAPSHOT_MAX_INLINE_READ", "64MiB"),
+    "--snapshot-max-upload-size": ("SNAPCOORD_SNAPSHOT_MAX_UPLOAD_SIZE", "8GiB"),
     "--snapshot-max-checkpoints": ("SNAPCOORD_SNAPSHOT_MAX_CHECKPOINTS", "64"),
     "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
     "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
@@ -133,6 +134,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "snapshot_max_tasks": ("10", "20", ("snapshots", "max_tasks"), 10),
     "snapshot_max_report_size": ("512KiB", "1GiB", ("snapshots", "max_report_bytes"), 512 * 1024),
     "snapshot_max_inline_read": ("1MiB", "2MiB", ("snapshots", "max_inline_read_bytes"), 1024 * 1024),
+    "snapshot_max_upload_size": ("1MiB", "2MiB", ("snapshots", "max_upload_bytes"), 1024 * 1024),
     "snapshot_max_checkpoints": ("8", "9", ("snapshots", "max_checkpoints_per_report"), 8),
     "retention_keep_last_completed": ("7", "8", ("snapshots", "default_keep_last_completed"), 7),
     "retention_completed_ttl": (
@@ -197,6 +199,7 @@ BAD: dict[str, str] = {
     "snapshot_max_tasks": "0",
     "snapshot_max_report_size": "64MB",
     "snapshot_max_inline_read": "big",
+    "snapshot_max_upload_size": "8GB",
     "snapshot_max_checkpoints": "0",
     "retention_keep_last_completed": "0",
     "retention_completed_ttl": "never",

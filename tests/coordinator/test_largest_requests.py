@@ -110,7 +110,7 @@ def test_every_rpc_at_its_largest_legal_sizes_fits_zookeeper(
     generation = created.record.generation  # type: ignore[attr-defined]
 
     # ReportTaskSnapshot: every checkpoint entry, and as many 200-character offsets as fit.
-    report = zk_budget._report(limits, app)
+    report = zk_budget._report(limits, app, uploaded=False)
     offsets = [Offset(o.stream, MAX_PARTITION, 2**63 - 1) for o in report.committed_offsets]
     checkpoints = {long_id("c", i): b"x" for i in range(spolicy.max_checkpoints_per_report)}
     too_many = [*offsets, *(Offset(long_id("extra", i), 0, 1) for i in range(20))]
@@ -121,6 +121,21 @@ def test_every_rpc_at_its_largest_legal_sizes_fits_zookeeper(
         recorder,
         "ReportTaskSnapshot",
         lambda: snapshots.report(app, generation, tasks[0], offsets, checkpoints),
+    )
+    # The same with every entry uploaded: each retires its intent in the report's transaction.
+    uploads = {
+        store: snapshots.upload(app, generation, tasks[1], store, [b"u"]).upload_id for store in checkpoints
+    }
+    report = zk_budget._report(limits, app, uploaded=True)
+    offsets = [Offset(o.stream, MAX_PARTITION, 2**63 - 1) for o in report.committed_offsets]
+    too_many = [*offsets, *(Offset(long_id("extra", i), 0, 1) for i in range(20))]
+    with pytest.raises(InvalidArgument) as refused:
+        snapshots.report(app, generation, tasks[1], too_many, {}, uploads)
+    assert refused.value.reason is Reason.TOO_LARGE
+    run(
+        recorder,
+        "ReportTaskSnapshot(uploads)",
+        lambda: snapshots.report(app, generation, tasks[1], offsets, {}, uploads),
     )
 
     # AbortSnapshot with the longest reason, then DeleteSnapshot of all of it.

@@ -1,31 +1,19 @@
-"""Consistent snapshots of a two-query Spark app, and a restore from one (real local Spark)."""
+"""The listener's offset mapping and its snapshot reports' error handling (snapshots themselves:
+``test_snapshot_restore.py``)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.listener import QueryProgressEvent
-from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.coordinator import embedded_deps, serve_in_process
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState, TaskSnapshot
-from snapcoord.spark_connector.app_snapshots import (
-    materialize_checkpoint,
-    restore_plan,
-    take_snapshot,
-)
 from snapcoord.spark_connector.listener import SnapcoordListener, default_stream_name, parse_end_offset
-
-SCHEMA = "id INT"
 
 
 @pytest.fixture(scope="module")
@@ -36,57 +24,6 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorClie
         CoordinatorClient(server.target, timeout_s=10) as c,
     ):
         yield c
-
-
-def write_rows(directory: Path, name: str, ids: list[int]) -> None:
-    """Publish one JSON file atomically (the file source must never see a partial file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}-{name}.tmp"
-    staging.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
-    os.replace(staging, directory / f"{name}.json")
-
-
-class CollectSink:
-    """foreachBatch sink (runs on the driver): keeps (batch_id, ids) of every batch."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.batches: list[tuple[int, list[int]]] = []
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        ids = sorted(int(r["id"]) for r in df.collect())
-        with self._lock:
-            self.batches.append((batch_id, ids))
-
-    def ids(self, *, up_to_batch: int | None = None) -> list[int]:
-        with self._lock:
-            return sorted(
-                i for b, ids in self.batches if up_to_batch is None or b <= up_to_batch for i in ids
-            )
-
-
-def start_query(
-    spark: SparkSession, name: str, source: Path, checkpoint: Path, sink: Callable[[DataFrame, int], None]
-) -> StreamingQuery:
-    return (
-        spark.readStream.schema(SCHEMA)
-        .json(str(source))
-        .writeStream.queryName(name)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(sink)
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
-
-
-def committed_log_offset(checkpoint: Path, batch_id: int) -> int:
-    """The file source's offset of ``batch_id`` in Spark's own offsets log (line 3: source 0)."""
-    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
-    return int(json.loads(lines[2])["logOffset"])
-
-
-def last_commit(checkpoint: Path) -> int:
-    return max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
 
 
 # -- offset mapping and error handling, without Spark -------------------------------------------
@@ -166,80 +103,3 @@ def test_unreachable_coordinator_is_swallowed() -> None:
     assert listener.backlog_mark("job") is None
     batch = listener.last_committed("q")
     assert batch is not None and batch.batch_id == 0
-
-
-# -- a two-query app on a real local Spark ------------------------------------------------------
-
-
-@pytest.mark.spark
-def test_two_queries_snapshot_and_restore(
-    spark: SparkSession, client: CoordinatorClient, tmp_path: Path
-) -> None:
-    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
-    app = f"shop-{uuid.uuid4().hex[:8]}"
-    names = ["orders", "payments"]
-    inputs = {n: tmp_path / "in" / n for n in names}
-    checkpoints = {n: tmp_path / "cp" / n for n in names}
-    base = {"orders": 0, "payments": 1000}
-    for n in names:  # before the snapshot: data set A
-        write_rows(inputs[n], "a1", [base[n] + i for i in range(0, 3)])
-        write_rows(inputs[n], "a2", [base[n] + i for i in range(3, 5)])
-    listener = SnapcoordListener(
-        client,
-        app,
-        {n: str(checkpoints[n]) for n in names},
-        stream_names={n: [f"{n}-files"] for n in names},
-    )
-    spark.streams.addListener(listener)
-    sinks = {n: CollectSink() for n in names}
-    queries: dict[str, StreamingQuery] = {}
-    try:
-        for n in names:
-            queries[n] = start_query(spark, n, inputs[n], checkpoints[n], sinks[n])
-        for n in names:
-            queries[n].processAllAvailable()
-
-        snapshot = take_snapshot(client, app, names, timeout_s=60)
-
-        assert snapshot.state is SnapshotState.COMPLETED
-        assert sorted(snapshot.task_ids) == names
-        plan = restore_plan(snapshot)
-        assert sorted(plan) == names
-        for n in names:
-            point = plan[n]
-            assert point.checkpoint_location == str(checkpoints[n])
-            # The offsets are the ones Spark committed for that batch, in its own checkpoint.
-            assert (checkpoints[n] / "commits" / str(point.batch_id)).exists()
-            assert last_commit(checkpoints[n]) == point.batch_id  # nothing newer was committed yet
-            log_offset = committed_log_offset(checkpoints[n], point.batch_id)
-            assert point.offsets == (Offset(f"{n}-files", 0, log_offset),)
-            assert sinks[n].ids(up_to_batch=point.batch_id) == [base[n] + i for i in range(5)]
-
-        for n in names:  # after the snapshot: data set B
-            write_rows(inputs[n], "b1", [base[n] + i for i in range(5, 8)])
-            write_rows(inputs[n], "b2", [base[n] + i for i in range(8, 10)])
-        for n in names:
-            queries[n].processAllAvailable()
-            assert sinks[n].ids() == [base[n] + i for i in range(10)]
-            assert queries[n].exception() is None
-            queries[n].stop()
-
-        # Restore: each query resumes from its snapshot point on a copy of its checkpoint.
-        for n in names:
-            point = plan[n]
-            restored_cp = Path(materialize_checkpoint(point, tmp_path / "restored" / n))
-            sink = CollectSink()
-            restored = start_query(spark, f"{n}-restore", inputs[n], restored_cp, sink)
-            try:
-                restored.processAllAvailable()
-                assert restored.exception() is None
-            finally:
-                restored.stop()
-            # No loss (all of B), no duplication (nothing of A, B once).
-            assert sink.ids() == [base[n] + i for i in range(5, 10)]
-            assert min(b for b, _ in sink.batches) == point.batch_id + 1
-    finally:
-        for q in queries.values():
-            q.stop()
-        spark.streams.removeListener(listener)
-        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")

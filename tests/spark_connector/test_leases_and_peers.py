@@ -20,8 +20,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, SnapshotState
-from snapcoord.spark_connector.app_snapshots import materialize_checkpoint, restore_plan, take_snapshot
+from snapcoord.spark_connector.app_snapshots import SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.listener import SnapcoordListener
+from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -87,9 +88,7 @@ def retention_passes(coordinator: CoordinatorProcess) -> int:
     return int(total)
 
 
-def test_restore_lease_keeps_snapshot_through_retention(
-    spark: SparkSession, idle_events: None, tmp_path: Path
-) -> None:
+def test_restore_lease_keeps_snapshot_through_retention(spark: SparkSession, tmp_path: Path) -> None:
     with (
         CoordinatorProcess(tmp_path / "coordinator", args=["--cleanup-interval", "200ms"]) as coordinator,
         CoordinatorClient(coordinator.target, timeout_s=10) as client,
@@ -97,12 +96,13 @@ def test_restore_lease_keeps_snapshot_through_retention(
         app = f"retained-{uuid.uuid4().hex[:8]}"
         client.set_retention_policy(app, keep_last_completed=1, completed_ttl_ms=3_600_000)
         source, checkpoint = tmp_path / "in", tmp_path / "cp"
+        orders = [SnapshotQuery("orders", str(checkpoint))]
         sink = Sink()
         write_rows(source, "a", [1, 2, 3])
         query = start_query(spark, "orders", source, checkpoint, sink)
         try:
             query.processAllAvailable()
-            first = take_snapshot(client, app, ["orders"], timeout_s=60)
+            first = take_snapshot(client, app, orders, timeout_s=60)
             write_rows(source, "b", [4, 5])
             query.processAllAvailable()
             assert query.exception() is None
@@ -111,26 +111,21 @@ def test_restore_lease_keeps_snapshot_through_retention(
             # makes the older one a retention victim (keep_last_completed=1).
             with client.lease(f"restore-{app}", [first.ref], duration_s=30) as keeper:
                 assert keeper.lease is not None and keeper.unavailable == ()
-                second = take_snapshot(client, app, ["orders"], timeout_s=60)
+                second = take_snapshot(client, app, orders, timeout_s=60)
                 assert second.generation == first.generation + 1
                 passes = retention_passes(coordinator)
                 wait_until(
                     lambda: retention_passes(coordinator) >= passes + 3, timeout=60, what="3 retention passes"
                 )
-                held = client.get_snapshot(app, first.generation, include_checkpoints=True)
+                held = client.get_snapshot(app, first.generation)
                 assert held.state is SnapshotState.COMPLETED  # survived the passes
 
                 # The restore job itself: resume "orders" from the leased snapshot.
                 query.stop()
-                point = restore_plan(held)["orders"]
+                target = RestoreTarget("orders", str(tmp_path / "restored"))
+                restore_snapshot(client, app, first.generation, [target])
                 restored_sink = Sink()
-                restored = start_query(
-                    spark,
-                    "orders-restore",
-                    source,
-                    Path(materialize_checkpoint(point, tmp_path / "restored")),
-                    restored_sink,
-                )
+                restored = start_query(spark, "orders-restore", source, tmp_path / "restored", restored_sink)
                 try:
                     restored.processAllAvailable()
                     assert restored.exception() is None
@@ -210,12 +205,10 @@ def test_only_the_driver_connects(spark: SparkSession, idle_events: None, tmp_pa
         try:
             for n in names:
                 queries[n].processAllAvailable()
-            snapshot = take_snapshot(client, app, names, timeout_s=60)
+            queries_ = [SnapshotQuery(n, str(checkpoints[n])) for n in names]
+            snapshot = take_snapshot(client, app, queries_, timeout_s=60)
             assert snapshot.state is SnapshotState.COMPLETED
-            # Default stream names: <query name>.<source index>; the file source's log offset.
-            assert {
-                t.task_id: [(o.stream, o.partition) for o in t.committed_offsets] for t in snapshot.tasks
-            } == {n: [(f"{n}.0", 0)] for n in names}
+            assert sorted(t.task_id for t in snapshot.tasks) == names
             wait_until(
                 lambda: listener.last_progress_result(f"{app}-orders"), timeout=30, what="backlog progress"
             )

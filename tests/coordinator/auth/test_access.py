@@ -423,6 +423,17 @@ def test_a_scoped_writer_cannot_touch_another_teams_records(scoped: Any) -> None
             lease_pb2.AcquireSnapshotsRequest(lease_id="team-a-lease", duration_ms=600_000, snapshots=[ref]),
             timeout=30,
         ),
+        # A streamed request: decided on its first message, before the server reads any data.
+        "UploadCheckpoint": lambda: team_a.snapshots.UploadCheckpoint(
+            iter(
+                [
+                    snapshot_pb2.UploadCheckpointRequest(
+                        app_id="team-b-app", generation=snap.generation, task_id="t0", store="s", data=b"x"
+                    )
+                ]
+            ),
+            timeout=30,
+        ),
         "ReleaseSnapshots": lambda: team_a.leases.ReleaseSnapshots(
             lease_pb2.ReleaseSnapshotsRequest(lease_id="team-b-lease", snapshots=[ref]), timeout=30
         ),
@@ -453,6 +464,38 @@ def test_a_scoped_writer_cannot_touch_another_teams_records(scoped: Any) -> None
     )
 
 
+def test_a_scoped_writer_uploads_checkpoints_for_its_own_apps_only(scoped: Any) -> None:
+    """UploadCheckpoint is an app-scoped write like ReportTaskSnapshot, not admin-only: the ids come
+    from the stream's first message."""
+    team_a, team_b, reader = scoped(TEAM_A_TOKEN), scoped(TEAM_B_TOKEN), scoped(READER_TOKEN)
+    snap = team_a.snapshots.CreateSnapshot(
+        snapshot_pb2.CreateSnapshotRequest(app_id="team-a-app", task_ids=["t0"]), timeout=30
+    )
+
+    def upload(api: Api) -> snapshot_pb2.CheckpointUpload:
+        header = snapshot_pb2.UploadCheckpointRequest(
+            app_id="team-a-app", generation=snap.generation, task_id="t0", store="s", data=b"abc"
+        )
+        result: snapshot_pb2.CheckpointUpload = api.snapshots.UploadCheckpoint(
+            iter([header, snapshot_pb2.UploadCheckpointRequest(data=b"def")]), timeout=30
+        )
+        return result
+
+    stored = upload(team_a)
+    assert stored.size == 6
+    assert "outside the scopes" in refused(lambda: upload(team_b), grpc.StatusCode.PERMISSION_DENIED)
+    refused(lambda: upload(reader), grpc.StatusCode.PERMISSION_DENIED)
+    refused(lambda: upload(scoped(None)), grpc.StatusCode.UNAUTHENTICATED)
+    team_a.snapshots.ReportTaskSnapshot(
+        snapshot_pb2.ReportTaskSnapshotRequest(
+            app_id="team-a-app",
+            generation=snap.generation,
+            task=snapshot_pb2.TaskSnapshot(task_id="t0", uploaded_checkpoints={"s": stored.upload_id}),
+        ),
+        timeout=30,
+    )
+
+
 # --- the audit trail ---------------------------------------------------------------------------------
 
 _IDS = {"producer_id": "audit-p", "app_id": "audit-app", "lease_id": "audit-lease", "job_id": "audit-job"}
@@ -479,9 +522,16 @@ def test_every_mutating_rpc_writes_one_audit_line(
     outcomes: dict[str, str] = {}
     mutating = sorted(m for m, rule in RULES.items() if rule.access.mutates)
     for method in mutating:
-        call = admin.channel.unary_unary(method, request_serializer=lambda r: r.SerializeToString())
+        serializer = lambda r: r.SerializeToString()  # noqa: E731
         try:
-            call(_request_for(method), timeout=30)
+            if RULES[method].first_message:  # a streamed request: the ids ride on its first message
+                admin.channel.stream_unary(method, request_serializer=serializer)(
+                    iter([_request_for(method)]), timeout=30
+                )
+            else:
+                admin.channel.unary_unary(method, request_serializer=serializer)(
+                    _request_for(method), timeout=30
+                )
             outcomes[method] = "OK"
         except grpc.RpcError as e:
             assert isinstance(e, grpc.Call)

@@ -218,3 +218,45 @@ def test_a_stream_stopped_early_releases_its_reader(store: BlobStore) -> None:
         assert next(pieces) == b"x" * 1000
         pieces.close()
     assert b"".join(store.get_stream("stream/b", 100_000)) == b"x" * 300_000
+
+
+def test_put_stream_stores_many_pieces_as_one_object(store: BlobStore) -> None:
+    """More than one S3 part (8 MiB), in uneven pieces, and the empty and one-piece cases."""
+    rng = random.Random(3)
+    pieces = [rng.randbytes(rng.randrange(1, 3 * 1024 * 1024)) for _ in range(9)]
+    store.put_stream("streamed/big", iter(pieces))
+    assert store.get("streamed/big") == b"".join(pieces)
+    store.put_stream("streamed/empty", iter([]))
+    assert store.get("streamed/empty") == b""
+    store.put_stream("streamed/small", iter([b"a", b"", b"bc"]))
+    assert store.get("streamed/small") == b"abc"
+    assert keys_of(store, "streamed/") == ["streamed/big", "streamed/empty", "streamed/small"]
+
+
+def test_a_failed_put_stream_leaves_nothing(store: BlobStore, request: pytest.FixtureRequest) -> None:
+    """The producer of the pieces fails after more than one part was sent: no object, and on S3 no
+    multipart upload left open (its parts would cost storage forever)."""
+
+    class Refused(Exception):
+        pass
+
+    def pieces() -> Iterator[bytes]:
+        for _ in range(20):
+            yield b"p" * (1024 * 1024)
+        raise Refused("the client went away")
+
+    with pytest.raises(Refused):
+        store.put_stream("broken/obj", pieces())
+    with pytest.raises(BlobNotFound):
+        store.get("broken/obj")
+    assert keys_of(store, "broken/") == []
+    if "s3" in request.node.callspec.id:
+        s3 = request.getfixturevalue("s3_client")
+        server = request.getfixturevalue("s3_server")
+        open_uploads = s3.list_multipart_uploads(Bucket=server.bucket).get("Uploads", [])
+        assert [u["Key"] for u in open_uploads if u["Key"].endswith("broken/obj")] == []
+        # The listing does show an open upload (so the check above can fail).
+        probe = s3.create_multipart_upload(Bucket=server.bucket, Key="probe/broken/obj")["UploadId"]
+        listed = s3.list_multipart_uploads(Bucket=server.bucket).get("Uploads", [])
+        s3.abort_multipart_upload(Bucket=server.bucket, Key="probe/broken/obj", UploadId=probe)
+        assert "probe/broken/obj" in [u["Key"] for u in listed]

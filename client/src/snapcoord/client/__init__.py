@@ -21,6 +21,7 @@ from snapcoord.client._retry import RetryPolicy
 from snapcoord.client._types import (
     AcquireResult,
     BacklogStatus,
+    CheckpointUpload,
     Lease,
     Offset,
     Page,
@@ -64,6 +65,7 @@ __all__ = [
     "AlreadyExists",
     "BacklogStatus",
     "Cancelled",
+    "CheckpointUpload",
     "CoordinatorClient",
     "DeadlineExceeded",
     "Expired",

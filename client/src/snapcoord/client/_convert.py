@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from snapcoord.client._types import (
     AcquireResult,
     BacklogStatus,
+    CheckpointUpload,
     Lease,
     Offset,
     Page,
@@ -84,11 +85,30 @@ def task_to_pb(task: TaskSnapshot) -> snapshot_pb2.TaskSnapshot:
         task_id=task.task_id,
         committed_offsets=offsets_to_pb(task.committed_offsets),
         checkpoints=dict(task.checkpoints),
+        uploaded_checkpoints=dict(task.uploads),
     )
 
 
 def task_from_pb(pb: snapshot_pb2.TaskSnapshot) -> TaskSnapshot:
-    return TaskSnapshot(pb.task_id, offsets_from_pb(pb.committed_offsets), dict(pb.checkpoints))
+    return TaskSnapshot(
+        pb.task_id, offsets_from_pb(pb.committed_offsets), dict(pb.checkpoints), dict(pb.uploaded_checkpoints)
+    )
+
+
+def upload_header(
+    app_id: str, generation: int, task_id: str, store: str, data: bytes
+) -> snapshot_pb2.UploadCheckpointRequest:
+    return snapshot_pb2.UploadCheckpointRequest(
+        app_id=app_id, generation=generation, task_id=task_id, store=store, data=data
+    )
+
+
+def upload_data(data: bytes) -> snapshot_pb2.UploadCheckpointRequest:
+    return snapshot_pb2.UploadCheckpointRequest(data=data)
+
+
+def checkpoint_upload_from_pb(pb: snapshot_pb2.CheckpointUpload) -> CheckpointUpload:
+    return CheckpointUpload(pb.upload_id, pb.size, pb.sha256)
 
 
 def state_from_pb(value: int) -> SnapshotState:

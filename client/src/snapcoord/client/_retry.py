@@ -100,15 +100,18 @@ def call_with_retry(
     timeout_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    retryable: bool | None = None,
 ) -> T:
     """Run ``attempt(remaining_s)`` until it returns, retrying ``Unavailable`` for idempotent methods.
 
     Each attempt gets the time left until the overall deadline as its own gRPC timeout, so the
     whole call, retries and waits included, ends within ``timeout_s``. When the next wait would
     leave less than ``MIN_ATTEMPT_S`` the last ``Unavailable`` is raised, with ``attempts`` set.
+    ``retryable`` overrides the method's idempotency (a call that is safe to repeat as made, e.g.
+    an upload whose payload can be sent again from its start).
     """
     deadline = clock() + timeout_s
-    retryable = is_idempotent(method)
+    retryable = is_idempotent(method) if retryable is None else retryable
     attempts = 0
     while True:
         attempts += 1

@@ -2,9 +2,9 @@
 
 Field names and units follow the wire (``*_ms`` are milliseconds since the epoch or durations in
 milliseconds), so a value read here means what docs/api.md says it means. Sequences are stored as
-tuples so that results can be compared, hashed and shipped to Spark tasks (they pickle). The two
-maps (``Snapshot.labels``, ``TaskSnapshot.checkpoints``) are private dict copies left out of the
-hash; treat them as read-only.
+tuples so that results can be compared, hashed and shipped to Spark tasks (they pickle). The maps
+(``Snapshot.labels``, ``TaskSnapshot.checkpoints``, ``TaskSnapshot.uploads``) are private dict
+copies left out of the hash; treat them as read-only.
 """
 
 from __future__ import annotations
@@ -60,16 +60,33 @@ class Registration:
 
 @dataclass(frozen=True)
 class TaskSnapshot:
-    """One task's report: committed offsets and state checkpoints by state store name."""
+    """One task's report: committed offsets and state checkpoints by state store name.
+
+    ``checkpoints`` carry payloads inline; ``uploads`` name payloads streamed before the report with
+    ``CoordinatorClient.upload_checkpoint`` (store name -> ``CheckpointUpload.upload_id``). A store
+    is in one of the two, not both. Read back (GetSnapshot), every store is under ``checkpoints``.
+    """
 
     task_id: str
     committed_offsets: tuple[Offset, ...] = ()
     checkpoints: Mapping[str, bytes] = field(default_factory=dict, hash=False)
+    uploads: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # Accept any iterable or mapping from callers, keep immutable-ish copies.
         object.__setattr__(self, "committed_offsets", tuple(self.committed_offsets))
         object.__setattr__(self, "checkpoints", dict(self.checkpoints))
+        object.__setattr__(self, "uploads", dict(self.uploads))
+
+
+@dataclass(frozen=True)
+class CheckpointUpload:
+    """A checkpoint payload stored by ``upload_checkpoint``: report it in ``TaskSnapshot.uploads``.
+    ``size`` and ``sha256`` (hex) are what the coordinator stored, as it computed them."""
+
+    upload_id: str
+    size: int
+    sha256: str
 
 
 class SnapshotState(enum.Enum):

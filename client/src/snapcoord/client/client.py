@@ -13,7 +13,7 @@ import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import grpc
 
@@ -33,6 +33,7 @@ from snapcoord.client._retry import RetryPolicy, call_with_retry
 from snapcoord.client._types import (
     AcquireResult,
     BacklogStatus,
+    CheckpointUpload,
     Lease,
     Offset,
     Page,
@@ -59,6 +60,27 @@ DEFAULT_GRPC_OPTIONS: Mapping[str, Any] = {
     "grpc.service_config": SERVICE_CONFIG,
     **KEEPALIVE_OPTIONS,
 }
+
+
+#: Most payload bytes per UploadCheckpoint message (the coordinator refuses bigger ones).
+UPLOAD_CHUNK_BYTES = MiB
+
+
+def _pieces(data: bytes | BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
+    """``data`` in pieces of at most ``UPLOAD_CHUNK_BYTES`` (non-empty ones only)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        for at in range(0, len(view), UPLOAD_CHUNK_BYTES):
+            yield bytes(view[at : at + UPLOAD_CHUNK_BYTES])
+        return
+    if hasattr(data, "read"):
+        while piece := data.read(UPLOAD_CHUNK_BYTES):
+            yield bytes(piece)
+        return
+    for item in data:
+        view = memoryview(item)
+        for at in range(0, len(view), UPLOAD_CHUNK_BYTES):
+            yield bytes(view[at : at + UPLOAD_CHUNK_BYTES])
 
 
 class CoordinatorClient:
@@ -306,6 +328,69 @@ class CoordinatorClient:
                 method=method,
             )
 
+    def upload_checkpoint(
+        self,
+        app_id: str,
+        generation: int,
+        task_id: str,
+        store: str,
+        data: bytes | BinaryIO | Iterable[bytes],
+        *,
+        timeout_s: float | None = None,
+    ) -> CheckpointUpload:
+        """Stream one checkpoint payload to the coordinator's blob store, for a later
+        ``report_task_snapshot`` that names it in ``TaskSnapshot.uploads`` (store -> upload_id).
+
+        ``data`` is bytes, a binary file (read from its current position to its end) or an iterable
+        of byte pieces; it goes in messages of at most 1 MiB, so neither side holds the payload
+        whole. Refused like a report (``SnapshotFenced``, ``InvalidArgument`` for a task outside the
+        task set) before any data is sent on. Retried on UNAVAILABLE only when ``data`` is bytes or
+        a seekable file: every attempt is a new upload sent from the start (an iterable cannot be
+        replayed). An upload no report names is removed by the coordinator's janitor.
+        """
+        budget = self._timeout_s if timeout_s is None else timeout_s
+        if budget <= 0:
+            raise ValueError(f"timeout_s must be positive, got {budget}")
+        method = "UploadCheckpoint"
+        start: int | None = None
+        replayable = isinstance(data, bytes | bytearray | memoryview)
+        if not replayable and hasattr(data, "read") and getattr(data, "seekable", lambda: False)():
+            start = data.tell()  # type: ignore[union-attr]
+            replayable = True
+
+        def messages() -> Iterator[Any]:
+            if start is not None:
+                data.seek(start)  # type: ignore[union-attr]
+            first = True
+            for piece in _pieces(data):
+                if first:
+                    yield cv.upload_header(app_id, generation, task_id, store, piece)
+                    first = False
+                else:
+                    yield cv.upload_data(piece)
+            if first:  # an empty payload: the header alone
+                yield cv.upload_header(app_id, generation, task_id, store, b"")
+
+        with tracing.call_span(SERVICE_OF[method], method) as span:
+            metadata = span.metadata(self._channel.metadata)
+
+            def attempt(remaining_s: float) -> Any:
+                rpc = self._channel.method(method)
+                try:
+                    return rpc(messages(), timeout=remaining_s, metadata=metadata)
+                except grpc.RpcError as e:
+                    raise error_from_rpc(e, method) from e
+
+            try:
+                reply = call_with_retry(
+                    attempt, method=method, policy=self._retry, timeout_s=budget, retryable=replayable
+                )
+            except SnapcoordError as e:
+                span.finish(e.code, e.attempts)
+                raise
+            span.finish("OK", 1)
+        return cv.checkpoint_upload_from_pb(reply)
+
     def list_snapshots(
         self, app_id: str, *, page_size: int = 0, page_token: str = "", timeout_s: float | None = None
     ) -> Page[Snapshot]:
@@ -326,6 +411,7 @@ class CoordinatorClient:
         ``SnapshotFenced`` when the generation is not current, the snapshot is no longer CREATED, or
         the task already reported something different; ``InvalidArgument`` when the task is not in
         the snapshot's task set. The same report twice is accepted, so this call is retried.
+        Stores in ``task.uploads`` name payloads streamed with ``upload_checkpoint`` before.
         """
         return self._call(
             "ReportTaskSnapshot", cv.report_request(app_id, generation, task), cv.snapshot_from_pb, timeout_s

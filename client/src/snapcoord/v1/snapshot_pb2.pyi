@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TaskSnapshot(_message.Message):
-    __slots__ = ("task_id", "committed_offsets", "checkpoints")
+    __slots__ = ("task_id", "committed_offsets", "checkpoints", "uploaded_checkpoints")
     class CheckpointsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -16,13 +16,22 @@ class TaskSnapshot(_message.Message):
         key: str
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class UploadedCheckpointsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     committed_offsets: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
     checkpoints: _containers.ScalarMap[str, bytes]
-    def __init__(self, task_id: _Optional[str] = ..., committed_offsets: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., checkpoints: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    uploaded_checkpoints: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., committed_offsets: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., checkpoints: _Optional[_Mapping[str, bytes]] = ..., uploaded_checkpoints: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("app_id", "generation", "state", "task_ids", "tasks", "created_at_ms", "completed_at_ms", "expires_at_ms", "labels", "abort_reason")
@@ -119,6 +128,30 @@ class CheckpointChunk(_message.Message):
     total_size: int
     sha256: str
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class UploadCheckpointRequest(_message.Message):
+    __slots__ = ("app_id", "generation", "task_id", "store", "data")
+    APP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    app_id: str
+    generation: int
+    task_id: str
+    store: str
+    data: bytes
+    def __init__(self, app_id: _Optional[str] = ..., generation: _Optional[int] = ..., task_id: _Optional[str] = ..., store: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CheckpointUpload(_message.Message):
+    __slots__ = ("upload_id", "size", "sha256")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    size: int
+    sha256: str
+    def __init__(self, upload_id: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class GetSnapshotRequest(_message.Message):
     __slots__ = ("app_id", "generation", "include_checkpoints")

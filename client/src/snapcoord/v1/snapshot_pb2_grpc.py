@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class SnapshotServiceStub(object):
-    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
-    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """Idempotency: every RPC here but UploadCheckpoint is safe to send again after a lost reply (the
+    option on each says so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT
+    or NO_SIDE_EFFECTS).
     """
 
     def __init__(self, channel):
@@ -76,6 +77,11 @@ class SnapshotServiceStub(object):
                 request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.SerializeToString,
                 response_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.FromString,
                 _registered_method=True)
+        self.UploadCheckpoint = channel.stream_unary(
+                '/snapcoord.v1.SnapshotService/UploadCheckpoint',
+                request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.UploadCheckpointRequest.SerializeToString,
+                response_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointUpload.FromString,
+                _registered_method=True)
         self.SetRetentionPolicy = channel.unary_unary(
                 '/snapcoord.v1.SnapshotService/SetRetentionPolicy',
                 request_serializer=snapcoord_dot_v1_dot_snapshot__pb2.SetRetentionPolicyRequest.SerializeToString,
@@ -84,8 +90,9 @@ class SnapshotServiceStub(object):
 
 
 class SnapshotServiceServicer(object):
-    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
-    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """Idempotency: every RPC here but UploadCheckpoint is safe to send again after a lost reply (the
+    option on each says so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT
+    or NO_SIDE_EFFECTS).
     """
 
     def CreateSnapshot(self, request, context):
@@ -151,6 +158,22 @@ class SnapshotServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadCheckpoint(self, request_iterator, context):
+        """Streams one task's checkpoint payload for one state store into the blob store, before the
+        task's report: the first message names (app_id, generation, task_id, store), every message may
+        carry data (at most 1 MiB each), and the answer names the stored upload, which a
+        ReportTaskSnapshot then references in TaskSnapshot.uploaded_checkpoints. The header is checked
+        like a report's before any data is read (the snapshot is CREATED at the current generation and
+        the task is in its task set). An upload no report references is removed by the janitor once
+        its snapshot is no longer CREATED and it is older than the orphan grace.
+        Not marked idempotent: every call is a new upload with a new upload_id, so a resend after a
+        lost reply stores the payload twice (the unreferenced copy is collected by the janitor). A
+        client that still has the data can safely resend from the start and use the new upload_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetRetentionPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -200,6 +223,11 @@ def add_SnapshotServiceServicer_to_server(servicer, server):
                     request_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.FromString,
                     response_serializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.SerializeToString,
             ),
+            'UploadCheckpoint': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadCheckpoint,
+                    request_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.UploadCheckpointRequest.FromString,
+                    response_serializer=snapcoord_dot_v1_dot_snapshot__pb2.CheckpointUpload.SerializeToString,
+            ),
             'SetRetentionPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.SetRetentionPolicy,
                     request_deserializer=snapcoord_dot_v1_dot_snapshot__pb2.SetRetentionPolicyRequest.FromString,
@@ -214,8 +242,9 @@ def add_SnapshotServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SnapshotService(object):
-    """Idempotency: every RPC here is safe to send again after a lost reply (the option on each says
-    so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT or NO_SIDE_EFFECTS).
+    """Idempotency: every RPC here but UploadCheckpoint is safe to send again after a lost reply (the
+    option on each says so, and the client retries UNAVAILABLE for exactly those marked IDEMPOTENT
+    or NO_SIDE_EFFECTS).
     """
 
     @staticmethod
@@ -424,6 +453,33 @@ class SnapshotService(object):
             '/snapcoord.v1.SnapshotService/ReadCheckpoint',
             snapcoord_dot_v1_dot_snapshot__pb2.ReadCheckpointRequest.SerializeToString,
             snapcoord_dot_v1_dot_snapshot__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadCheckpoint(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/snapcoord.v1.SnapshotService/UploadCheckpoint',
+            snapcoord_dot_v1_dot_snapshot__pb2.UploadCheckpointRequest.SerializeToString,
+            snapcoord_dot_v1_dot_snapshot__pb2.CheckpointUpload.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,7 @@ from snapcoord.coordinator.errors import (
     TransactionFailed,
 )
 from snapcoord.coordinator.expiry_index import ExpiryIndex
+from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
@@ -213,6 +214,7 @@ class CommitKernel:
         self._sleep = sleep
         self._indexes: dict[str, ExpiryIndex] = {}
         self._ensured: set[str] = set()  # made on the first commit that needs them: no I/O at build
+        self.intents = IntentIndex(metadata)
 
     def expiry(self, root: str) -> ExpiryIndex:
         """The expiry index under ``root`` (one per root, so its bucket cache is shared)."""

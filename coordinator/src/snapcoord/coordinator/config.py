@@ -734,8 +734,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "snapshot_max_upload_size",
+        "most bytes one UploadCheckpoint may stream (B, KiB, MiB, GiB)",
+        "8GiB",
+        _size_parser(1, 1024**4),
+        to="snapshots.max_upload_bytes",
+        metavar="SIZE",
+    ),
+    Option(
         "snapshot_max_checkpoints",
-        "most checkpoint entries in one ReportTaskSnapshot",
+        "most checkpoint entries (inline and uploaded) in one ReportTaskSnapshot",
         "64",
         _int_parser(1, 10_000, "an integer 1-10000"),
         to="snapshots.max_checkpoints_per_report",

@@ -24,12 +24,15 @@ def sweep_unreferenced(
     limit: int,
     owner_of: Callable[[str], Owner | None],
     referenced_by: Callable[[Owner], Collection[str]],
+    announced: Collection[str] = frozenset(),
 ) -> int:
     """Delete up to ``limit`` objects under ``prefix`` older than the cutoff that their owner's
     record does not reference; returns how many went.
 
     ``owner_of(key)`` names the record an object belongs to (None: not ours to judge, keep it);
     ``referenced_by(owner)`` reads that record once per sweep and returns the keys it points at.
+    ``announced``: keys a live upload intent names (read before the listing), which are not
+    committed *yet* and so are never this sweep's to delete.
     """
     deleted = 0
     references: dict[Owner, Collection[str]] = {}
@@ -37,7 +40,7 @@ def sweep_unreferenced(
         if deleted >= limit:
             break
         owner = owner_of(info.key)
-        if owner is None:
+        if owner is None or info.key in announced:
             continue
         if owner not in references:
             references[owner] = referenced_by(owner)

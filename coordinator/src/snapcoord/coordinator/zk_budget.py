@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import pins
+from snapcoord.coordinator import intents, pins
 from snapcoord.coordinator.backlog.layout import job_path, marker_path, shard_path
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -202,9 +202,10 @@ def create_snapshot(limits: Limits) -> list[Op]:
     ]
 
 
-def _report(limits: Limits, app_id: str) -> TaskReport:
+def _report(limits: Limits, app_id: str, *, uploaded: bool = True) -> TaskReport:
     """The largest legal report: every checkpoint entry, then as many maximum-length offsets as
-    the report budget admits (``SnapshotRegistry.report``)."""
+    the report budget admits (``SnapshotRegistry.report``); ``uploaded``: every entry an upload,
+    whose intent the report retires (which the budget counts)."""
     p = limits.snapshots
     checkpoints = tuple(
         CheckpointRef(
@@ -217,7 +218,10 @@ def _report(limits: Limits, app_id: str) -> TaskReport:
         offsets = tuple(Offset(_id("s", i), MAX_PARTITION, _BIG_INT) for i in range(n))
         return TaskReport(_id("t"), offsets, checkpoints, "f" * 64)
 
-    n = _most(p.max_offsets_per_task, lambda n: len(encode_report(report(n))) <= p.report_budget_bytes)
+    retire = len(checkpoints) * intents.RETIRE_OP_BYTES if uploaded else 0
+    n = _most(
+        p.max_offsets_per_task, lambda n: len(encode_report(report(n))) + retire <= p.report_budget_bytes
+    )
     return report(n)
 
 
@@ -229,7 +233,18 @@ def report_task_snapshot(limits: Limits) -> list[Op]:
         Create(task_path(record.app_id, record.generation, report.task_id), encode_report(report)),
         SetData(gen_path(record.app_id, record.generation), encode_snapshot(record), _BIG_INT),
         *_ended_ops(record),
+        # Every checkpoint an upload: its intent retired in the same transaction.
+        *(intents.commit_op(f"{intents.ROOT}/{10**12 - 1}/{_uuid()}", _BIG_INT) for _ in report.checkpoints),
     ]
+
+
+def upload_checkpoint(limits: Limits) -> list[Op]:
+    """The upload's intent (made before the data; later rewritten complete, no larger than this)."""
+    app, task, store = _id("a"), _id("t"), _id("c")
+    info = intents.UploadInfo(app, _GEN, task, store, _BIG_INT, "f" * 64)
+    key = f"snapshots/{app}/{_GEN}/{task}/{_uuid()}"
+    path = f"{intents.ROOT}/{10**12 - 1}/{_uuid()}"
+    return [Create(path, intents.encode(intents.Intent((key,), _BIG_INT, info)))]
 
 
 def abort_snapshot(limits: Limits) -> list[Op]:
@@ -413,6 +428,7 @@ WORST_CASE: dict[str, Callable[[Limits], list[Op]]] = {
     "SnapshotService/ListSnapshots": _reads_only,
     "SnapshotService/ReadCheckpoint": _reads_only,
     "SnapshotService/ReportTaskSnapshot": report_task_snapshot,
+    "SnapshotService/UploadCheckpoint": upload_checkpoint,
     "SnapshotService/AbortSnapshot": abort_snapshot,
     "SnapshotService/DeleteSnapshot": delete_snapshot,
     "SnapshotService/SetRetentionPolicy": set_retention_policy,

@@ -9,8 +9,9 @@ Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transacti
 coordinator), ``sinks`` (the sink protocol and ``PartitionedFileSink``) and ``commit_log`` (its
 atomic, fenced commits), ``sources`` (the offsets of Spark's sources, one stream per source),
 ``backlog`` (FLIP-309's processing-backlog signal of a query, kept on the coordinator),
-``listener`` (that signal from Spark's progress events), ``app_snapshots`` (take a snapshot of an
-app's queries, plan a restore from it) and ``backlog_runner`` (a catch-up trigger while a query
+``listener`` (that signal from Spark's progress events), ``app_snapshots`` (snapshot an app's
+queries into copies the coordinator owns, with ``checkpoint_archive``), ``restore`` (checkpoints
+and sinks back from such a snapshot) and ``backlog_runner`` (a catch-up trigger while a query
 processes backlog, a low-latency one once caught up, and back). They import pyspark, so this
 package root exports only the driver-only guards they are built on; import the pieces from their
 modules.

@@ -95,6 +95,27 @@ class FencedSink(RollbackSink, Protocol):
     def check_epoch(self) -> None: ...
 
 
+@runtime_checkable
+class RestorableSink(FencedSink, Protocol):
+    """A ``FencedSink`` that a snapshot can record and a restore can put back (``app_snapshots``).
+
+    - ``batch_end_positions(batch_id)``: the positions right after the (visible) output of
+      ``batch_id``, the newest such batch when a reset checkpoint wrote the same id before. Raises
+      ``LookupError`` when no visible output of that batch exists.
+    - ``last_batch_id()``: the batch id of the newest visible output (None when empty): how far a
+      downstream reader may have read.
+    - ``restore_to(positions)``: make the content exactly what it was at ``positions``: remove every
+      write at or after them, of any run, and never anything before them. The caller holds the
+      newest epoch (``fence``), so no run can write while it cuts.
+    """
+
+    def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
+
+    def last_batch_id(self) -> int | None: ...
+
+    def restore_to(self, positions: Sequence[Offset]) -> None: ...
+
+
 class PartitionedFileSink:
     """An append-only, Hive-partitioned file table with an atomic commit per batch (see the module
     docstring).
@@ -177,6 +198,48 @@ class PartitionedFileSink:
             if epoch <= self.epoch:
                 shutil.rmtree(staging, ignore_errors=True)
         self._next_seq = None  # rescan: the next write takes a number above everything left
+
+    # -- snapshots and restores ------------------------------------------------------------------------
+    def batch_end_positions(self, batch_id: int) -> list[Offset]:
+        """``[Offset(name, 0, S + 1)]`` where ``S`` is the sequence of the newest visible commit of
+        ``batch_id``: every write below ``S + 1`` is the output of that batch or of earlier ones."""
+        ours = [c for c in self.commits() if c.batch_id == batch_id]
+        if not ours:
+            raise LookupError(
+                f"{self!r} has no visible commit of batch {batch_id}: write every batch with sink.write "
+                "(exactly_once's default) so that a snapshot can find where the batch's output ends"
+            )
+        return [Offset(self.name, 0, ours[-1].seq + 1)]
+
+    def last_batch_id(self) -> int | None:
+        commits = self.commits()
+        return commits[-1].batch_id if commits else None
+
+    def restore_to(self, positions: Sequence[Offset]) -> None:
+        """Remove every commit at or above the snapshot's sequence (whichever run wrote it) and
+        every file no remaining visible commit lists; commits below it stay, visible ones intact.
+
+        Only the holder of the newest epoch may do this (``fence`` first): a run still writing
+        would otherwise commit again behind the cut.
+        """
+        require_driver("PartitionedFileSink.restore_to")
+        mine = {p.partition: p.offset for p in positions if p.stream == self.name}
+        if 0 not in mine:
+            raise ValueError(f"positions {list(positions)!r} do not name this sink ({self.name!r}, 0)")
+        keep_below = max(mine[0], 0)
+        if self.epoch <= 0:
+            raise Fenced(f"{self!r}: fence the sink with a new epoch before restoring it")
+        self.check_epoch()
+        for c in self._commits():
+            if c.seq >= keep_below:
+                self._remove(self.path / COMMITS_DIR / c.file_name)
+        listed = {f for c in visible(self._commits(), self._fences()) for f in c.files}
+        for file, _, _ in self._data_files():
+            if file.relative_to(self.path).as_posix() not in listed:
+                self._remove(file)
+        for staging, _ in self._staging_dirs():
+            shutil.rmtree(staging, ignore_errors=True)
+        self._next_seq = None
 
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from snapcoord.coordinator.api.convert import offsets_from_pb, snapshot_to_pb
+from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 if TYPE_CHECKING:
@@ -84,8 +85,35 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
             task.task_id,
             offsets_from_pb(task.committed_offsets),
             dict(task.checkpoints),
+            dict(task.uploaded_checkpoints),
         )
         return snapshot_to_pb(snapshot)
+
+    def UploadCheckpoint(
+        self, request_iterator: Iterator[snapshot_pb2.UploadCheckpointRequest], context: grpc.ServicerContext
+    ) -> snapshot_pb2.CheckpointUpload:
+        first = next(request_iterator, None)
+        if first is None:
+            raise InvalidArgument(
+                "UploadCheckpoint got no message: the first names app_id, generation, task_id and store"
+            )
+
+        def pieces() -> Iterator[bytes]:
+            if first.data:
+                yield first.data
+            for n, message in enumerate(request_iterator, start=2):
+                if message.app_id or message.generation or message.task_id or message.store:
+                    raise InvalidArgument(
+                        f"UploadCheckpoint message {n} sets app_id, generation, task_id or store; only the "
+                        "first message names the checkpoint, later ones carry only data"
+                    )
+                if message.data:
+                    yield message.data
+
+        stored = self._snapshots.upload(first.app_id, first.generation, first.task_id, first.store, pieces())
+        return snapshot_pb2.CheckpointUpload(
+            upload_id=stored.upload_id, size=stored.size, sha256=stored.sha256
+        )
 
     def AbortSnapshot(
         self, request: snapshot_pb2.AbortSnapshotRequest, context: grpc.ServicerContext

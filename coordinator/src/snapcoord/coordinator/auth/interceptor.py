@@ -15,9 +15,10 @@ principal, with role admin (the client CA is then the whole policy).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -147,13 +148,43 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 handler.request_deserializer,
                 handler.response_serializer,
             )
-        # An API RPC with a streamed request: its ids are not known up front, so only an unscoped
-        # admin may call it (none exists today).
+        if handler.stream_unary is not None and rule is not None and rule.first_message:
+            # A streamed request whose first message names the ids (UploadCheckpoint): decided on
+            # that message, before the servicer reads any other.
+            return grpc.stream_unary_rpc_method_handler(
+                self._guard_first(handler.stream_unary, method, rule),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        # Another API RPC with a streamed request: its ids are not known up front, so only an
+        # unscoped admin may call it (none exists today).
         return self._authenticated_only(handler, method, admin=True)
 
-    def _guard(
-        self, behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, rule: Rule | None
+    def _guard_first(
+        self, behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, rule: Rule
     ) -> Any:
+        """``_guard`` for a client-streaming RPC: the rule reads the ids of the first message, and
+        the servicer gets that message back at the head of the stream."""
+        guarded = self._guard(
+            lambda head, context: behavior(head.stream, context), method, rule, ids_of=lambda head: head.first
+        )
+
+        def run(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            first = next(request_iterator, None)
+            stream = itertools.chain(() if first is None else (first,), request_iterator)
+            return guarded(_Head(first, stream), context)
+
+        return run
+
+    def _guard(
+        self,
+        behavior: Callable[[Any, grpc.ServicerContext], Any],
+        method: str,
+        rule: Rule | None,
+        *,
+        ids_of: Callable[[Any], Any] = lambda request: request,
+    ) -> Any:
+        """``ids_of(request)`` is the message the rule reads ids from (a stream's first one)."""
         auth = self._auth
 
         def run(request: Any, context: grpc.ServicerContext) -> Any:
@@ -168,8 +199,10 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                         f"{method} has no access rule in this coordinator; refused",
                         metadata={"principal": principal.name, "method": method},
                     )
-                # Bytes that did not decode name no ids; the servicer answers INVALID_ARGUMENT.
-                ids = [] if isinstance(request, MalformedRequest) else list(rule.ids(request))
+                # Bytes that did not decode (or an empty stream) name no ids; the servicer answers
+                # INVALID_ARGUMENT.
+                named = ids_of(request)
+                ids = [] if named is None or isinstance(named, MalformedRequest) else list(rule.ids(named))
                 principal = auth.principal(context, method)
                 decision = decide(principal, method, rule.access, ids)
                 if not decision.allowed:
@@ -233,6 +266,14 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(
             wrap(handler.unary_unary), handler.request_deserializer, handler.response_serializer
         )
+
+
+class _Head:
+    """A client stream's first message (for the rule's ids) and the whole stream (for the servicer)."""
+
+    def __init__(self, first: Any, stream: Iterator[Any]) -> None:
+        self.first = first
+        self.stream = stream
 
 
 def _keep_covered(response: Any, rule: Rule, principal: Principal) -> None:

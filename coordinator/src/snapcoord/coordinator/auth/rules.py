@@ -29,6 +29,8 @@ class Rule:
     #: For a List RPC filtered per principal: the repeated response field and the id field of its
     #: items (``Access.filters`` names the kind).
     results: tuple[str, str] | None = None
+    #: A client-streaming RPC whose first message names the ids (``ids`` gets that message).
+    first_message: bool = False
 
 
 def _one(kind: Kind) -> Callable[[Any], Iterator[IdRef]]:
@@ -72,6 +74,8 @@ RULES: Mapping[str, Rule] = {
     _S + "ListSnapshots": Rule(_READ, _one(Kind.APP_ID)),
     _S + "ReadCheckpoint": Rule(_READ, _one(Kind.APP_ID)),
     _S + "ReportTaskSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
+    # Streamed: the first message names the app; later ones carry only data.
+    _S + "UploadCheckpoint": Rule(_WRITE, _one(Kind.APP_ID), first_message=True),
     _S + "AbortSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
     _S + "DeleteSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
     _S + "SetRetentionPolicy": Rule(_ADMIN, _one(Kind.APP_ID)),

@@ -63,7 +63,10 @@ class SnapshotPolicy:
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
     #: A lease pins until its expiry plus this margin (replicas' clocks may disagree).
     max_clock_skew_ms: int = 5_000
-    #: Most checkpoint entries in one ReportTaskSnapshot (each is a blob put and a ref in the report).
+    #: Most bytes one UploadCheckpoint may stream into the blob store.
+    max_upload_bytes: int = 8 * 1024**3
+    #: Most checkpoint entries (inline and uploaded) in one ReportTaskSnapshot (each is a ref in
+    #: the report, and a blob put or an intent to retire).
     max_checkpoints_per_report: int = 64
     #: Most payload bytes GetSnapshot returns inline (include_checkpoints); beyond, ReadCheckpoint
     #: streams each payload.
@@ -226,8 +229,11 @@ def validate_report(
     offsets: Iterable[Offset],
     checkpoints: Mapping[str, bytes],
     policy: SnapshotPolicy,
+    uploads: Mapping[str, str] | None = None,
 ) -> tuple[Offset, ...]:
-    """Check a ReportTaskSnapshot request (everything that needs no stored state)."""
+    """Check a ReportTaskSnapshot request (everything that needs no stored state); ``uploads``
+    maps store names to UploadCheckpoint ids (their format is the registry's to check)."""
+    uploads = uploads or {}
     require_id("app_id", app_id)
     if generation <= 0:
         raise InvalidArgument(f"generation is {generation}; generations start at 1")
@@ -235,9 +241,13 @@ def validate_report(
     items = tuple(offsets)
     if items:
         items = validate_offsets(items, field="task.committed_offsets", max_count=policy.max_offsets_per_task)
-    if len(checkpoints) > policy.max_checkpoints_per_report:
+    entries = len(checkpoints) + len(uploads)
+    if entries > policy.max_checkpoints_per_report:
+        where = (
+            "task.checkpoints has" if not uploads else "task.checkpoints and task.uploaded_checkpoints have"
+        )
         raise InvalidArgument(
-            f"task.checkpoints has {len(checkpoints)} entries; the limit per report is "
+            f"{where} {entries} entries; the limit per report is "
             f"{policy.max_checkpoints_per_report} (--snapshot-max-checkpoints)",
             reason=Reason.TOO_LARGE,
             metadata={"field": "task.checkpoints", "limit": policy.max_checkpoints_per_report},
@@ -247,6 +257,13 @@ def validate_report(
         # The field name quotes only a prefix: the key itself may be megabytes long (D4).
         require_id(f"task.checkpoints key {quote_prefix(store)}", store)
         total += len(payload)
+    for store in uploads:
+        require_id(f"task.uploaded_checkpoints key {quote_prefix(store)}", store)
+        if store in checkpoints:
+            raise InvalidArgument(
+                f"store {quote_prefix(store)} is in both task.checkpoints and task.uploaded_checkpoints; "
+                "a store's checkpoint is either inline or uploaded"
+            )
     if total > policy.max_report_bytes:
         raise InvalidArgument(
             f"task.checkpoints hold {total} bytes; the limit per report is {policy.max_report_bytes}"

@@ -10,9 +10,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import pins
+from snapcoord.coordinator import intents, pins
 from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
     decode_app,
     decode_snapshot,
@@ -164,13 +165,17 @@ class ReportRequest:
     digest: str
     refs: tuple[CheckpointRef, ...]
     payloads: Mapping[str, bytes] = field(default_factory=dict)
+    #: Uploaded checkpoints: (store, upload_id, intent path), by store name.
+    uploads: tuple[tuple[str, str, str], ...] = ()
 
     def reads(self) -> list[ReadNode]:
-        """The header, the task's node and the app's pointer (for the fence), read together."""
+        """The header, the task's node, the app's pointer (for the fence) and the intents of the
+        uploads it references, read together."""
         return [
             ReadNode(gen_path(self.app_id, self.generation)),
             ReadNode(task_path(self.app_id, self.generation, self.task_id)),
             ReadNode(app_path(self.app_id)),
+            *(ReadNode(path) for _, _, path in self.uploads),
         ]
 
 
@@ -203,11 +208,14 @@ def report(
             f"task {task_id!r} is not in the task set of app {app_id!r} generation {generation} "
             f"({len(header.record.task_ids)} tasks)"
         )
-    task_report = TaskReport(task_id, request.offsets, request.refs, request.digest)
+    uploaded, retire = claim_uploads(request, reads)
+    refs = tuple(sorted((*request.refs, *uploaded), key=lambda r: r.store))
+    task_report = TaskReport(task_id, request.offsets, refs, request.digest)
     after = after_report(header.record, now)
     ops: list[Op] = [
         Create(task_path(app_id, generation, task_id), encode_task_report(task_report)),
         SetData(gen_path(app_id, generation), encode_snapshot(after), header.version),
+        *retire,
     ]
     completed = after.state is State.COMPLETED
     if completed:
@@ -218,6 +226,42 @@ def report(
         uploads=request.payloads,
         buckets=((RETENTION, after.ended_at_ms),) if completed else (),
     )
+
+
+def claim_uploads(request: ReportRequest, reads: Reads) -> tuple[list[CheckpointRef], list[Op]]:
+    """The refs of the uploads a report names, and the ops that retire their intents in the
+    report's commit (version-checked: an intent the orphan sweep claimed meanwhile fails the
+    commit, so no report ever points at an object the sweep deletes)."""
+    refs: list[CheckpointRef] = []
+    ops: list[Op] = []
+    for store, upload_id, path in request.uploads:
+        node = reads.node(path)
+        intent = intents.decode(node.data) if node is not None else None
+        field_name = f"task.uploaded_checkpoints[{quote_prefix(store)}]"
+        if node is None or intent is None or intent.swept or intent.upload is None:
+            raise NotFound(
+                f"{field_name}: upload {quote_prefix(upload_id)} does not exist (never made, already used "
+                "by another report, or collected by the janitor): upload the checkpoint again",
+                metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
+            )
+        u = intent.upload
+        target = (request.app_id, request.generation, request.task_id, store)
+        if (u.app_id, u.generation, u.task_id, u.store) != target:
+            raise InvalidArgument(
+                f"{field_name}: upload {quote_prefix(upload_id)} was made for app {quote_prefix(u.app_id)} "
+                f"generation {u.generation} task {quote_prefix(u.task_id)} store {quote_prefix(u.store)}, "
+                "not for this report's task and store",
+                metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
+            )
+        if not u.complete:
+            raise FailedPrecondition(
+                f"{field_name}: upload {quote_prefix(upload_id)} has not finished: report after "
+                "UploadCheckpoint answered",
+                metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
+            )
+        refs.append(CheckpointRef(store, intent.keys[0], u.size, u.sha256))
+        ops.append(intents.commit_op(path, node.version))
+    return refs, ops
 
 
 def fence(app_id: str, generation: int, header: Stored | None, current: int) -> None:

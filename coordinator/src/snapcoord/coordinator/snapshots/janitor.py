@@ -132,6 +132,10 @@ class SnapshotJanitor:
             report = decode_task_report(node.data) if node is not None else None
             return frozenset(c.object_key for c in report.checkpoints) if report else frozenset()
 
+        # Read before the listing: an object older than the grace had its intent made before it
+        # was put, so an intent not seen here was retired before the listing (committed: the
+        # reference check after it sees the report; or given up, the object with it).
+        announced = self._kernel.intents.announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -139,6 +143,7 @@ class SnapshotJanitor:
             limit=limit,
             owner_of=owner_of_checkpoint,
             referenced_by=referenced_by,
+            announced=announced,
         )
         if deleted:
             self._metrics.orphans_deleted.labels("snapshot").inc(deleted)

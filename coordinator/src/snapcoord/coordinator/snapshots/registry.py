@@ -14,10 +14,10 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from snapcoord.coordinator import pins
+from snapcoord.coordinator import intents, pins
 from snapcoord.coordinator.commit import CommitKernel, ReadNode, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
@@ -45,7 +45,16 @@ from snapcoord.coordinator.domain.snapshots import (
     validate_report,
     validate_retention,
 )
-from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.errors import (
+    Aborted,
+    BadVersionError,
+    BlobNotFound,
+    Internal,
+    InvalidArgument,
+    NoNodeError,
+    NotFound,
+    Reason,
+)
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.snapshots import decide
@@ -73,6 +82,17 @@ DEFAULT_PAGE_SIZE = 50
 #: The pieces ReadCheckpoint streams: large enough for throughput, small next to any budget.
 CHUNK_BYTES = 1024 * 1024
 MAX_PAGE_SIZE = 1000
+#: Most bytes in one UploadCheckpoint message: the pieces the server holds while streaming.
+MAX_UPLOAD_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CheckpointUpload:
+    """A stored upload: what a report names in ``uploaded_checkpoints``, and what was stored."""
+
+    upload_id: str
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -242,6 +262,85 @@ class SnapshotRegistry:
                         return
                     yield piece
 
+    def upload(
+        self, app_id: str, generation: int, task_id: str, store: str, pieces: Iterable[bytes]
+    ) -> CheckpointUpload:
+        """Stream one checkpoint payload into the blob store for a later report to reference.
+
+        Checked like a report first (CREATED, current generation, task in the task set), before a
+        byte is read. Then an intent naming the object is written, the payload streamed into the
+        blob store (bounded memory: the store's part buffer and one piece, held from the payload
+        budget for the whole call), hashed once as it passes, and the intent marked complete with
+        size and hash. Any failure removes the object and the intent; a crash leaves both to the
+        janitor (the intent outlives the crash, the object is never referenced without it).
+        """
+        require_id("app_id", app_id)
+        if generation <= 0:
+            raise InvalidArgument(f"generation is {generation}; generations start at 1")
+        require_id("task_id", task_id)
+        require_id("store", store)
+        synced_retry(self._metadata, lambda: self._check_uploadable(app_id, generation, task_id))
+        unique = uuid.uuid4().hex
+        key = checkpoint_key(app_id, generation, task_id, unique)
+        target = intents.UploadInfo(app_id, generation, task_id, store)
+        held = self._blobs.stream_buffer_bytes + MAX_UPLOAD_CHUNK_BYTES
+        with self._budget.hold(held, f"UploadCheckpoint of task {task_id!r}"):
+            now = self._clock.now_ms()
+            path, upload_id = self._kernel.intents.announce([key], now, target)
+            digest = hashlib.sha256()
+            size = [0]
+
+            def counted() -> Iterator[bytes]:
+                for piece in pieces:
+                    if len(piece) > MAX_UPLOAD_CHUNK_BYTES:
+                        raise InvalidArgument(
+                            f"an UploadCheckpoint message carries {len(piece)} bytes of data; the limit "
+                            f"per message is {MAX_UPLOAD_CHUNK_BYTES}: send smaller pieces",
+                            reason=Reason.TOO_LARGE,
+                            metadata={"field": "data", "limit": MAX_UPLOAD_CHUNK_BYTES, "size": len(piece)},
+                        )
+                    size[0] += len(piece)
+                    if size[0] > self._policy.max_upload_bytes:
+                        raise InvalidArgument(
+                            f"the upload exceeds {self._policy.max_upload_bytes} bytes "
+                            "(--snapshot-max-upload-size)",
+                            reason=Reason.TOO_LARGE,
+                            metadata={"field": "data", "limit": self._policy.max_upload_bytes},
+                        )
+                    digest.update(piece)
+                    yield piece
+
+            try:
+                self._blobs.put_stream(key, counted())
+            except BaseException:
+                # put_stream leaves no object; delete anyway (a put whose reply was lost may have
+                # landed), then the intent. If either fails, the janitor finishes the job.
+                self._kernel.delete_objects([key])
+                self._kernel.intents.withdraw(path, intents.CREATED_VERSION)
+                raise
+            done = intents.Intent((key,), now, replace(target, size=size[0], sha256=digest.hexdigest()))
+            try:
+                self._kernel.intents.complete(path, done)
+            except (BadVersionError, NoNodeError):
+                raise Aborted(
+                    f"upload {upload_id} of task {task_id!r} was collected by the janitor before it finished "
+                    "(it outlived --orphan-grace after its snapshot ended): upload again",
+                    reason=Reason.CONTENDED,
+                ) from None
+        return CheckpointUpload(upload_id, size[0], digest.hexdigest())
+
+    def _check_uploadable(self, app_id: str, generation: int, task_id: str) -> None:
+        """Refuse an upload a report could not use: the same checks, the same reasons."""
+        reads = self._kernel.read([ReadNode(gen_path(app_id, generation)), ReadNode(app_path(app_id))])
+        header = decide.stored(reads.node(gen_path(app_id, generation)))
+        decide.fence(app_id, generation, header, decide.current_generation(reads.node(app_path(app_id))))
+        assert header is not None
+        if task_id not in header.record.task_ids:
+            raise InvalidArgument(
+                f"task {task_id!r} is not in the task set of app {app_id!r} generation {generation} "
+                f"({len(header.record.task_ids)} tasks)"
+            )
+
     def list_page(self, app_id: str, page_size: int, page_token: str) -> tuple[list[Snapshot], str]:
         """Snapshot headers, newest first, and the token of the next page."""
         require_id("app_id", app_id)
@@ -275,6 +374,7 @@ class SnapshotRegistry:
         task_id: str,
         offsets: Iterable[Offset],
         checkpoints: Mapping[str, bytes],
+        uploads: Mapping[str, str] | None = None,
     ) -> Snapshot:
         """Record one task's report; the report that completes the task set completes the snapshot.
 
@@ -282,7 +382,17 @@ class SnapshotRegistry:
         after completion); anything for another generation, or a snapshot no longer CREATED, is
         fenced with FAILED_PRECONDITION naming the current generation.
         """
-        items = validate_report(app_id, generation, task_id, offsets, checkpoints, self._policy)
+        uploads = uploads or {}
+        items = validate_report(app_id, generation, task_id, offsets, checkpoints, self._policy, uploads)
+        uploaded: list[tuple[str, str, str]] = []
+        for store, upload_id in sorted(uploads.items()):
+            path = intents.path_of(upload_id)
+            if path is None:
+                raise InvalidArgument(
+                    f"task.uploaded_checkpoints[{quote_prefix(store)}] is {quote_prefix(upload_id)}, not an "
+                    "upload_id that UploadCheckpoint returns"
+                )
+            uploaded.append((store, upload_id, path))
         refs: list[CheckpointRef] = []
         payloads: dict[str, bytes] = {}
         hashes: dict[str, str] = {}
@@ -291,8 +401,18 @@ class SnapshotRegistry:
             hashes[store] = hashlib.sha256(payload).hexdigest()  # once: the ref and the digest use it
             refs.append(CheckpointRef(store, key, len(payload), hashes[store]))
             payloads[key] = payload
-        digest = report_digest_of(items, hashes)
-        stored_size = len(encode_task_report(TaskReport(task_id, items, tuple(refs), digest)))
+        # An uploaded store enters the digest by its upload id: a repeat of the report is then
+        # recognised without the intent, which the first report's commit deleted.
+        digest = report_digest_of(items, {**hashes, **{s: f"upload:{u}" for s, u, _ in uploaded}})
+        # Sized with the uploads' refs at their widest (their size and hash come from the intents).
+        widest = [
+            CheckpointRef(s, checkpoint_key(app_id, generation, task_id, "0" * 32), 2**63 - 1, "0" * 64)
+            for s, _, _ in uploaded
+        ]
+        stored_size = len(encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest)))
+        # Each upload also retires its intent in the report's transaction: a Delete op, counted
+        # against the report's half of the request (the header has the other half).
+        stored_size += len(uploaded) * intents.RETIRE_OP_BYTES
         if stored_size > self._policy.report_budget_bytes:
             raise InvalidArgument(
                 f"task.committed_offsets and task.checkpoints make a {stored_size}-byte stored report; "
@@ -301,7 +421,9 @@ class SnapshotRegistry:
                 reason=Reason.TOO_LARGE,
                 metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
             )
-        request = decide.ReportRequest(app_id, generation, task_id, items, digest, tuple(refs), payloads)
+        request = decide.ReportRequest(
+            app_id, generation, task_id, items, digest, tuple(refs), payloads, tuple(uploaded)
+        )
         size = sum(len(p) for p in payloads.values())
         with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
             outcome = self._kernel.run(

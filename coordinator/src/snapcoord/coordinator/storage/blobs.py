@@ -9,7 +9,7 @@ Keys are ``/``-separated, relative to the store's prefix, with no empty, ``.`` o
 from __future__ import annotations
 
 import abc
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -31,6 +31,16 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``, replacing any object there; visible to ``get`` on return."""
+
+    @abc.abstractmethod
+    def put_stream(self, key: str, pieces: Iterable[bytes]) -> None:
+        """Store the concatenation of ``pieces`` under ``key``, consuming them one at a time and
+        holding at most ``stream_buffer_bytes`` of them (plus the piece in hand) in memory. The
+        object appears whole or not at all: an error from ``pieces`` or the store leaves nothing
+        under ``key`` (what was sent so far is discarded)."""
+
+    #: Most bytes ``put_stream`` buffers beyond the piece in hand (the payload budget counts them).
+    stream_buffer_bytes: int = 0
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes:

@@ -17,7 +17,7 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,11 +56,17 @@ class LocalBlobStore(BlobStore):
             raise StoreUnavailable(f"cannot open the blob directory {directory}: {e}") from e
 
     def put(self, key: str, data: bytes) -> None:
+        self.put_stream(key, (data,))
+
+    def put_stream(self, key: str, pieces: Iterable[bytes]) -> None:
+        # A temp file renamed into place: readers never see a partial object, and a failure
+        # midway (of the store or of ``pieces``) leaves only the temp file, removed here.
         target = self._path(key)
         tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
         try:
             with open(tmp, "xb") as f:
-                f.write(data)
+                for piece in pieces:
+                    f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
             self._rename_into_place(tmp, target, key)

@@ -14,8 +14,9 @@ endpoint and bucket, and for configuration problems, what to fix.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
@@ -29,6 +30,8 @@ from snapcoord.coordinator.storage.registry import BlobOptions
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+_log = logging.getLogger(__name__)
 
 #: Error codes that mean "these credentials may not do this": fix the credentials or the policy.
 _AUTH_CODES = frozenset(
@@ -71,8 +74,15 @@ def is_aws_endpoint(endpoint_url: str) -> bool:
     return host.endswith(_AWS_HOST_SUFFIXES)
 
 
+#: Part size of a streamed put: above S3's 5 MiB minimum for every part but the last, and small
+#: enough that concurrent uploads hold little (a part and its joined copy at most).
+PART_BYTES = 8 * 1024 * 1024
+
+
 class S3BlobStore(BlobStore):
     """Objects under ``s3://bucket/prefix``; thread-safe (boto3 clients are)."""
+
+    stream_buffer_bytes = 2 * PART_BYTES
 
     @classmethod
     def from_uri(cls, uri: str, options: BlobOptions | None = None) -> S3BlobStore:
@@ -117,6 +127,69 @@ class S3BlobStore(BlobStore):
             s3.put_object(Bucket=self._bucket, Key=full_key, Body=data, **self._sse)  # type: ignore[arg-type]
         except (ClientError, BotoCoreError) as e:
             self._raise(e, f"put {key}")
+
+    def put_stream(self, key: str, pieces: Iterable[bytes]) -> None:
+        """A multipart upload in parts of ``PART_BYTES``; a payload smaller than one part is one
+        plain put. On any failure (the pieces' producer raised, the store failed) the multipart
+        upload is aborted, so S3 keeps neither an object nor the parts sent so far."""
+        full_key = self._key(key)
+        s3 = self._s3()
+        buffered: list[bytes] = []
+        size = 0
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        try:
+            for piece in pieces:
+                buffered.append(piece)
+                size += len(piece)
+                if size >= PART_BYTES:
+                    if upload_id is None:
+                        created = s3.create_multipart_upload(
+                            Bucket=self._bucket,
+                            Key=full_key,
+                            **self._sse,  # type: ignore[arg-type]
+                        )
+                        upload_id = created["UploadId"]
+                    body = b"".join(buffered)
+                    buffered.clear()
+                    size = 0
+                    number = len(parts) + 1
+                    etag = s3.upload_part(
+                        Bucket=self._bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
+                    )["ETag"]
+                    del body
+                    parts.append({"ETag": etag, "PartNumber": number})
+            body = b"".join(buffered)
+            buffered.clear()
+            if upload_id is None:
+                s3.put_object(Bucket=self._bucket, Key=full_key, Body=body, **self._sse)  # type: ignore[arg-type]
+                return
+            if body or not parts:
+                number = len(parts) + 1
+                etag = s3.upload_part(
+                    Bucket=self._bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
+                )["ETag"]
+                parts.append({"ETag": etag, "PartNumber": number})
+            s3.complete_multipart_upload(
+                Bucket=self._bucket,
+                Key=full_key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+            )
+            upload_id = None  # completed: nothing to abort
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"put {key}")
+        finally:
+            if upload_id is not None:
+                self._abort_multipart(full_key, upload_id)
+
+    def _abort_multipart(self, full_key: str, upload_id: str) -> None:
+        """Best effort: a multipart upload left open costs storage until a bucket lifecycle rule
+        (AbortIncompleteMultipartUpload) removes it; the original error matters more."""
+        try:
+            self._s3().abort_multipart_upload(Bucket=self._bucket, Key=full_key, UploadId=upload_id)
+        except (ClientError, BotoCoreError) as e:
+            _log.warning("could not abort the multipart upload of %s: %s", full_key, e)
 
     def get(self, key: str) -> bytes:
         full_key = self._key(key)

@@ -1,0 +1,183 @@
+"""UploadCheckpoint and reports that reference uploads (#11), through the real server and the thin
+client, on the embedded stores and on ZooKeeper + S3: a streamed payload reads back whole like any
+checkpoint; the header is checked like a report's before data is read; bad uploads and bad
+references are refused precisely and leave nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from harness.coordinator import InProcessCoordinator, serve_in_process
+from harness.stores import Stores
+from snapcoord.client import (
+    CoordinatorClient,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SnapshotFenced,
+    TaskSnapshot,
+)
+from snapcoord.coordinator import intents
+from snapcoord.coordinator.services import Deps
+from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def coordinator(stores: Stores) -> Iterator[InProcessCoordinator]:
+    deps = Deps(metadata=stores.metadata, blobs=stores.blobs)
+    with serve_in_process(deps, snapshot_max_upload_size="20MiB", snapshot_max_checkpoints="3") as coord:
+        yield coord
+
+
+@pytest.fixture
+def client(coordinator: InProcessCoordinator) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(coordinator.target, timeout_s=120) as c:
+        yield c
+
+
+def live_intents(stores: Stores) -> list[intents.Intent]:
+    found = []
+    for bucket in stores.metadata.children(intents.ROOT):
+        for name in stores.metadata.children(f"{intents.ROOT}/{bucket}"):
+            node = stores.metadata.get(f"{intents.ROOT}/{bucket}/{name}")
+            if node is not None:
+                found.append(intents.decode(node.data))
+    return found
+
+
+def stored_keys(stores: Stores) -> set[str]:
+    return {info.key for info in stores.blobs.list("snapshots/")}
+
+
+def test_an_uploaded_checkpoint_reads_back_like_any_other(client: CoordinatorClient, stores: Stores) -> None:
+    big = random.Random(7).randbytes(12 * MiB + 5)  # more than one S3 part (8 MiB)
+    g = client.create_snapshot("app", ["t1", "t2"]).generation
+
+    up = client.upload_checkpoint("app", g, "t1", "big", big)
+    assert (up.size, up.sha256) == (len(big), hashlib.sha256(big).hexdigest())
+    from_file = client.upload_checkpoint("app", g, "t1", "file", io.BytesIO(b"f" * (3 * MiB)))
+    from_pieces = client.upload_checkpoint("app", g, "t2", "pieces", iter([b"a" * (2 * MiB + 1), b"", b"b"]))
+    empty = client.upload_checkpoint("app", g, "t2", "empty", b"")
+    assert (empty.size, from_pieces.size) == (0, 2 * MiB + 2)
+    # Until a report names them, the uploads are announced by intents (the janitor's index).
+    assert {i.upload.store for i in live_intents(stores) if i.upload} == {"big", "file", "pieces", "empty"}
+
+    one = client.report_task_snapshot(
+        "app", g, TaskSnapshot("t1", (), {"inline": b"i"}, {"big": up.upload_id, "file": from_file.upload_id})
+    )
+    assert set(one.tasks[0].checkpoints) == {"big", "file", "inline"}
+    done = client.report_task_snapshot(
+        "app", g, TaskSnapshot("t2", (), uploads={"pieces": from_pieces.upload_id, "empty": empty.upload_id})
+    )
+    assert done.state.name == "COMPLETED"
+    # The reports' commits retired the intents; the objects stay, referenced.
+    assert live_intents(stores) == []
+    assert len(stored_keys(stores)) == 5
+
+    assert b"".join(client.read_checkpoint("app", g, "t1", "big")) == big
+    assert b"".join(client.read_checkpoint("app", g, "t1", "file")) == b"f" * (3 * MiB)
+    assert b"".join(client.read_checkpoint("app", g, "t2", "pieces")) == b"a" * (2 * MiB + 1) + b"b"
+    assert b"".join(client.read_checkpoint("app", g, "t2", "empty")) == b""
+    listed = client.get_snapshot("app", g)
+    assert {t.task_id: set(t.checkpoints) for t in listed.tasks} == {
+        "t1": {"big", "file", "inline"},
+        "t2": {"pieces", "empty"},
+    }
+
+    # The same report again is accepted as one, although its intents are gone.
+    again = client.report_task_snapshot(
+        "app", g, TaskSnapshot("t1", (), {"inline": b"i"}, {"big": up.upload_id, "file": from_file.upload_id})
+    )
+    assert again.tasks[0].task_id == "t1"
+
+    # Deleting the snapshot deletes the uploaded payloads with the rest.
+    assert client.delete_snapshot("app", g)
+    assert stored_keys(stores) == set()
+
+
+def test_the_header_is_checked_before_any_data(client: CoordinatorClient, stores: Stores) -> None:
+    g = client.create_snapshot("app", ["t"]).generation
+
+    def endless() -> Iterator[bytes]:
+        while True:
+            yield b"x" * 1024
+
+    with pytest.raises(InvalidArgument) as outside:
+        client.upload_checkpoint("app", g, "stranger", "s", endless())
+    assert "not in the task set" in str(outside.value)
+    with pytest.raises(SnapshotFenced):
+        client.upload_checkpoint("app", g + 1, "t", "s", endless())
+    with pytest.raises(SnapshotFenced):  # no such app: generation 1 > current 0, as for a report
+        client.upload_checkpoint("nobody", 1, "t", "s", b"x")
+    with pytest.raises(InvalidArgument):
+        client.upload_checkpoint("app", g, "t", "", b"x")
+    client.abort_snapshot("app", g)
+    with pytest.raises(SnapshotFenced) as ended:
+        client.upload_checkpoint("app", g, "t", "s", endless())
+    assert ended.value.reason == "SNAPSHOT_NOT_CREATED"
+    assert live_intents(stores) == [] and stored_keys(stores) == set()
+
+
+def test_oversized_messages_and_uploads_are_refused_and_leave_nothing(
+    coordinator: InProcessCoordinator, client: CoordinatorClient, stores: Stores
+) -> None:
+    g = client.create_snapshot("app", ["t"]).generation
+    with pytest.raises(InvalidArgument) as too_big:
+        client.upload_checkpoint("app", g, "t", "s", (b"z" * MiB for _ in range(21)))
+    assert too_big.value.reason == "TOO_LARGE" and "--snapshot-max-upload-size" in str(too_big.value)
+
+    with coordinator.channel() as channel:
+        stub = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+        header = snapshot_pb2.UploadCheckpointRequest(app_id="app", generation=g, task_id="t", store="s")
+        with pytest.raises(grpc.RpcError) as chunk:
+            stub.UploadCheckpoint(iter([header, snapshot_pb2.UploadCheckpointRequest(data=b"c" * (MiB + 1))]))
+        assert chunk.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "limit per message" in str(chunk.value.details())
+        with pytest.raises(grpc.RpcError) as renamed:
+            stub.UploadCheckpoint(
+                iter([header, snapshot_pb2.UploadCheckpointRequest(store="other", data=b"c")])
+            )
+        assert renamed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as nothing:
+            stub.UploadCheckpoint(iter([]))
+        assert nothing.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert live_intents(stores) == [] and stored_keys(stores) == set()
+
+
+def test_bad_references_are_refused_and_change_nothing(client: CoordinatorClient, stores: Stores) -> None:
+    g = client.create_snapshot("app", ["t", "u"]).generation
+    up = client.upload_checkpoint("app", g, "t", "s", b"payload")
+
+    with pytest.raises(InvalidArgument) as both:
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), {"s": b"x"}, {"s": up.upload_id}))
+    assert "both" in str(both.value)
+    with pytest.raises(InvalidArgument) as too_many:
+        client.report_task_snapshot(
+            "app", g, TaskSnapshot("t", (), {"a": b"", "b": b""}, {"s": up.upload_id, "c": up.upload_id})
+        )
+    assert too_many.value.reason == "TOO_LARGE"
+    with pytest.raises(InvalidArgument):  # not an id UploadCheckpoint gives
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": "made-up"}))
+    with pytest.raises(NotFound):  # well-formed, never made
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": "1-" + "0" * 32}))
+    with pytest.raises(InvalidArgument) as other_store:
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"other": up.upload_id}))
+    assert "not for this report's task and store" in str(other_store.value)
+    with pytest.raises(InvalidArgument):  # another task's report
+        client.report_task_snapshot("app", g, TaskSnapshot("u", (), uploads={"s": up.upload_id}))
+    assert client.get_snapshot("app", g).tasks == ()
+    assert len(live_intents(stores)) == 1
+
+    client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": up.upload_id}))
+    # Used once: a different report may not take it again.
+    with pytest.raises(FailedPrecondition):
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), {"x": b""}, uploads={"s": up.upload_id}))
+    assert b"".join(client.read_checkpoint("app", g, "t", "s")) == b"payload"

@@ -1,0 +1,417 @@
+"""Snapshots that own a copy of each query's checkpoint, and restores that roll the sinks back.
+
+Real local PySpark (classic, and Spark Connect through the Connect job of the exactly-once tests), a
+real ``snapcoord serve`` on the shared ZooKeeper + S3. Queries read JSON files (one file per batch,
+``availableNow`` unless a test needs a running query) into ``exactly_once`` over a
+``PartitionedFileSink``; every input record has a unique id, so "exactly once" is a ``Counter`` check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from harness.coordinator import CoordinatorProcess
+from harness.process import wait_until
+from harness.seaweed import SeaweedS3Server
+from harness.spark_connect import SparkConnectServer
+from snapcoord.client import CoordinatorClient, Offset, SnapshotState
+from snapcoord.spark_connector.app_snapshots import BATCH_ID_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.epochs import Fenced
+from snapcoord.spark_connector.exactly_once import exactly_once
+from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.sinks import PartitionedFileSink
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id INT"
+RECORDS_PER_FILE = 10
+CONNECT_JOB = Path(__file__).parent / "jobs" / "exactly_once_connect_job.py"
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
+) -> Iterator[str]:
+    """One ``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of its own)."""
+    root = tmp_path_factory.mktemp("coordinator-snapshots")
+    run = uuid.uuid4().hex[:8]
+    args = ["--metadata", f"zk://{zk_hosts}/t/snap-{run}", "--blobs", s3_server.uri(f"t/snap-{run}")]
+    with CoordinatorProcess(root, args=args) as coord:
+        yield coord.target
+
+
+@pytest.fixture
+def client(coordinator: str) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(coordinator, timeout_s=30) as c:
+        yield c
+
+
+def publish(directory: Path, first: int, count: int, *, bucket: bool = False) -> None:
+    """Input files ``first .. first+count-1``; file ``i`` holds ids ``10i .. 10i+9``; atomic renames."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(first, first + count):
+        tmp = directory.parent / f".tmp-{directory.name}-{i}.json"
+        ids_ = [i * RECORDS_PER_FILE + j for j in range(RECORDS_PER_FILE)]
+        rows = [{"id": n, "bucket": f"b{n % 3}"} if bucket else {"id": n} for n in ids_]
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(tmp, directory / f"in-{i:03d}.json")
+
+
+def expected(files: int) -> Counter[int]:
+    return Counter(range(files * RECORDS_PER_FILE))
+
+
+def ids(sink: PartitionedFileSink) -> Counter[int]:
+    return Counter(int(r["id"]) for r in sink.read_json_records())
+
+
+def ids_below(sink: PartitionedFileSink, positions: tuple[Offset, ...]) -> Counter[int]:
+    """The ids a sink held at ``positions`` (its commits below the recorded sequence)."""
+    (limit,) = [p.offset for p in positions if p.partition == 0]
+    out: Counter[int] = Counter()
+    for commit in sink.commits():
+        if commit.seq < limit:
+            for f in commit.files:
+                out.update(int(json.loads(line)["id"]) for line in (sink.path / f).read_text().splitlines())
+    return out
+
+
+def committed_content(sink: PartitionedFileSink) -> dict[str, str]:
+    """Every visible commit and the SHA-256 of each file it lists: what must survive a restore."""
+    return {
+        f"{c.file_name}:{f}": hashlib.sha256((sink.path / f).read_bytes()).hexdigest()
+        for c in sink.commits()
+        for f in c.files
+    }
+
+
+def small_key(client: CoordinatorClient, app: str, generation: int, task: str, key: str) -> str:
+    return b"".join(client.read_checkpoint(app, generation, task, key)).decode()
+
+
+Transform = Callable[[DataFrame], DataFrame]
+
+
+def run_available_now(
+    spark: SparkSession,
+    coordinator: str,
+    name: str,
+    source: Path,
+    checkpoint: Path,
+    table: Path,
+    *,
+    transform: Transform | None = None,
+    output_mode: str = "append",
+    finish: bool = True,
+) -> list[int]:
+    """One availableNow run (one input file per batch) to the end; returns the executed batch ids.
+    ``finish=False`` leaves the last batch's record in the coordinator, as a crashed driver does."""
+    writer = exactly_once(
+        PartitionedFileSink(table, name=name),
+        coordinator,
+        query_name=name,
+        checkpoint_location=str(checkpoint),
+    )
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    stream = (transform(df) if transform else df).writeStream.queryName(name).outputMode(output_mode)
+    query = (
+        stream.foreachBatch(writer)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+        assert query.exception() is None
+        if finish:
+            writer.finish(query)
+    finally:
+        query.stop()
+        writer.close()
+    return [p.batchId for p in query.recentProgress if "addBatch" in (p.durationMs or {})]
+
+
+# -- the sink's cut: what it removes and, above all, what it keeps --------------------------------------
+
+
+def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession, tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(4)], "id long, bucket string")
+    run1 = PartitionedFileSink(table, partition_by=["bucket"])
+    run1.fence(1)
+    run1.write(df, 0)
+    run1.write(df.filter("id < 2"), 1)
+    run2 = PartitionedFileSink(table, partition_by=["bucket"])
+    run2.fence(2)  # a later run of the same lineage writes batch 2
+    run2.write(df.filter("id >= 2"), 2)
+    at_batch_2 = run2.batch_end_positions(2)
+    assert at_batch_2 == [Offset("t", 0, 3)]
+    kept = committed_content(run2)
+    assert run2.last_batch_id() == 2
+
+    # After the snapshot: more batches of run 2, a run 3, and a half-written (uncommitted) write.
+    run2.write(df, 3)
+    run3 = PartitionedFileSink(table, partition_by=["bucket"])
+    run3.fence(3)
+    run3.write(df, 4)
+    (table / "bucket=b0" / f"part-{9:012d}-e{3:012d}-{'c' * 12}-00000.json").write_text('{"id": 99}\n')
+    assert run3.last_batch_id() == 4
+    with pytest.raises(LookupError, match="no visible commit of batch 7"):
+        run3.batch_end_positions(7)
+
+    restorer = PartitionedFileSink(table, partition_by=["bucket"])
+    with pytest.raises(Fenced, match="fence the sink"):
+        restorer.restore_to(at_batch_2)  # not holding the newest epoch: refuses, deletes nothing
+    assert run3.last_batch_id() == 4
+    restorer.fence(4)
+    restorer.restore_to(at_batch_2)
+    assert committed_content(restorer) == kept  # batches 0-2, of runs 1 and 2, byte for byte
+    assert sorted(int(r["id"]) for r in restorer.read_json_records()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert len(list(table.glob("bucket=*/part-*"))) == sum(len(c.files) for c in restorer.commits())
+    restorer.restore_to(at_batch_2)  # idempotent
+    assert committed_content(restorer) == kept
+    with pytest.raises(Fenced):
+        run3.write(df, 5)  # the old run is shut out
+    # The next write takes a number above everything the cut removed: positions stay meaningful.
+    restorer.write(df, 3)
+    assert restorer.commits()[-1].seq > 4 and committed_content(restorer).items() >= kept.items()
+
+
+# -- restores on classic Spark ----------------------------------------------------------------------------
+
+
+def test_restore_into_the_same_sink_after_retention_is_exactly_once(
+    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """minBatchesToRetain=3: snapshot at batch 1, run to batch 8 (Spark purges batch 1), restore."""
+    name, app = f"ret-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    source, checkpoint, table = tmp_path / "in", tmp_path / "cp", tmp_path / "table"
+    sink = PartitionedFileSink(table, name=name)
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "3")
+    try:
+        publish(source, 0, 2)
+        assert run_available_now(spark, coordinator, name, source, checkpoint, table) == [0, 1]
+        # The query has stopped (availableNow): the snapshot comes from its checkpoint alone.
+        snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=120)
+        assert snapshot.state is SnapshotState.COMPLETED
+        assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
+        at_snapshot = committed_content(sink)
+
+        publish(source, 2, 7)
+        ran = run_available_now(spark, coordinator, name, source, checkpoint, table, finish=False)
+        assert ran == list(range(2, 9))
+        assert not (checkpoint / "offsets" / "1").exists()  # retention: the live copy of batch 1 is gone
+        assert ids(sink) == expected(9)
+        # The old run's record of batch 8 stays: the restored run meets it at its own batch 8 and must
+        # neither roll back to it (it is another query id's) nor be fenced by it.
+        client.get_producer_offsets(f"{name}.b8")
+
+        restored_cp = tmp_path / "restored"
+        done = restore_snapshot(
+            client, app, snapshot.generation, [RestoreTarget(name, str(restored_cp), sink)]
+        )
+        assert done[name].batch_id == 1 and done[name].sink_positions == (Offset(name, 0, 2),)
+        # The sink holds exactly the snapshot's output: nothing committed at or before it was touched.
+        assert committed_content(sink) == at_snapshot
+        assert ids(sink) == expected(2)
+        old_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
+        assert done[name].query_id != old_id
+
+        publish(source, 9, 1)  # new input after the restore
+        assert run_available_now(spark, coordinator, name, source, restored_cp, table) == list(range(2, 10))
+        assert ids(sink) == expected(10)  # each record exactly once
+        assert committed_content(sink).items() >= at_snapshot.items()
+    finally:
+        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
+
+
+def count_by_key(df: DataFrame) -> DataFrame:
+    return df.groupBy((F.col("id") % 7).alias("k")).count()
+
+
+def test_stateful_restore_after_the_checkpoint_is_deleted(
+    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    name, app = f"agg-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    source, checkpoint, table = tmp_path / "in", tmp_path / "cp", tmp_path / "table"
+    sink = PartitionedFileSink(table, name=name)
+
+    def run(cp: Path) -> list[int]:
+        return run_available_now(
+            spark, coordinator, name, source, cp, table, transform=count_by_key, output_mode="update"
+        )
+
+    publish(source, 0, 2)
+    assert run(checkpoint) == [0, 1]
+    snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=120)
+    publish(source, 2, 1)
+    assert run(checkpoint) == [2]
+    shutil.rmtree(checkpoint)  # the original checkpoint is gone for good
+
+    restored_cp = tmp_path / "restored"
+    restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, str(restored_cp), sink)])
+    assert (restored_cp / "state").is_dir()
+    publish(source, 3, 1)
+    assert run(restored_cp) == [2, 3]
+
+    # Update mode: the latest row of each key is its count over everything read. A run without the
+    # restore counts every input record once: the counts of ids 0..39 by id % 7.
+    final = {int(r["k"]): int(r["count"]) for r in sink.read_json_records()}
+    assert final == dict(Counter(i % 7 for i in range(4 * RECORDS_PER_FILE)))
+
+
+def start_continuous(
+    spark: SparkSession, coordinator: str, name: str, source: Path, checkpoint: Path, table: Path
+) -> Any:
+    writer = exactly_once(
+        PartitionedFileSink(table, name=name),
+        coordinator,
+        query_name=name,
+        checkpoint_location=str(checkpoint),
+    )
+    return (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.queryName(name)
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+
+
+def test_two_query_pipeline_cut_holds_and_restore_is_exactly_once_end_to_end(
+    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """A: files -> table A; B: table A (a file stream over it) -> table B. Snapshot both while they run."""
+    app, run = f"pipe-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
+    a, b = f"a-{run}", f"b-{run}"
+    source, table_a, table_b = tmp_path / "in", tmp_path / "table-a", tmp_path / "table-b"
+    cp = {a: tmp_path / "cp-a", b: tmp_path / "cp-b"}
+    sink_a, sink_b = PartitionedFileSink(table_a, name=a), PartitionedFileSink(table_b, name=b)
+    table_a.mkdir()
+    publish(source, 0, 8)
+    queries = [
+        start_continuous(spark, coordinator, a, source, cp[a], table_a),
+        start_continuous(spark, coordinator, b, table_a, cp[b], table_b),
+    ]
+    try:
+        wait_until(lambda: len(sink_b.commits()) >= 2, timeout=120, what="B to commit two batches")
+        snapshot = take_snapshot(
+            client,
+            app,
+            [SnapshotQuery(a, str(cp[a]), sink_a), SnapshotQuery(b, str(cp[b]), sink_b, reads_from=(a,))],
+            timeout_s=120,
+        )
+        wait_until(lambda: ids(sink_b) == expected(8), timeout=180, what="the pipeline to drain")
+    finally:
+        for q in queries:
+            q.stop()
+    for q in queries:
+        assert q.exception() is None
+
+    def positions(query: str) -> tuple[Offset, ...]:
+        raw = json.loads(small_key(client, app, snapshot.generation, query, "sink_positions"))
+        return tuple(Offset(s, p, o) for s, p, o in raw)
+
+    snap_a, snap_b = ids_below(sink_a, positions(a)), ids_below(sink_b, positions(b))
+    # The cut: B's snapshot holds nothing that A's does not.
+    assert snap_b and not (snap_b - snap_a), snap_b - snap_a
+
+    restore_snapshot(
+        client,
+        app,
+        snapshot.generation,
+        [
+            RestoreTarget(a, str(tmp_path / "cp-a2"), sink_a),
+            RestoreTarget(b, str(tmp_path / "cp-b2"), sink_b),
+        ],
+    )
+    assert ids(sink_a) == snap_a and ids(sink_b) == snap_b
+    publish(source, 8, 1)
+    run_available_now(spark, coordinator, a, source, tmp_path / "cp-a2", table_a)
+    run_available_now(spark, coordinator, b, table_a, tmp_path / "cp-b2", table_b)
+    assert ids(sink_a) == expected(9)
+    assert ids(sink_b) == expected(9)  # every record once, end to end
+
+
+def test_snapshot_completes_right_after_a_restart_without_input(
+    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    name, app = f"idle-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    source, checkpoint, table = tmp_path / "in", tmp_path / "cp", tmp_path / "table"
+    publish(source, 0, 2)
+    first = start_continuous(spark, coordinator, name, source, checkpoint, table)
+    first.processAllAvailable()
+    first.stop()
+    restarted = start_continuous(spark, coordinator, name, source, checkpoint, table)
+    try:
+        # No new input, no progress event of the new run: the checkpoint alone names batch 1.
+        sink = PartitionedFileSink(table, name=name)
+        snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=60)
+        assert snapshot.state is SnapshotState.COMPLETED
+        assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
+        assert restarted.exception() is None and restarted.isActive
+    finally:
+        restarted.stop()
+
+
+# -- Spark Connect -------------------------------------------------------------------------------------------
+
+
+def run_connect_job(
+    server: SparkConnectServer, coordinator: str, root: Path, checkpoint: Path, name: str
+) -> Any:
+    argv = [
+        sys.executable, str(CONNECT_JOB), "--remote", server.url, "--target", coordinator,
+        "--input", str(root / "input"), "--checkpoint", str(checkpoint), "--table", str(root / "table"),
+        "--query-name", name,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, (
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{server.log_tail()}"
+    )
+    return json.loads(lines[-1])
+
+
+def test_snapshot_and_restore_under_spark_connect(
+    spark_connect_server: SparkConnectServer, coordinator: str, client: CoordinatorClient, tmp_path: Path
+) -> None:
+    """The queries run on the Connect server; snapshot and restore run in this client process."""
+    name, app = f"connect-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    checkpoint = tmp_path / "chk"
+    sink = PartitionedFileSink(tmp_path / "table", partition_by=["bucket"], name="connect-table")
+    publish(tmp_path / "input", 0, 2, bucket=True)
+    result = run_connect_job(spark_connect_server, coordinator, tmp_path, checkpoint, name)
+    assert result["session"] == "pyspark.sql.connect.session.SparkSession" and result["batches"] == [0, 1]
+
+    snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=120)
+    assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
+    publish(tmp_path / "input", 2, 2, bucket=True)
+    assert run_connect_job(spark_connect_server, coordinator, tmp_path, checkpoint, name)["batches"] == [2, 3]
+    client.get_producer_offsets(f"{name}.b3")  # the old run's last record, met again by the restored run
+
+    restored = tmp_path / "chk-restored"
+    restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, str(restored), sink)])
+    assert ids(sink) == expected(2)
+    publish(tmp_path / "input", 4, 1, bucket=True)
+    result = run_connect_job(spark_connect_server, coordinator, tmp_path, restored, name)
+    assert result["batches"] == [2, 3, 4]
+    assert ids(sink) == expected(5)
