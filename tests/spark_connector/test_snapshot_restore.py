@@ -209,6 +209,9 @@ def test_restore_into_the_same_sink_after_retention_is_exactly_once(
         snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=120)
         assert snapshot.state is SnapshotState.COMPLETED
         assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
+        # The committed offsets come from the offsets log: the file source's log offset of batch 1.
+        (task,) = client.get_snapshot(app, snapshot.generation).tasks
+        assert task.committed_offsets == (Offset(f"{name}.0", 0, 1),)
         at_snapshot = committed_content(sink)
 
         publish(source, 2, 7)
@@ -366,6 +369,9 @@ def test_snapshot_completes_right_after_a_restart_without_input(
         snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=60)
         assert snapshot.state is SnapshotState.COMPLETED
         assert small_key(client, app, snapshot.generation, name, BATCH_ID_KEY) == "1"
+        # The committed offsets come from the offsets log: the file source's log offset of batch 1.
+        (task,) = client.get_snapshot(app, snapshot.generation).tasks
+        assert task.committed_offsets == (Offset(f"{name}.0", 0, 1),)
         assert restarted.exception() is None and restarted.isActive
     finally:
         restarted.stop()

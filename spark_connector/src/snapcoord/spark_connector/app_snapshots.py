@@ -36,8 +36,8 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapcoord.client import (
@@ -58,6 +58,7 @@ from snapcoord.spark_connector.checkpoint_archive import (
 )
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.sinks import RestorableSink
+from snapcoord.spark_connector.sources import OffsetParser, offsets_of_sources
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +86,15 @@ class SnapshotConflict(RuntimeError):
 class SnapshotQuery:
     """One streaming query of the app: its name (the snapshot's task id, and ``exactly_once``'s
     ``query_name``), its local checkpoint, its sink (None: the restore cannot roll it back) and the
-    names of the queries whose sinks it reads."""
+    names of the queries whose sinks it reads. ``stream_names`` and ``parsers`` name and parse its
+    sources' offsets for the report's committed offsets, as in ``sources.offsets_of_sources``."""
 
     name: str
     checkpoint_location: str
     sink: RestorableSink | None = None
     reads_from: tuple[str, ...] = ()
+    stream_names: tuple[str | None, ...] = ()
+    parsers: Mapping[int, OffsetParser] = field(default_factory=dict)
 
 
 def downstream_first(queries: Sequence[SnapshotQuery]) -> list[SnapshotQuery]:
@@ -128,6 +132,7 @@ def store_archive(
     small: dict[str, bytes],
     staged: Path,
     *,
+    offsets: Sequence[Offset] = (),
     attempts: int = 3,
 ) -> TaskSnapshot:
     """Stream one query's staged copy to the coordinator (``upload_checkpoint``: pieces of 1 MiB,
@@ -145,7 +150,7 @@ def store_archive(
                 raise
             log.info("%s gen %d: upload of %s lost (attempt %d); again", app_id, generation, task_id, attempt)
             continue
-        return TaskSnapshot(task_id, (), small, uploads={ARCHIVE_KEY: upload.upload_id})
+        return TaskSnapshot(task_id, tuple(offsets), small, uploads={ARCHIVE_KEY: upload.upload_id})
     raise AssertionError("unreachable")
 
 
@@ -182,6 +187,8 @@ def _report_query(
     staging = Path(tempfile.mkdtemp(prefix=f".snapcoord-{query.name}-", dir=root)) / "checkpoint"
     try:
         cut = stage_cut(checkpoint, staging)
+        # Before the upload: a source nothing parses fails the snapshot here, saying which.
+        offsets = offsets_of_sources(query.name, cut.source_offsets, query.stream_names, query.parsers)
         positions: list[Offset] = (
             [] if query.sink is None else list(query.sink.batch_end_positions(cut.batch_id))
         )
@@ -192,7 +199,7 @@ def _report_query(
             SINK_POSITIONS_KEY: json.dumps([[p.stream, p.partition, p.offset] for p in positions]).encode(),
         }
         try:
-            report = store_archive(client, app_id, generation, query.name, small, staging)
+            report = store_archive(client, app_id, generation, query.name, small, staging, offsets=offsets)
             client.report_task_snapshot(app_id, generation, report)
         except SnapshotFenced as e:
             # Another driver reported this query first (its report stands), or the snapshot ended

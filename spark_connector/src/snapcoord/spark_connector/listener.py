@@ -39,12 +39,6 @@ from snapcoord.spark_connector.sources import OffsetParser
 
 _log = logging.getLogger(__name__)
 
-#: Checkpoint map keys of a query's snapshot report, which ``app_snapshots`` writes and reads back;
-#: they stay importable from here for it (the listener itself no longer reports snapshots).
-CHECKPOINT_KEY = "checkpoint"
-BATCH_ID_KEY = "batch_id"
-SOURCES_KEY = "sources"
-
 
 class SnapcoordListener(StreamingQueryListener, DriverOnly):
     """Reports the progress of the queries in ``backlog_jobs`` (query name -> job id) to their
