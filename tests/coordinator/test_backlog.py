@@ -30,6 +30,7 @@ from snapcoord.coordinator.domain.backlog import (
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, InvalidArgument, NotFound
+from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, MetadataStore, Op
@@ -499,9 +500,13 @@ def test_crash_between_upload_and_commit_leaves_only_an_orphan_the_janitor_sweep
     stores.blobs.put("producers/p/0123456789abcdef0123456789abcdef.json", b"{}")
     assert len(objects(stores.blobs)) == 3
 
-    assert backlog.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 0  # too young: may be in flight
+    intents = IntentIndex(stores.metadata)
+    assert intents.sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100) == 0  # too young: may be in flight
     clock.advance(2 * HOUR_MS)
-    assert backlog.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 1
+    # The crashed mark's intent announces its object: the listing sweep leaves it to the intents.
+    assert backlog.sweep_orphans(grace_ms=HOUR_MS, limit=100) == 0
+    assert intents.sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100) == 1
+    assert intents.announced_keys() == frozenset()
     live_mark = mark_id_of(stores.metadata, "live")
     assert objects(stores.blobs) == ["backlog/live/" + live_mark + ".json", "backlog/not-ours.txt"]
     assert [b.key for b in stores.blobs.list("producers/")] != []

@@ -64,6 +64,7 @@ CONTRACT = {
     "--cleanup-interval": ("SNAPCOORD_CLEANUP_INTERVAL", "60s"),
     "--orphan-grace": ("SNAPCOORD_ORPHAN_GRACE", "1h"),
     "--orphan-sweep-interval": ("SNAPCOORD_ORPHAN_SWEEP_INTERVAL", "15m"),
+    "--orphan-listing-interval": ("SNAPCOORD_ORPHAN_LISTING_INTERVAL", "0s"),
     "--cleanup-batch": ("SNAPCOORD_CLEANUP_BATCH", "1000"),
     "--snapshot-default-timeout": ("SNAPCOORD_SNAPSHOT_DEFAULT_TIMEOUT", "10m"),
     "--snapshot-max-timeout": ("SNAPCOORD_SNAPSHOT_MAX_TIMEOUT", "7d"),
@@ -128,6 +129,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
     "cleanup_interval": ("0s", "5m", ("janitor", "cleanup_interval_ms"), 0),
     "orphan_grace": ("2h", "3h", ("janitor", "orphan_grace_ms"), 7_200_000),
     "orphan_sweep_interval": ("1m", "2m", ("janitor", "orphan_sweep_interval_ms"), 60_000),
+    "orphan_listing_interval": ("1d", "2d", ("janitor", "orphan_listing_interval_ms"), 86_400_000),
     "cleanup_batch": ("50", "60", ("janitor", "batch"), 50),
     "snapshot_default_timeout": ("1m", "2m", ("snapshots", "default_timeout_ms"), 60_000),
     "snapshot_max_timeout": ("1d", "2d", ("snapshots", "max_timeout_ms"), 86_400_000),
@@ -193,6 +195,7 @@ BAD: dict[str, str] = {
     "cleanup_interval": "-1s",
     "orphan_grace": "0s",
     "orphan_sweep_interval": "0s",
+    "orphan_listing_interval": "-1s",
     "cleanup_batch": "0",
     "snapshot_default_timeout": "10",
     "snapshot_max_timeout": "0s",
@@ -290,7 +293,11 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
     )
     assert cfg.janitor == config.JanitorConfig(
-        cleanup_interval_ms=60_000, orphan_grace_ms=3_600_000, orphan_sweep_interval_ms=900_000, batch=1000
+        cleanup_interval_ms=60_000,
+        orphan_grace_ms=3_600_000,
+        orphan_sweep_interval_ms=900_000,
+        orphan_listing_interval_ms=0,
+        batch=1000,
     )
     assert cfg.janitor.enabled
     assert not load({"cleanup_interval": "0s"}, {}).janitor.enabled

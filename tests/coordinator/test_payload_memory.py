@@ -5,24 +5,16 @@ clients each read a 64 MiB payload with ReadCheckpoint. (Sizes are bounded for C
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 from harness.concurrency import run_threads
 from harness.coordinator import CoordinatorProcess
+from harness.rss import PeakRss
 from snapcoord.client import CoordinatorClient, TaskSnapshot
 
 MiB = 1024 * 1024
 CLIENTS = 4
 PAYLOAD = 64 * MiB
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def test_concurrent_streamed_reads_keep_the_server_rss_bounded(tmp_path: Path) -> None:
@@ -33,18 +25,6 @@ def test_concurrent_streamed_reads_keep_the_server_rss_bounded(tmp_path: Path) -
                 payload = bytes([i]) * PAYLOAD
                 client.report_task_snapshot(f"app{i}", g, TaskSnapshot("t", (), {"state": payload}))
                 del payload
-        baseline = rss_bytes(coord.pid)
-        peak = baseline
-        stop = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not stop.is_set():
-                peak = max(peak, rss_bytes(coord.pid))
-                time.sleep(0.05)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
         received: dict[int, int] = {}
 
         def read(i: int) -> None:
@@ -55,11 +35,9 @@ def test_concurrent_streamed_reads_keep_the_server_rss_bounded(tmp_path: Path) -
                     size += len(piece)
                 received[i] = size
 
-        try:
+        with PeakRss(coord.pid) as rss:
             run_threads(CLIENTS, read)
-        finally:
-            stop.set()
-            sampler.join()
+        baseline, peak = rss.baseline, rss.peak
         assert received == {i: PAYLOAD for i in range(CLIENTS)}
         growth = peak - baseline
         print(

@@ -75,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)
     # Imported here so that --help and config errors do not pay for grpc and the backends.
     from snapcoord.coordinator.errors import SnapcoordError
+    from snapcoord.coordinator.malloc_tuning import return_large_blocks_to_the_os
     from snapcoord.coordinator.server import run
+
+    return_large_blocks_to_the_os()  # before any payload buffer: RSS follows the payload budget
 
     try:
         return run(cfg)

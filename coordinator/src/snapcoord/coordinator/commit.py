@@ -34,6 +34,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.errors import (
     Aborted,
     CommitOutcomeUnknown,
@@ -206,8 +207,10 @@ class CommitKernel:
         policy: RetryPolicy | None = None,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._metadata = metadata
+        self._now_ms = now_ms
         self._blobs = blobs
         self._metrics = metrics
         self._policy = policy or RetryPolicy()
@@ -268,6 +271,9 @@ class CommitKernel:
         """
         synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
+        # Intents this call wrote (path -> the keys it announces), each before its objects' puts;
+        # the commit that owns the objects retires the intent in its own transaction.
+        announced: dict[str, frozenset[str]] = {}
         in_doubt: frozenset[str] = frozenset()  # uploads of the commit whose outcome is unknown
         pending: Commit[R] | None = None
         lost = 0
@@ -287,26 +293,38 @@ class CommitKernel:
                             continue  # ``pending`` stays: still this call's last commit
                     self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup)
                     uploaded.clear()
+                    # Their objects are gone (or kept: then a landed commit retired the intent).
+                    self._withdraw(announced)
                     return result
                 pending = None
-                self._upload({k: v for k, v in decision.uploads.items() if k not in uploaded}, uploaded)
+                todo = {k: v for k, v in decision.uploads.items() if k not in uploaded}
+                if todo:
+                    path, _ = self.intents.announce(sorted(todo), self._now_ms())
+                    announced[path] = frozenset(todo)
+                self._upload(todo, uploaded)
                 self._prepare(decision)
+                owned = frozenset(decision.uploads)
+                retire = [path for path, keys in announced.items() if keys <= owned]
+                ops = [*decision.ops, *(intents.commit_op(p, intents.CREATED_VERSION) for p in retire)]
                 try:
-                    self._metadata.transaction(decision.ops)
+                    self._metadata.transaction(ops)
                 except TransactionFailed as e:
                     if isinstance(e.cause, NoNodeError):  # an expiry bucket vanished under us
                         for root, due_ms in decision.buckets:
                             self.expiry(root).forget(due_ms)
+                    self._check_announced(announced, resource)
                     self._metrics.commit_conflicts.labels(operation).inc()
                     lost += 1
                     self._sleep(self._policy.pause_s(lost))
                     continue
                 except CommitOutcomeUnknown:
-                    pending, in_doubt = decision, frozenset(decision.uploads)
+                    pending, in_doubt = decision, owned
                     continue  # re-read: the next decision sees whether it landed
-                owned = set(decision.uploads)
+                for path in retire:
+                    del announced[path]
                 self._delete(sorted(uploaded - owned), decision.cleanup)
                 uploaded.clear()
+                self._withdraw(announced)
                 return decision.result if finish is None else finish(decision.result)
             describe = " ".join(
                 f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in resource.items()
@@ -316,10 +334,37 @@ class CommitKernel:
             )
         except Exception:
             # Our uploads are unreferenced unless a commit in doubt may own them; remove them now
-            # rather than leave them to the orphan sweep. (A crash skips this: the sweep is the
-            # backstop.)
+            # rather than leave them to the orphan sweep, then their intents. A commit in doubt
+            # keeps its intents: if it landed they are gone, if not the sweep takes intent and
+            # objects together. (A crash skips all this: the intents lead the sweep to them.)
             self._delete(sorted(uploaded - in_doubt), ())
+            self._withdraw({p: keys for p, keys in announced.items() if not keys & in_doubt})
             raise
+
+    def _withdraw(self, announced: Mapping[str, frozenset[str]]) -> None:
+        """Remove intents whose objects were deleted (best effort: the sweep takes what is left)."""
+        for path in announced:
+            try:
+                self.intents.withdraw(path, intents.CREATED_VERSION)
+            except StoreUnavailable as e:
+                _log.warning("could not remove upload intent %s now (the orphan sweep will): %s", path, e)
+
+    def _check_announced(
+        self, announced: Mapping[str, frozenset[str]], resource: Mapping[str, object]
+    ) -> None:
+        """After a lost commit: if the orphan sweep claimed one of our intents (the call outlived
+        the grace), its objects are going and no later round can commit them; give up."""
+        if not announced:
+            return
+        nodes = self._metadata.get_many(list(announced))
+        if all(n is not None and n.version == intents.CREATED_VERSION for n in nodes.values()):
+            return
+        raise Aborted(
+            "the payload of this call was collected by the orphan sweep before it could commit (the call "
+            "took longer than --orphan-grace); retry",
+            reason=Reason.CONTENDED,
+            metadata=resource,
+        )
 
     def _upload(self, todo: Mapping[str, bytes], uploaded: set[str]) -> None:
         """Put ``todo``'s payloads in parallel (a report may carry dozens), all before the commit.

@@ -152,8 +152,11 @@ class JanitorConfig:
     cleanup_interval_ms: int
     #: Unreferenced payload objects younger than this are left alone (an upload may be in flight).
     orphan_grace_ms: int
-    #: The orphan sweep lists payload objects, so it runs at most this often, not every pass.
+    #: The orphan sweep (over upload intents) runs at most this often, not every pass.
     orphan_sweep_interval_ms: int
+    #: The listing sweep (every payload object, for objects written before upload intents
+    #: existed) runs at most this often; 0 = never.
+    orphan_listing_interval_ms: int
     #: Most deletions per step of one pass, so one pass never runs away.
     batch: int
 
@@ -831,10 +834,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "orphan_sweep_interval",
-        "time between orphan sweeps (each lists the payload objects older than --orphan-grace)",
+        "time between orphan sweeps (each walks the upload intents older than --orphan-grace)",
         "15m",
         _duration_parser(1),
         to="janitor.orphan_sweep_interval_ms",
+        metavar="DURATION",
+    ),
+    Option(
+        "orphan_listing_interval",
+        "time between listing sweeps of every payload object (objects written by coordinators from "
+        "before upload intents); 0s = never",
+        "0s",
+        _duration_parser(0),
+        to="janitor.orphan_listing_interval_ms",
         metavar="DURATION",
     ),
     Option(

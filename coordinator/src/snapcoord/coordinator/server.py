@@ -113,6 +113,10 @@ def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: What one client stream may have in flight towards the server beyond what its handler took.
+RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
+
+
 def build_server(
     config: Config,
     deps: Deps,
@@ -150,6 +154,12 @@ def build_server(
             # A report may carry --snapshot-max-report-size of checkpoints; leave room for the rest.
             ("grpc.max_receive_message_length", config.snapshots.max_report_bytes + 4 * 1024 * 1024),
             ("grpc.max_send_message_length", -1),
+            # A fixed receive window per stream: with BDP probing, gRPC grows it while a client
+            # streams an upload faster than the handler writes it to S3, and buffers that much
+            # per upload outside the payload budget (measured: RSS at twice the budget with four
+            # concurrent 64 MiB uploads). 4 MiB keeps a stream's throughput at S3's.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", RECEIVE_WINDOW_BYTES),
         ),
     )
     address = hostport(config.grpc.host, config.grpc.port)

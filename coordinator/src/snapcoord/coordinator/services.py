@@ -84,24 +84,24 @@ class Services:
             Step("lease-gauges", leases.update_gauges),
             Step("snapshot-timeouts", lambda: snapshots.abort_timed_out(batch)),
             Step("snapshot-retention", lambda: snapshots.apply_retention(batch)),
-            Step(
-                "snapshot-orphans",
-                lambda: snapshots.sweep_orphans(config.janitor.orphan_grace_ms, batch),
-                every_ms=config.janitor.orphan_sweep_interval_ms,
-            ),
             Step("producer-expiry", lambda: producers.expire_due(batch)),
+            # Every payload is announced by an upload intent before it is put: walking the
+            # intents older than the grace finds every orphan (its cost follows the orphans).
             Step(
-                "producer-orphans",
-                lambda: producers.sweep_orphans(config.janitor.orphan_grace_ms, batch),
-                every_ms=config.janitor.orphan_sweep_interval_ms,
-            ),
-            Step(
-                "backlog-orphans",
-                lambda: backlog.sweep_orphans(config.janitor.orphan_grace_ms, batch),
+                "orphan-intents",
+                lambda: snapshots.sweep_intents(config.janitor.orphan_grace_ms, batch),
                 every_ms=config.janitor.orphan_sweep_interval_ms,
             ),
             Step("backlog-gauges", backlog.refresh_gauges),
         ]
+        listing_ms = config.janitor.orphan_listing_interval_ms
+        if listing_ms:  # objects from before the intents: off unless an upgrade asks for it
+            grace = config.janitor.orphan_grace_ms
+            steps += [
+                Step("snapshot-orphans", lambda: snapshots.sweep_orphans(grace, batch), every_ms=listing_ms),
+                Step("producer-orphans", lambda: producers.sweep_orphans(grace, batch), every_ms=listing_ms),
+                Step("backlog-orphans", lambda: backlog.sweep_orphans(grace, batch), every_ms=listing_ms),
+            ]
         janitor = Janitor(
             steps,
             election=lambda: deps.metadata.election("janitor", f"{socket.gethostname()}:{os.getpid()}"),

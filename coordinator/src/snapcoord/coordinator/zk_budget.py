@@ -122,6 +122,11 @@ def _producer_record(limits: Limits) -> ProducerRecord:
     return ProducerRecord(pid, f"producers/{pid}/{_uuid()}.json", _NOW_MS, expires)
 
 
+def _retire() -> Op:
+    """The commit kernel retires the intent of a call's payloads in the commit that owns them."""
+    return intents.commit_op(f"{intents.ROOT}/{10**12 - 1}/{_uuid()}", _BIG_INT)
+
+
 def register_producer_offsets(limits: Limits) -> list[Op]:
     """Replacing an expired record: SetData, and the index entry moves (producers.decide)."""
     record = _producer_record(limits)
@@ -130,6 +135,7 @@ def register_producer_offsets(limits: Limits) -> list[Op]:
         SetData(producers_layout.record_path(record.producer_id), encode_producer_record(record), _BIG_INT),
         Delete(index, None),
         Create(index, b""),
+        _retire(),
     ]
 
 
@@ -233,8 +239,9 @@ def report_task_snapshot(limits: Limits) -> list[Op]:
         Create(task_path(record.app_id, record.generation, report.task_id), encode_report(report)),
         SetData(gen_path(record.app_id, record.generation), encode_snapshot(record), _BIG_INT),
         *_ended_ops(record),
-        # Every checkpoint an upload: its intent retired in the same transaction.
-        *(intents.commit_op(f"{intents.ROOT}/{10**12 - 1}/{_uuid()}", _BIG_INT) for _ in report.checkpoints),
+        # Every checkpoint an upload: its intent retired in the same transaction (and the inline
+        # payloads' intent, if there were any: one more).
+        *(_retire() for _ in range(len(report.checkpoints) + 1)),
     ]
 
 
@@ -390,7 +397,7 @@ def mark_backlog(limits: Limits) -> list[Op]:
     for shard in range(job.shard_count):
         ops.append(Create(shard_path(job.job_id, job.mark_id, shard), encode_shard(empty_shard(0))))
         ops.append(Create(marker_path(job.job_id, job.mark_id, shard, SHARD_SIZE), b""))
-    return ops
+    return [*ops, _retire()]
 
 
 def report_progress(limits: Limits) -> list[Op]:

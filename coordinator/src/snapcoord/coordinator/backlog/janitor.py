@@ -6,6 +6,7 @@ from snapcoord.coordinator.backlog.decide import stored_job
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
 from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -42,6 +43,9 @@ class BacklogJanitor:
             current = stored_job(job_id, self._metadata.get(job_path(job_id)))
             return {current.record.object_key} if current else set()
 
+        # Objects a live intent announces are the intent sweep's (they may be in flight); read
+        # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
+        announced = IntentIndex(self._metadata).announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -49,6 +53,7 @@ class BacklogJanitor:
             limit=limit,
             owner_of=job_of_object,
             referenced_by=referenced_by,
+            announced=announced,
         )
         if deleted:
             self._metrics.orphans_deleted.labels("backlog").inc(deleted)

@@ -77,7 +77,7 @@ class BacklogRegistry:
         self._metrics = metrics
         self._shard_size = shard_size
         self._chunk_bytes = chunk_bytes
-        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._cache = BoundariesCache()
         self._janitor = BacklogJanitor(
             metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms

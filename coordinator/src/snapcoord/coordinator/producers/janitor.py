@@ -8,6 +8,7 @@ from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
+from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.producers import decide
@@ -71,6 +72,9 @@ class ProducerJanitor:
             node = self._metadata.get(record_path(producer_id))
             return {decode_producer_record(node.data).object_key} if node is not None else set()
 
+        # Objects a live intent announces are the intent sweep's (they may be in flight); read
+        # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
+        announced = IntentIndex(self._metadata).announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -78,6 +82,7 @@ class ProducerJanitor:
             limit=limit,
             owner_of=producer_of_object,
             referenced_by=referenced_by,
+            announced=announced,
         )
         if deleted:
             self._metrics.orphans_deleted.labels("producer").inc(deleted)

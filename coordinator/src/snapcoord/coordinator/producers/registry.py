@@ -51,7 +51,7 @@ class ProducerRegistry:
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
 
     # --- the API ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from snapcoord.coordinator.domain.snapshots import (
     retention_victims,
 )
 from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError, SnapcoordError
+from snapcoord.coordinator.intents import Intent
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.snapshots import decide
@@ -148,6 +149,28 @@ class SnapshotJanitor:
         if deleted:
             self._metrics.orphans_deleted.labels("snapshot").inc(deleted)
         return deleted
+
+    def sweep_intents(self, grace_ms: int, limit: int) -> int:
+        """The orphan sweep over the upload-intent index (every capability's payloads): delete the
+        objects of up to ``limit`` intents older than ``grace_ms``, except uploads whose snapshot
+        is still CREATED (a report may still name them). Cost: the intents, not the payloads."""
+        headers: dict[tuple[str, int], bool] = {}
+
+        def reportable(intent: Intent) -> bool:
+            if intent.upload is None:
+                return False  # a call's own payloads: past the grace, its commit never landed
+            target = (intent.upload.app_id, intent.upload.generation)
+            if target not in headers:
+                header = decide.stored(self._metadata.get(gen_path(*target)))
+                headers[target] = header is not None and header.record.state is State.CREATED
+            return headers[target]
+
+        swept = self._kernel.intents.sweep(
+            self._blobs, self._clock.now_ms(), grace_ms, limit, keep=reportable
+        )
+        if swept:
+            self._metrics.orphans_deleted.labels("intent").inc(swept)
+        return swept
 
     def _evaluate_app(self, app_id: str, now: int, limit: int, scheduled: set[str]) -> tuple[int, bool]:
         """Apply the app's retention now (at most ``limit`` deletions; the flag says whether that

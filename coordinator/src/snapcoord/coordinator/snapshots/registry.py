@@ -123,7 +123,7 @@ class SnapshotRegistry:
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics)
+        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         #: Path bytes of task deletes per deletion step: half a request (tests make it small).
         self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
         #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
@@ -322,6 +322,9 @@ class SnapshotRegistry:
             try:
                 self._kernel.intents.complete(path, done)
             except (BadVersionError, NoNodeError):
+                # The sweep claimed the intent while we streamed; it may have deleted the key
+                # before our put landed, so the object is ours to remove now.
+                self._kernel.delete_objects([key])
                 raise Aborted(
                     f"upload {upload_id} of task {task_id!r} was collected by the janitor before it finished "
                     "(it outlived --orphan-grace after its snapshot ended): upload again",
@@ -528,6 +531,11 @@ class SnapshotRegistry:
     def apply_retention(self, limit: int) -> int:
         """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots."""
         return self._janitor.apply_retention(limit)
+
+    def sweep_intents(self, grace_ms: int, limit: int) -> int:
+        """Delete the payloads of up to ``limit`` upload intents older than ``grace_ms`` whose
+        commit never landed (every capability's: the index is shared); see ``intents``."""
+        return self._janitor.sweep_intents(grace_ms, limit)
 
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
         """Delete up to ``limit`` checkpoint objects older than ``grace_ms`` that no report references."""

@@ -14,6 +14,8 @@ endpoint and bucket, and for configuration problems, what to fix.
 
 from __future__ import annotations
 
+import bisect
+import io
 import logging
 import threading
 from collections.abc import Generator, Iterable, Iterator
@@ -79,9 +81,54 @@ def is_aws_endpoint(endpoint_url: str) -> bool:
 PART_BYTES = 8 * 1024 * 1024
 
 
+class _PartReader(io.RawIOBase):
+    """A seekable file over the pieces of one part (botocore seeks to hash and to retry), so a
+    part goes out without being joined into a second copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pieces: list[bytes] = []
+        self._starts: list[int] = []
+        self.size = 0
+        self._at = 0
+
+    def append(self, piece: bytes) -> None:
+        if piece:
+            self._starts.append(self.size)
+            self._pieces.append(piece)
+            self.size += len(piece)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        written = 0
+        while written < len(view) and self._at < self.size:
+            i = bisect.bisect_right(self._starts, self._at) - 1
+            piece, start = self._pieces[i], self._at - self._starts[i]
+            n = min(len(view) - written, len(piece) - start)
+            view[written : written + n] = piece[start : start + n]
+            written += n
+            self._at += n
+        return written
+
+
 class S3BlobStore(BlobStore):
     """Objects under ``s3://bucket/prefix``; thread-safe (boto3 clients are)."""
 
+    #: One part's pieces, and what botocore and the socket hold of it while it is sent.
     stream_buffer_bytes = 2 * PART_BYTES
 
     @classmethod
@@ -131,18 +178,17 @@ class S3BlobStore(BlobStore):
     def put_stream(self, key: str, pieces: Iterable[bytes]) -> None:
         """A multipart upload in parts of ``PART_BYTES``; a payload smaller than one part is one
         plain put. On any failure (the pieces' producer raised, the store failed) the multipart
-        upload is aborted, so S3 keeps neither an object nor the parts sent so far."""
+        upload is aborted, so S3 keeps neither an object nor the parts sent so far. A part is sent
+        from the pieces as they came (``_PartReader``), never joined into one more copy."""
         full_key = self._key(key)
         s3 = self._s3()
-        buffered: list[bytes] = []
-        size = 0
+        part = _PartReader()
         upload_id: str | None = None
         parts: list[dict[str, Any]] = []
         try:
             for piece in pieces:
-                buffered.append(piece)
-                size += len(piece)
-                if size >= PART_BYTES:
+                part.append(piece)
+                if part.size >= PART_BYTES:
                     if upload_id is None:
                         created = s3.create_multipart_upload(
                             Bucket=self._bucket,
@@ -150,26 +196,13 @@ class S3BlobStore(BlobStore):
                             **self._sse,  # type: ignore[arg-type]
                         )
                         upload_id = created["UploadId"]
-                    body = b"".join(buffered)
-                    buffered.clear()
-                    size = 0
-                    number = len(parts) + 1
-                    etag = s3.upload_part(
-                        Bucket=self._bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
-                    )["ETag"]
-                    del body
-                    parts.append({"ETag": etag, "PartNumber": number})
-            body = b"".join(buffered)
-            buffered.clear()
+                    parts.append(self._upload_part(full_key, upload_id, len(parts) + 1, part))
+                    part = _PartReader()
             if upload_id is None:
-                s3.put_object(Bucket=self._bucket, Key=full_key, Body=body, **self._sse)  # type: ignore[arg-type]
+                s3.put_object(Bucket=self._bucket, Key=full_key, Body=part, **self._sse)  # type: ignore[arg-type]
                 return
-            if body or not parts:
-                number = len(parts) + 1
-                etag = s3.upload_part(
-                    Bucket=self._bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
-                )["ETag"]
-                parts.append({"ETag": etag, "PartNumber": number})
+            if part.size or not parts:
+                parts.append(self._upload_part(full_key, upload_id, len(parts) + 1, part))
             s3.complete_multipart_upload(
                 Bucket=self._bucket,
                 Key=full_key,
@@ -182,6 +215,16 @@ class S3BlobStore(BlobStore):
         finally:
             if upload_id is not None:
                 self._abort_multipart(full_key, upload_id)
+
+    def _upload_part(self, full_key: str, upload_id: str, number: int, part: _PartReader) -> dict[str, Any]:
+        etag = self._s3().upload_part(
+            Bucket=self._bucket,
+            Key=full_key,
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=part,  # type: ignore[arg-type]
+        )["ETag"]
+        return {"ETag": etag, "PartNumber": number}
 
     def _abort_multipart(self, full_key: str, upload_id: str) -> None:
         """Best effort: a multipart upload left open costs storage until a bucket lifecycle rule
