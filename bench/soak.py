@@ -107,7 +107,8 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
     )
     load.start()
     faults: list[tuple[str, float, float]] = []
-    rss: list[tuple[float, list[int | None]]] = []
+    # (seconds since start, pid, RSS bytes): per process, since faults replace replicas.
+    rss: list[tuple[float, int, int]] = []
     next_fault = started + fault_every_s / 2
     next_rss = started
     k = 0
@@ -115,9 +116,10 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
         while time.time() < started + budget_s - 20:
             now = time.time()
             if now >= next_rss:
-                rss.append((now - started, [r.rss_bytes() if r.alive() else None for r in c.replicas]))
-                mib = ["-" if b is None else f"{b / 2**20:.0f}" for b in rss[-1][1]]
-                print(f"t={now - started:6.0f}s rss MiB per replica: {' '.join(mib)}", flush=True)
+                sample = [(r.pid, r.rss_bytes()) if r.alive() else None for r in c.replicas]
+                rss.extend((now - started, pid, b) for pid, b in filter(None, sample) if b is not None)
+                mib = ["-" if x is None or x[1] is None else f"{x[0]}:{x[1] / 2**20:.0f}" for x in sample]
+                print(f"t={now - started:6.0f}s rss MiB per replica (pid:MiB): {' '.join(mib)}", flush=True)
                 next_rss = now + 60
             # No fault in the last quarter (at most a minute): the run ends on a healed cluster.
             if now >= next_fault and now < started + budget_s - min(60, budget_s / 4):
@@ -140,16 +142,32 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
     print(f"duration {elapsed:.0f}s: {overall.ok}/{overall.calls} calls ok, codes {overall.codes}")
     for what, t0, t1 in faults:
         print(f"- {what}: {window(rows, t0, t1)}")
-    first = next((b for _, b in rss if all(x is not None for x in b)), None)
-    last = next((b for _, b in reversed(rss) if all(x is not None for x in b)), None)
-    if first and last:
-        pairs = [f"{a / 2**20:.0f} -> {b / 2**20:.0f}" for a, b in zip(first, last, strict=True) if a and b]
-        print("rss MiB first -> last full sample: " + ", ".join(pairs))
+    print(rss_summary(rss))
     c.heal()
     with CoordinatorClient(c.target, timeout_s=60) as client:
         verdict = check_history(rows, client)
     print(f"history: {verdict}")
     return 0 if verdict.ok and verdict.acknowledged > 0 else 1
+
+
+def rss_summary(rss: list[tuple[float, int, int]]) -> str:
+    """Per replica process: its first, highest and last RSS and the minutes between the samples.
+
+    A replaced replica is a new process that starts small, so growth is only read within one
+    process; a leak shows as a last sample well above the first in every long-lived process.
+    """
+    by_pid: dict[int, list[tuple[float, int]]] = {}
+    for t, pid, b in rss:
+        by_pid.setdefault(pid, []).append((t, b))
+    lines = ["rss MiB per process (first -> last, max, over minutes):"]
+    for pid, samples in by_pid.items():
+        (t0, first), (t1, last) = samples[0], samples[-1]
+        peak = max(b for _, b in samples)
+        lines.append(
+            f"  pid {pid}: {first / 2**20:.0f} -> {last / 2**20:.0f}, max {peak / 2**20:.0f}, "
+            f"over {(t1 - t0) / 60:.0f} min ({len(samples)} samples)"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
