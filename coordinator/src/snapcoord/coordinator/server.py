@@ -211,6 +211,8 @@ def build_server(
             raise
     # Wired after the binds, so that a failed bind leaves no listener registered on the store.
     services = Services.build(config, deps, CoordinatorMetrics(registry))
+    if tracing is not None:
+        services.janitor.trace_with(tracing.janitor_span)
     # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL (#11 D3).
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
