@@ -25,9 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_command, split_hostport
@@ -396,8 +398,9 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
     tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
 ) -> None:
     env = {"SNAPCOORD_METADATA": zk_uri, "SNAPCOORD_BLOBS": s3_uri, **s3_server.env()}
-    # A short janitor interval so that its step metrics exist by the time we scrape.
-    args = ["--cleanup-interval", "1s"]
+    # A short janitor interval so that its step metrics exist by the time we scrape; the health
+    # port on, as in the manifests.
+    args = ["--cleanup-interval", "1s", "--health-port", "0"]
     with CoordinatorProcess(tmp_path / "coordinator", env=env, args=args) as coordinator:
         with CoordinatorClient(coordinator.target, timeout_s=30) as client:
             client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
@@ -417,8 +420,13 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
             for c in [container(render(KUSTOMIZE_DIRS[0]))]
             for p in ("startupProbe", "readinessProbe", "livenessProbe")
         }
-        for service in probed:
-            assert coordinator.health(service) == 1, f"health of {service!r} is not SERVING"  # 1 = SERVING
+        assert coordinator.health_port is not None
+        with grpc.insecure_channel(f"127.0.0.1:{coordinator.health_port}") as channel:
+            for service in probed:  # where the probes ask: the health port
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=30
+                )
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
         def scrape() -> set[str] | None:
             with urllib.request.urlopen(coordinator.metrics_url, timeout=10) as reply:
