@@ -1,20 +1,23 @@
 """Soak: mixed load on 3 coordinator replicas over a 3-node ZooKeeper ensemble, with a fault every
 few minutes, then the history checks of the failure tests.
 
-    bench/run soak [--minutes 30] [--fault-every 3] [--workers 3]
+    bench/run soak [--minutes 30] [--fault-every 3] [--workers 3] [--keep DIR]
 
 Faults rotate through: kill the ZooKeeper leader, kill a coordinator replica, kill the janitor
 leader, lose the ZooKeeper quorum for a while (2 of 3 nodes down), freeze a replica past its
 session timeout (SIGSTOP). Each is healed before the next. Printed: per fault the share of calls
-that succeeded while it lasted and the time to recover; the replicas' RSS every minute (a leak
-shows as steady growth); at the end acknowledged writes lost, records pointing at missing S3
-objects and create-if-absent violations, all of which must be 0 (exit status 1 otherwise).
+that succeeded while it lasted, the time to recover and the slowest call (the client retries
+UNAVAILABLE within its deadline, so an outage shows as slow calls as much as failed ones); the
+replicas' RSS every minute (a leak shows as steady growth); at the end acknowledged writes lost,
+records pointing at missing S3 objects and create-if-absent violations, all of which must be 0
+(exit status 1 otherwise). ``--keep DIR`` copies the call histories there, to look into a failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -87,6 +90,7 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=3.0, help="minutes between faults")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--pause", type=float, default=0.02, help="seconds each worker waits between cycles")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the call histories (JSON lines) here")
     args = parser.parse_args()
     install_sigterm_cleanup()  # a SIGTERM stops the servers first (the watchdogs cover SIGKILL)
     budget_s = args.minutes * 60
@@ -97,10 +101,18 @@ def main() -> int:
         with s3:
             os.environ.update(s3.env())
             with Cluster(Path(tmp) / "cluster", s3.uri("soak")) as c:
-                return soak(c, Path(tmp), budget_s, fault_every_s, args.workers, args.pause)
+                return soak(c, Path(tmp), budget_s, fault_every_s, args.workers, args.pause, args.keep)
 
 
-def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: int, pause: float) -> int:
+def soak(
+    c: Cluster,
+    tmp: Path,
+    budget_s: float,
+    fault_every_s: float,
+    workers: int,
+    pause: float,
+    keep: Path | None,
+) -> int:
     started = time.time()
     load = MixedLoad(
         c.target, tmp / "load", workers=workers, seconds=budget_s, max_calls=10**7, pause_s=pause
@@ -136,12 +148,17 @@ def soak(c: Cluster, tmp: Path, budget_s: float, fault_every_s: float, workers: 
     finally:
         load.stop()
     rows = load.rows()
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for path in load.history_paths():
+            shutil.copy(path, keep / path.name)
     print("\n## soak results")
     overall = window(rows)
     elapsed = time.time() - started
     print(f"duration {elapsed:.0f}s: {overall.ok}/{overall.calls} calls ok, codes {overall.codes}")
     for what, t0, t1 in faults:
-        print(f"- {what}: {window(rows, t0, t1)}")
+        slowest = max((r.end - r.start for r in rows if t0 <= r.start < t1), default=0.0)
+        print(f"- {what}: {window(rows, t0, t1)}, slowest call {slowest:.1f}s")
     print(rss_summary(rss))
     c.heal()
     with CoordinatorClient(c.target, timeout_s=60) as client:
