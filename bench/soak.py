@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -160,11 +161,33 @@ def soak(
         slowest = max((r.end - r.start for r in rows if t0 <= r.start < t1), default=0.0)
         print(f"- {what}: {window(rows, t0, t1)}, slowest call {slowest:.1f}s")
     print(rss_summary(rss))
+    print(janitor_failures(c))
     c.heal()
     with CoordinatorClient(c.target, timeout_s=60) as client:
         verdict = check_history(rows, client)
     print(f"history: {verdict}")
     return 0 if verdict.ok and verdict.acknowledged > 0 else 1
+
+
+_STEP_RE = re.compile(
+    r'^snapcoord_janitor_passes_total\{(?=[^}]*outcome="error")[^}]*step="([^"]+)"[^}]*\}\s+(\S+)$',
+    re.MULTILINE,
+)
+
+
+def janitor_failures(c: Cluster) -> str:
+    """Janitor steps that failed (outcome "error", not an outage's "interrupted") on the replicas
+    still running: a step failing pass after pass falls behind without any call failing."""
+    failed: dict[str, float] = {}
+    for r in c.replicas:
+        try:
+            text = r.metrics_text()
+        except OSError:
+            continue
+        for step, count in _STEP_RE.findall(text):
+            failed[step] = failed.get(step, 0.0) + float(count)
+    shown = ", ".join(f"{step} {count:.0f}" for step, count in sorted(failed.items()) if count)
+    return f"janitor steps failed on the running replicas: {shown or 'none'}"
 
 
 def rss_summary(rss: list[tuple[float, int, int]]) -> str:
