@@ -247,6 +247,15 @@ def test_image_installs_only_locked_packages_and_ships_no_wheels() -> None:
     assert {"build", "**/build", "**/dist"} <= set(ignored)
 
 
+#: The extras the image installs (scripts/lock-image-deps locks them with the dependencies).
+IMAGE_EXTRAS = {"coordinator": ("otel",)}
+
+
+def test_the_lock_script_locks_the_image_extras() -> None:
+    script = (ROOT / "scripts" / "lock-image-deps").read_text()
+    assert 'IMAGE_EXTRAS = {"client": (), "coordinator": ("otel",)}' in script
+
+
 def test_lock_covers_every_runtime_dependency_within_its_range() -> None:
     locked = _lock()
     assert all(hashes for _, hashes in locked.values())
@@ -258,7 +267,12 @@ def test_lock_covers_every_runtime_dependency_within_its_range() -> None:
         "extra": "",
     }
     for dist in ("client", "coordinator"):
-        for text in tomllib.loads((ROOT / dist / "pyproject.toml").read_text())["project"]["dependencies"]:
+        project = tomllib.loads((ROOT / dist / "pyproject.toml").read_text())["project"]
+        # The image has the coordinator's tracing extra: --otel-exporter otlp needs no rebuild.
+        extras = [
+            text for extra in IMAGE_EXTRAS.get(dist, ()) for text in project["optional-dependencies"][extra]
+        ]
+        for text in [*project["dependencies"], *extras]:
             req = Requirement(text)
             if req.name.startswith("snapcoord"):
                 continue  # built from this repository

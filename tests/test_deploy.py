@@ -25,9 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_command, split_hostport
@@ -37,7 +39,11 @@ from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, T
 from snapcoord.coordinator import api, config
 
 ROOT = Path(__file__).resolve().parents[1]
-KUSTOMIZE_DIRS = ("deploy/kubernetes/base", "deploy/kubernetes/overlays/example")
+KUSTOMIZE_DIRS = (
+    "deploy/kubernetes/base",
+    "deploy/kubernetes/overlays/example",
+    "deploy/kubernetes/overlays/mtls",
+)
 RULES = ROOT / "deploy" / "prometheus" / "snapcoord.rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "snapcoord.rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "snapcoord.json"
@@ -189,11 +195,17 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     cfg = config.load({}, env)
     c = container(manifests)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port}
+    assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port, "health": cfg.grpc.health_port}
+    assert cfg.grpc.health_port > 0 and cfg.grpc.health_port != cfg.grpc.port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         grpc_probe = c[probe]["grpc"]  # Kubernetes' native gRPC probe: grpc.health.v1.Health/Check
-        assert grpc_probe["port"] == cfg.grpc.port, probe
+        # The plaintext health-only port: the probe needs no client certificate, TLS or not.
+        assert grpc_probe["port"] == cfg.grpc.health_port, probe
         assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES}, probe
+    # Probes only: no Service sends clients to the health port.
+    for service in (d for d in manifests if d["kind"] == "Service"):
+        assert "health" not in {p["targetPort"] for p in service["spec"]["ports"]}
+        assert cfg.grpc.health_port not in {p["port"] for p in service["spec"]["ports"]}
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
     sleep, seconds = c["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep == "sleep"
@@ -201,6 +213,23 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
     assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+
+
+def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> None:
+    docs = render("deploy/kubernetes/overlays/mtls")
+    cfg = config.load({}, coordinator_env(docs))
+    assert cfg.security.tls_cert and cfg.security.tls_key and cfg.security.tls_client_ca
+    c = container(docs)
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
+    for path in (cfg.security.tls_cert, cfg.security.tls_key, cfg.security.tls_client_ca):
+        assert Path(path).parent == Path(mount["mountPath"]), path
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    # Group-readable for the pod's fsGroup: the image's user is not the files' owner.
+    assert volumes["tls"]["secret"]["defaultMode"] & 0o040
+    # Everything else as in the example overlay, probes included (they need no certificate).
+    example = container(render("deploy/kubernetes/overlays/example"))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe] == example[probe]
 
 
 def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, Any]]) -> None:
@@ -212,11 +241,14 @@ def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, 
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    data_dir = re.search(r"SNAPCOORD_DATA_DIR=(\S+)", DOCKERFILE)[1]  # type: ignore[index]
-    assert set(mounts) == {"/tmp", data_dir}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert all("emptyDir" in volumes[name] for name in mounts.values())
+    # Writable: /tmp and the data directory, both emptyDir; anything else is a read-only Secret.
+    writable = {m["mountPath"] for m in c["volumeMounts"] if "emptyDir" in volumes[m["name"]]}
+    data_dir = re.search(r"SNAPCOORD_DATA_DIR=(\S+)", DOCKERFILE)[1]  # type: ignore[index]
+    assert writable == {"/tmp", data_dir}
+    for mount in c["volumeMounts"]:
+        if mount["mountPath"] not in writable:
+            assert "secret" in volumes[mount["name"]] and mount["readOnly"] is True, mount
 
 
 def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str, Any]]) -> None:
@@ -366,8 +398,9 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
     tmp_path: Path, zk_uri: str, s3_server: SeaweedS3Server, s3_uri: str
 ) -> None:
     env = {"SNAPCOORD_METADATA": zk_uri, "SNAPCOORD_BLOBS": s3_uri, **s3_server.env()}
-    # A short janitor interval so that its step metrics exist by the time we scrape.
-    args = ["--cleanup-interval", "1s"]
+    # A short janitor interval so that its step metrics exist by the time we scrape; the health
+    # port on, as in the manifests.
+    args = ["--cleanup-interval", "1s", "--health-port", "0"]
     with CoordinatorProcess(tmp_path / "coordinator", env=env, args=args) as coordinator:
         with CoordinatorClient(coordinator.target, timeout_s=30) as client:
             client.register_producer_offsets("sink", [Offset("orders", 0, 1)])
@@ -387,8 +420,13 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
             for c in [container(render(KUSTOMIZE_DIRS[0]))]
             for p in ("startupProbe", "readinessProbe", "livenessProbe")
         }
-        for service in probed:
-            assert coordinator.health(service) == 1, f"health of {service!r} is not SERVING"  # 1 = SERVING
+        assert coordinator.health_port is not None
+        with grpc.insecure_channel(f"127.0.0.1:{coordinator.health_port}") as channel:
+            for service in probed:  # where the probes ask: the health port
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=30
+                )
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
         def scrape() -> set[str] | None:
             with urllib.request.urlopen(coordinator.metrics_url, timeout=10) as reply:

@@ -37,7 +37,9 @@ from snapcoord.coordinator.services import Deps
 if TYPE_CHECKING:
     from snapcoord.coordinator.tracing import Tracing
 
-SERVING_LINE_RE = re.compile(r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)$")
+SERVING_LINE_RE = re.compile(
+    r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)(?: health=(?P<health>\S+))?$"
+)
 _ANY_ADDRESS = {"0.0.0.0", "::", ""}
 
 
@@ -84,6 +86,8 @@ class CoordinatorProcess:
         self.start_timeout_s = start_timeout_s
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
+        #: The health-only port (``--health-port``), None when the coordinator serves none.
+        self.health_port: int | None = None
         self.serving_line: str | None = None
         self.serving_after_s: float | None = None
         self._proc: ManagedProcess | None = None
@@ -176,6 +180,7 @@ class CoordinatorProcess:
         self.serving_line = line
         self.grpc_port = split_hostport(m["grpc"])[1]
         self.metrics_port = None if m["metrics"] == "disabled" else split_hostport(m["metrics"])[1]
+        self.health_port = split_hostport(m["health"])[1] if m["health"] else None
 
     def health(self, service: str = "", timeout_s: float = 2.0) -> int | None:
         """Health/Check status through a fresh channel; None when the call itself fails."""

@@ -298,10 +298,22 @@ def check_history(rows: Sequence[Row], client: CoordinatorClient) -> Verdict:
             if got is not None and [o.offset for o in got.offsets] != [r.value]:
                 lost.append(f"{r.key}: stored {got.offsets}, acknowledged {r.value}")
         elif r.op == "acquire" or r.op == "renew":
-            if r.extra["expires_at_ms"] <= time.time() * 1000:
+            expires_ms = r.extra["expires_at_ms"]
+            if expires_ms <= time.time() * 1000:
                 return  # past its acknowledged expiry: the janitor may rightly have removed it
-            got = read(r.key, client.get_lease, r.key)
-            if got is not None and got.expires_at_ms < r.extra["expires_at_ms"]:
+            try:
+                got = client.get_lease(r.key)
+            except NotFound:
+                # The lease may have expired between the check above and this read (a long check
+                # runs into the expiry of leases acquired near its start): lost only if it is gone
+                # before its acknowledged expiry.
+                if time.time() * 1000 < expires_ms:
+                    lost.append(f"lease {r.key}: NOT_FOUND before its acknowledged expiry {expires_ms}")
+                return
+            except SnapcoordError as e:
+                dangling.append(f"lease {r.key}: {e.code} {e.details}")
+                return
+            if got.expires_at_ms < expires_ms:
                 lost.append(f"lease {r.key}: expires {got.expires_at_ms} < acknowledged {r.extra}")
 
     # Thousands of reads: a few threads (list.append is atomic, so the lists need no lock).
@@ -309,15 +321,22 @@ def check_history(rows: Sequence[Row], client: CoordinatorClient) -> Verdict:
         list(pool.map(check_one, acked))
     # Task reports: the acknowledged checkpoint is in the snapshot (this also reads the S3 objects).
     reports = [r for r in acked if r.op == "report"]
-    for app_gen in sorted({r.key.rsplit("/", 1)[0] for r in reports}):
+    by_gen: dict[str, list[Row]] = defaultdict(list)
+    for r in reports:
+        by_gen[r.key.rsplit("/", 1)[0]].append(r)
+
+    def check_gen(app_gen: str) -> None:
         app, gen = app_gen.rsplit("/", 1)
         snap = read(app_gen, client.get_snapshot, app, int(gen), include_checkpoints=True)
         if snap is None:
-            continue
+            return
         stored = {t.task_id: t.checkpoints.get("cp", b"").decode() for t in snap.tasks}
-        for r in reports:
-            if r.key.startswith(app_gen + "/") and stored.get(r.key.rsplit("/", 1)[1]) != r.value:
+        for r in by_gen[app_gen]:
+            if stored.get(r.key.rsplit("/", 1)[1]) != r.value:
                 lost.append(f"report {r.key}: stored {stored}, acknowledged {r.value}")
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        list(pool.map(check_gen, sorted(by_gen)))
     # Progress: the stored position is at least the highest acknowledged one.
     progress: dict[str, int] = defaultdict(int)
     for r in acked:
@@ -390,21 +409,25 @@ def scan_for_dangling(client: CoordinatorClient, apps: Iterable[str]) -> list[st
             token = page.next_page_token
             if not token:
                 break
-    for app in sorted(apps):
-        token = ""
-        while True:
-            snaps = client.list_snapshots(app, page_size=500, page_token=token)
-            for s in snaps.items:
-                try:
-                    full = client.get_snapshot(app, s.generation, include_checkpoints=True)
-                except NotFound:
-                    continue
-                except SnapcoordError as e:
-                    problems.append(f"snapshot {app}/{s.generation}: {e.code} {e.details}")
-                    continue
-                if full.state is SnapshotState.COMPLETED and len(full.tasks) != len(full.task_ids):
-                    problems.append(f"snapshot {app}/{s.generation}: COMPLETED with {len(full.tasks)} tasks")
-            token = snaps.next_page_token
-            if not token:
-                break
+
+    def read_snapshot(app: str, generation: int) -> None:
+        try:
+            full = client.get_snapshot(app, generation, include_checkpoints=True)
+        except NotFound:
+            return  # deleted by retention between the listing and the read
+        except SnapcoordError as e:
+            problems.append(f"snapshot {app}/{generation}: {e.code} {e.details}")
+            return
+        if full.state is SnapshotState.COMPLETED and len(full.tasks) != len(full.task_ids):
+            problems.append(f"snapshot {app}/{generation}: COMPLETED with {len(full.tasks)} tasks")
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for app in sorted(apps):
+            token = ""
+            while True:
+                snaps = client.list_snapshots(app, page_size=500, page_token=token)
+                list(pool.map(lambda s: read_snapshot(app, s.generation), snaps.items))  # noqa: B023
+                token = snaps.next_page_token
+                if not token:
+                    break
     return problems

@@ -62,6 +62,14 @@ class GrpcConfig:
     #: Set in each process of ``processes`` > 1 (not an option): share the port instead of
     #: failing the bind when it is taken.
     reuse_port: bool = False
+    #: A second, plaintext listener serving grpc.health.v1 only (-1: none; 0: a free port), for
+    #: probes that cannot present a client certificate when the gRPC port requires one.
+    health_host: str = "0.0.0.0"
+    health_port: int = -1
+    #: Keepalive pings closer together than this on a connection sending no data are strikes...
+    keepalive_min_ping_interval_ms: int = 30_000
+    #: ... and a client past this many strikes gets GOAWAY too_many_pings (0: never).
+    keepalive_max_ping_strikes: int = 2
 
 
 @dataclass(frozen=True)
@@ -463,6 +471,25 @@ OPTIONS: tuple[Option, ...] = (
         metavar="FILE",
     ),
     Option(
+        "health_host",
+        "address the health-only port binds",
+        None,
+        _host,
+        default_doc="same as --host",
+        to="grpc.health_host",
+        derive=lambda v: v["host"],
+        metavar="HOST",
+    ),
+    Option(
+        "health_port",
+        "plaintext port serving only grpc.health.v1 (for probes that cannot present a client "
+        "certificate); 0 picks a free port, -1 serves none",
+        "-1",
+        _int_parser(-1, 65535, "a port 0-65535, or -1 for no health-only port"),
+        to="grpc.health_port",
+        metavar="PORT",
+    ),
+    Option(
         "tls_cert",
         "PEM certificate (chain) of the gRPC port; with --tls-key it serves TLS (re-read on change)",
         "",
@@ -559,6 +586,23 @@ OPTIONS: tuple[Option, ...] = (
         _duration_parser(0),
         to="grpc.shutdown_grace_ms",
         metavar="DURATION",
+    ),
+    Option(
+        "keepalive_min_ping_interval",
+        "shortest interval between a client's keepalive pings the server accepts (with or without "
+        "calls in flight); keep it below every client's keepalive time",
+        "30s",
+        _duration_parser(0),
+        to="grpc.keepalive_min_ping_interval_ms",
+        metavar="DURATION",
+    ),
+    Option(
+        "keepalive_max_ping_strikes",
+        "pings closer than --keepalive-min-ping-interval tolerated before GOAWAY too_many_pings; 0: no limit",
+        "2",
+        _int_parser(0, 1000, "an integer 0-1000"),
+        to="grpc.keepalive_max_ping_strikes",
+        metavar="N",
     ),
     Option(
         "payload_budget",

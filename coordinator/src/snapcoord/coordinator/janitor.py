@@ -5,15 +5,23 @@ embedded store). The janitor acts only while ``Leadership.may_act()``: on a susp
 connection it pauses at the next step, and on a lost session it steps down and contends again,
 since another replica may lead by then. Every step is bounded (``batch`` deletions) and safe to
 run twice or concurrently (deletions are version-checked), so a pass cut short costs nothing.
+
+With tracing on (``trace_with``), each pass is one span, with a child span per step it ran (and
+under those, the store wrappers' ZooKeeper and S3 spans): a slow or failing pass shows where its
+time went, like an RPC does. This module knows only the small ``SpanFactory`` protocol, so it runs
+without OpenTelemetry installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from snapcoord.coordinator.errors import SnapcoordError, StoreUnavailable
 from snapcoord.coordinator.metrics import CoordinatorMetrics
@@ -35,6 +43,42 @@ class Step:
     every_ms: int | None = None
 
 
+class SpanNotes(Protocol):
+    """What the janitor writes on an open span."""
+
+    def set(self, key: str, value: str | int) -> None: ...
+
+    def failed(self, error: BaseException) -> None:
+        """Mark the span failed with ``error`` (recorded, not raised)."""
+
+
+class SpanFactory(Protocol):
+    """Opens a span named ``name``, current in this thread until the ``with`` block ends."""
+
+    def __call__(self, name: str, attributes: Mapping[str, str]) -> AbstractContextManager[SpanNotes]: ...
+
+
+class _NoSpan:
+    def set(self, key: str, value: str | int) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_spans(name: str, attributes: Mapping[str, str]) -> Iterator[SpanNotes]:
+    """The default: tracing off."""
+    yield _NoSpan()
+
+
+#: Span attribute names (OpenTelemetry style, in the coordinator's namespace).
+STEP_ATTRIBUTE = "snapcoord.janitor.step"
+OUTCOME_ATTRIBUTE = "snapcoord.janitor.outcome"
+REMOVED_ATTRIBUTE = "snapcoord.janitor.removed"
+PASS_SPAN = "janitor.pass"
+
+
 class Janitor:
     """Runs its steps every ``interval_ms`` on the elected replica; ``run_once`` runs them now."""
 
@@ -53,6 +97,11 @@ class Janitor:
         self._metrics = metrics
         self._thread: threading.Thread | None = None
         self._last_run: dict[str, float] = {}  # step name -> time.monotonic() of its last start
+        self._spans: SpanFactory = no_spans
+
+    def trace_with(self, spans: SpanFactory) -> None:
+        """Open a span per pass and per step with ``spans`` (before ``start``)."""
+        self._spans = spans
 
     def run_once(self, may_act: Callable[[], bool] = lambda: True) -> dict[str, int]:
         """One pass over every step, stopping early when ``may_act()`` turns False.
@@ -61,31 +110,52 @@ class Janitor:
         counted, and the pass goes on with the next step.
         """
         done: dict[str, int] = {}
-        for step in self._steps:
-            if not self._due(step):
-                continue
-            if not may_act():
-                self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
-                _log.info("janitor: stopping before %s: no longer allowed to act", step.name)
-                break
-            started = time.perf_counter()
-            self._last_run[step.name] = time.monotonic()
-            try:
-                done[step.name] = step.run()
-            except StoreUnavailable as e:
-                self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
-                _log.warning("janitor: %s interrupted: %s", step.name, e)
-                continue
-            except SnapcoordError:
-                self._metrics.janitor_passes.labels(step.name, "error").inc()
-                _log.exception("janitor: %s failed", step.name)
-                continue
-            finally:
-                self._metrics.janitor_pass_seconds.labels(step.name).observe(time.perf_counter() - started)
-            self._metrics.janitor_passes.labels(step.name, "ok").inc()
-            if done[step.name]:
-                _log.info("janitor: %s removed %d", step.name, done[step.name])
+        with self._spans(PASS_SPAN, {}) as pass_span:
+            outcome = "ok"
+            for step in self._steps:
+                if not self._due(step):
+                    continue
+                if not may_act():
+                    self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
+                    _log.info("janitor: stopping before %s: no longer allowed to act", step.name)
+                    outcome = "interrupted"
+                    break
+                with self._spans(f"janitor.{step.name}", {STEP_ATTRIBUTE: step.name}) as span:
+                    removed = self._run_step(step, span)
+                if removed is None:
+                    outcome = "partial"
+                else:
+                    done[step.name] = removed
+            pass_span.set(OUTCOME_ATTRIBUTE, outcome)
+            pass_span.set(REMOVED_ATTRIBUTE, sum(done.values()))
         return done
+
+    def _run_step(self, step: Step, span: SpanNotes) -> int | None:
+        """Run one step; what it removed, or None when it failed (logged, counted, on the span)."""
+        started = time.perf_counter()
+        self._last_run[step.name] = time.monotonic()
+        try:
+            removed = step.run()
+        except StoreUnavailable as e:
+            self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
+            _log.warning("janitor: %s interrupted: %s", step.name, e)
+            span.set(OUTCOME_ATTRIBUTE, "interrupted")
+            span.failed(e)
+            return None
+        except SnapcoordError as e:
+            self._metrics.janitor_passes.labels(step.name, "error").inc()
+            _log.exception("janitor: %s failed", step.name)
+            span.set(OUTCOME_ATTRIBUTE, "error")
+            span.failed(e)
+            return None
+        finally:
+            self._metrics.janitor_pass_seconds.labels(step.name).observe(time.perf_counter() - started)
+        self._metrics.janitor_passes.labels(step.name, "ok").inc()
+        span.set(OUTCOME_ATTRIBUTE, "ok")
+        span.set(REMOVED_ATTRIBUTE, removed)
+        if removed:
+            _log.info("janitor: %s removed %d", step.name, removed)
+        return removed
 
     def _due(self, step: Step) -> bool:
         last = self._last_run.get(step.name)

@@ -27,8 +27,9 @@ from prometheus_client import CollectorRegistry
 
 from snapcoord.coordinator import __version__, api, reflection
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
-from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.config import Config, GrpcConfig
 from snapcoord.coordinator.health import StoreHealth
+from snapcoord.coordinator.health_listener import HealthListener
 from snapcoord.coordinator.interceptors import ServerInterceptor
 from snapcoord.coordinator.metrics import (
     CoordinatorMetrics,
@@ -71,8 +72,11 @@ class CoordinatorServer:
         interceptor: ServerInterceptor,
         services: Services,
         run_janitor: bool,
+        health_listener: HealthListener | None = None,
     ) -> None:
         self.grpc = server
+        #: The plaintext health-only listener (``--health-port``), or None.
+        self.health_listener = health_listener
         self.services = services
         self._run_janitor = run_janitor
         self._interceptor = interceptor
@@ -81,7 +85,13 @@ class CoordinatorServer:
         self.registry = registry
         self._executor = executor
 
+    @property
+    def health_port(self) -> int | None:
+        return self.health_listener.port if self.health_listener is not None else None
+
     def start(self) -> None:
+        if self.health_listener is not None:
+            self.health_listener.start()
         self.grpc.start()
         if self._run_janitor:
             self.services.janitor.start()
@@ -99,6 +109,9 @@ class CoordinatorServer:
         if ended:
             _log.info("ended %d health watch stream(s)", ended)
         stopped.wait()
+        # Only now: probes on the health port saw NOT_SERVING all through the drain.
+        if self.health_listener is not None:
+            self.health_listener.stop()
         # Not wait=True: a handler stuck past the grace (say, in a backend call) must not hang the
         # exit; closing the stores afterwards makes such calls fail.
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -106,6 +119,8 @@ class CoordinatorServer:
     def force_stop(self) -> None:
         """Cancel every in-flight call now (a second SIGTERM during a drain)."""
         self.grpc.stop(None)
+        if self.health_listener is not None:
+            self.health_listener.server.stop(None)
 
 
 def hostport(host: str, port: int) -> str:
@@ -115,6 +130,24 @@ def hostport(host: str, port: int) -> str:
 
 #: What one client stream may have in flight towards the server beyond what its handler took.
 RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
+
+
+def keepalive_options(grpc_config: GrpcConfig) -> tuple[tuple[str, int], ...]:
+    """The server's keepalive policy: which client pings it accepts before GOAWAY too_many_pings.
+
+    gRPC's server default refuses pings closer than 5 minutes on a connection sending no data, and
+    any ping on a connection without calls; after 2 such "strikes" it sends GOAWAY. A client that
+    pings every minute through a quiet call (the snapcoord client's keepalive time; grpc-java and
+    grpc-go clients keep pinging where the Python client stops after two) would be cut off.
+    Pings without calls are accepted too: an idle connection kept warm is cheaper than a new one.
+    (The C-core name of the interval is GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, but
+    its key is ``grpc.http2.min_ping_interval_without_data_ms``.)
+    """
+    return (
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", grpc_config.keepalive_min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", grpc_config.keepalive_max_ping_strikes),
+    )
 
 
 def build_server(
@@ -160,6 +193,7 @@ def build_server(
             # concurrent 64 MiB uploads). 4 MiB keeps a stream's throughput at S3's.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.http2.lookahead_bytes", RECEIVE_WINDOW_BYTES),
+            *keepalive_options(config.grpc),
         ),
     )
     address = hostport(config.grpc.host, config.grpc.port)
@@ -175,8 +209,20 @@ def build_server(
     if port == 0:
         executor.shutdown(wait=False)
         raise OSError(f"cannot bind gRPC to {address} (port in use or address not local?)")
-    # Wired after the bind, so that a failed bind leaves no listener registered on the store.
+    listener = None
+    if config.grpc.health_port >= 0:
+        reuse = ("grpc.so_reuseport", 1 if config.grpc.reuse_port else 0)
+        try:
+            address = hostport(config.grpc.health_host, config.grpc.health_port)
+            listener = HealthListener(address, (reuse, *keepalive_options(config.grpc)))
+        except OSError:
+            server.stop(None)
+            executor.shutdown(wait=False)
+            raise
+    # Wired after the binds, so that a failed bind leaves no listener registered on the store.
     services = Services.build(config, deps, CoordinatorMetrics(registry))
+    if tracing is not None:
+        services.janitor.trace_with(tracing.janitor_span)
     # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL (#11 D3).
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
@@ -188,8 +234,10 @@ def build_server(
     )
     health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)
+    if listener is not None:
+        listener.serve(store_health.servicer)
     coordinator = CoordinatorServer(
-        server, executor, store_health, registry, interceptor, services, config.janitor.enabled
+        server, executor, store_health, registry, interceptor, services, config.janitor.enabled, listener
     )
     return coordinator, port
 
@@ -198,7 +246,8 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     """Serve until SIGTERM/SIGINT, then drain and close; returns the process exit code.
 
     Must run on the main thread (signal handlers). Prints one line to ``out`` once serving:
-    ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1).
+    ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1),
+    followed by `` health=HOST:PORT`` when the health-only port is on.
     """
     if config.grpc.processes > 1:
         from snapcoord.coordinator.processes import serve_processes
@@ -232,6 +281,8 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
             server.start()
             metrics_at = hostport(exporter.host, exporter.port) if exporter else "disabled"
             line = f"snapcoord serving grpc={hostport(config.grpc.host, port)} metrics={metrics_at}"
+            if server.health_port is not None:
+                line += f" health={hostport(config.grpc.health_host, server.health_port)}"
             _log.info("%s", line)
             print(line, file=out)
             out.flush()

@@ -8,8 +8,11 @@ that value when the extra is missing), so the coordinator runs without OpenTelem
   ``OTEL_PROPAGATORS`` applies), with the gRPC status code and the request ids as attributes.
 - The stores are wrapped (``trace_metadata``, ``trace_blobs``) so that every ZooKeeper read,
   write or transaction and every S3 call is a CLIENT span under the RPC's span; calls made
-  outside any trace (the janitor's passes) are not traced. The backends stay untouched; the
-  wrapper forwards anything it does not trace, so backend-specific attributes still work.
+  outside any trace (start-up checks, health probes) are not traced. The backends stay
+  untouched; the wrapper forwards anything it does not trace, so backend-specific attributes
+  still work.
+- Each janitor pass is a root INTERNAL span ``janitor.pass`` with a child per step it ran
+  (``janitor.lease-expiry``...), and the steps' store calls under those (``janitor_span``).
 - The SDK reads the standard variables itself: ``OTEL_SERVICE_NAME`` and
   ``OTEL_RESOURCE_ATTRIBUTES`` (service name ``snapcoord`` unless they set one),
   ``OTEL_TRACES_SAMPLER``/``_ARG`` (default: parent-based, always on), ``OTEL_EXPORTER_OTLP_*``
@@ -22,7 +25,7 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
@@ -98,11 +101,36 @@ class Tracing:
         system = _BLOB_SYSTEMS.get(store.uri.partition(":")[0], "blobs")
         return cast(BlobStore, _TracedStore(store, self.tracer, system, _blob_attributes))
 
+    # -- the janitor ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def janitor_span(self, name: str, attributes: Mapping[str, str]) -> Iterator[_SpanNotes]:
+        """An INTERNAL span, current while the block runs: the janitor's ``SpanFactory``. A pass
+        starts in the janitor's own thread with no current span, so it is the root of its trace."""
+        with self.tracer.start_as_current_span(
+            name, kind=SpanKind.INTERNAL, attributes=dict(attributes)
+        ) as span:
+            yield _SpanNotes(span)
+
     def shutdown(self) -> None:
         """Export the spans still buffered; called once, at exit."""
         shutdown = getattr(self.provider, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+class _SpanNotes:
+    """The janitor's view of a span (``janitor.SpanNotes``)."""
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def set(self, key: str, value: str | int) -> None:
+        self._span.set_attribute(key, value)
+
+    def failed(self, error: BaseException) -> None:
+        self._span.set_attribute("error.type", type(error).__name__)
+        self._span.record_exception(error)
+        self._span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 
 
 class RpcSpan:

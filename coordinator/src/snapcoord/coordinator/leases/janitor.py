@@ -35,12 +35,15 @@ class LeaseJanitor:
     def expire_due(self, limit: int) -> int:
         """Remove up to ``limit`` leases past their expiry plus the skew margin, with their pins."""
         now = self._clock.now_ms()
-        clocks = decide.Clocks(now, self._policy.max_clock_skew_ms, uuid.uuid4().hex[:12])
         expired = 0
         index = self._kernel.expiry(EXPIRY)
         for path, lease_id in index.due(now):
             if expired >= limit:
                 break
+            # A nonce per lease, as per RPC: it names the retention trigger of the lease's app, and
+            # a second lease of the same app in this pass would otherwise create the same node,
+            # failing its commit every round (one lease per app per pass, the rest left behind).
+            clocks = decide.Clocks(now, self._policy.max_clock_skew_ms, uuid.uuid4().hex[:12])
             outcome = self._kernel.run(
                 "lease_expire",
                 {"lease_id": lease_id},
