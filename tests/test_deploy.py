@@ -37,6 +37,7 @@ from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator import api, config
+from snapcoord.coordinator.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE_DIRS = (
@@ -201,7 +202,9 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
         grpc_probe = c[probe]["grpc"]  # Kubernetes' native gRPC probe: grpc.health.v1.Health/Check
         # The plaintext health-only port: the probe needs no client certificate, TLS or not.
         assert grpc_probe["port"] == cfg.grpc.health_port, probe
-        assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES}, probe
+        assert grpc_probe.get("service", "") in {"", *api.SERVICE_NAMES, LIVENESS_SERVICE}, probe
+    # Liveness must not follow ZooKeeper: restarting replicas does not bring a lost quorum back.
+    assert c["livenessProbe"]["grpc"]["service"] == LIVENESS_SERVICE
     # Probes only: no Service sends clients to the health port.
     for service in (d for d in manifests if d["kind"] == "Service"):
         assert "health" not in {p["targetPort"] for p in service["spec"]["ports"]}

@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import serve_in_process
 from harness.faults import expire_zk_session
 from harness.zookeeper import ZooKeeperServer
+from snapcoord.coordinator.health import LIVENESS_SERVICE
 from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
@@ -29,6 +30,9 @@ def test_health_goes_not_serving_while_zookeeper_is_down(
         private_zk_server.stop()  # the connection breaks: kazoo goes SUSPENDED
         assert next(watch).status == NOT_SERVING
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == NOT_SERVING
+        # The process still answers: liveness stays SERVING, so a probe on it restarts nothing.
+        liveness = health_pb2.HealthCheckRequest(service=LIVENESS_SERVICE)
+        assert stub.Check(liveness, timeout=10).status == SERVING
         # Same port and data: the session resumes or, if the restart outlasted it, kazoo makes a new
         # one; health is SERVING again either way (the watch only reports changes).
         private_zk_server.start()

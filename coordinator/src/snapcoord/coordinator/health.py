@@ -10,6 +10,10 @@ every write needs a payload (``blob_services``: producer offsets, backlog marks)
 NOT_SERVING; the overall status and the others stay SERVING, since snapshot headers, leases and
 the current-snapshot pointer are answered from metadata alone. The servicer is grpc_health's own;
 this module only decides what it says.
+
+``LIVENESS_SERVICE`` is SERVING from start to shutdown whatever the stores do: an answer means the
+process serves calls, which is all a liveness probe should ask. Restarting replicas does not bring
+ZooKeeper back, so a probe on ``""`` would restart every replica during a long outage.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 #: and a few seconds is well inside a load balancer's reaction time.
 DEFAULT_BLOB_PROBE_INTERVAL_S = 5.0
 
+#: The health service name for liveness probes: SERVING until shutdown, independent of the stores.
+LIVENESS_SERVICE = "snapcoord.liveness"
+
 
 class StoreHealth:
     """Drives a ``HealthServicer`` for ``""`` and ``services`` from the metadata store's state and,
@@ -48,6 +55,7 @@ class StoreHealth:
         blob_probe_interval_s: float = DEFAULT_BLOB_PROBE_INTERVAL_S,
     ) -> None:
         self.servicer = health.HealthServicer(experimental_non_blocking=True)
+        self.servicer.set(LIVENESS_SERVICE, _SERVING)  # NOT_SERVING only by the graceful shutdown
         self._services = ("", *services)
         self._blob_services = frozenset(blob_services) if blobs is not None else frozenset()
         unknown = self._blob_services - set(self._services)
