@@ -19,7 +19,8 @@ lease pair against etcd. ``zk req`` there counts nothing (other processes).
 
 The scale figures (``--scale``, default 100k producer records, with 10k apps and 10k leases)
 give a server's start time and RSS, and a janitor pass's time and ZooKeeper requests (the first
-pass includes the orphan sweeps, which list S3; the second is a pass between sweeps).
+pass includes the orphan sweep, which walks the upload intents; the second is a pass between
+sweeps).
 
 ``--smoke`` runs every row once, briefly, to prove the benchmark still works (CI does this).
 """
