@@ -6,18 +6,22 @@ and prints our cost as a ratio of it, so numbers stay comparable across machines
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the harness that starts real ZooKeeper and SeaweedFS
 
+from harness.coordinator import CoordinatorProcess  # noqa: E402
 from harness.seaweed import SeaweedS3Server  # noqa: E402
 from harness.zookeeper import ZooKeeperServer  # noqa: E402
 
@@ -122,3 +126,30 @@ def in_process_coordinator(metadata_uri: str, blobs_uri: str, **flags: str) -> I
     finally:
         deps.blobs.close()
         deps.metadata.close()
+
+
+def coordinator_process(
+    stack: ExitStack, directory: Path, *, embedded: bool
+) -> tuple[CoordinatorProcess, str]:
+    """A ``snapcoord serve`` process for the Spark benchmarks (a driver talks to a separate
+    server, as in production): on the embedded stores, or on a fresh ZooKeeper and SeaweedFS (S3
+    credentials exported for the driver). Entered on ``stack``; returns it and what it runs on."""
+    coord_args: list[str] = []
+    backend = "embedded stores"
+    if not embedded:
+        zk, s3 = stack.enter_context(real_servers())
+        os.environ.update(s3.env())
+        run_id = uuid.uuid4().hex[:8]
+        coord_args = ["--metadata", f"zk://{zk.hosts}/bench-{run_id}", "--blobs", s3.uri(f"bench-{run_id}")]
+        backend = f"ZooKeeper {zk.hosts} + S3 {s3.endpoint_url}"
+    return stack.enter_context(CoordinatorProcess(directory, args=coord_args)), backend
+
+
+def raw_s3_client(s3: SeaweedS3Server) -> Any:
+    """A plain boto3 S3 client on ``s3``, for the raw side of payload benchmarks: path-style, with
+    timeouts long enough for hundreds of MB in one call."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(read_timeout=600, connect_timeout=30, s3={"addressing_style": "path"})
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, config=config)

@@ -28,9 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from common import real_servers
+from common import coordinator_process
 
-from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.exactly_once import exactly_once
@@ -98,16 +97,7 @@ def main() -> int:
 
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="snapcoord-bench-snap-")))
-        coord_args: list[str] = []
-        backend = "embedded stores"
-        if not args.embedded:
-            zk, s3 = stack.enter_context(real_servers())
-            os.environ.update(s3.env())
-            run_id = uuid.uuid4().hex[:8]
-            coord_args += ["--metadata", f"zk://{zk.hosts}/bench-{run_id}"]
-            coord_args += ["--blobs", s3.uri(f"bench-{run_id}")]
-            backend = f"ZooKeeper {zk.hosts} + S3 {s3.endpoint_url}"
-        coord = stack.enter_context(CoordinatorProcess(tmp / "coordinator", args=coord_args))
+        coord, backend = coordinator_process(stack, tmp / "coordinator", embedded=args.embedded)
         client = CoordinatorClient(coord.target, timeout_s=600)
         stack.callback(client.close)
         spark = (

@@ -19,9 +19,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
-from botocore.config import Config
-from common import in_process_coordinator, real_servers
+from common import in_process_coordinator, raw_s3_client, real_servers
 
 from snapcoord.client import CoordinatorClient, TaskSnapshot
 
@@ -52,11 +50,7 @@ def main() -> None:
     with real_servers() as (zk, s3):
         os.environ.update(s3.env())
         run_id = uuid.uuid4().hex[:8]
-        raw = boto3.client(
-            "s3",
-            endpoint_url=s3.endpoint_url,
-            config=Config(read_timeout=600, connect_timeout=30, s3={"addressing_style": "path"}),
-        )
+        raw = raw_s3_client(s3)
         print(f"# stream_checkpoints: {args.mb} MB in {args.tasks} checkpoints; S3 {s3.endpoint_url}")
         timed(
             "raw S3 put_object",

@@ -23,10 +23,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
-from common import real_servers
+from common import raw_s3_client, real_servers
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, TaskSnapshot
@@ -114,11 +112,7 @@ def main() -> None:
     with real_servers() as (zk, s3), tempfile.TemporaryDirectory(prefix="snapcoord-upload-") as tmp:
         os.environ.update(s3.env())
         run_id = uuid.uuid4().hex[:8]
-        raw = boto3.client(
-            "s3",
-            endpoint_url=s3.endpoint_url,
-            config=Config(read_timeout=600, connect_timeout=30, s3={"addressing_style": "path"}),
-        )
+        raw = raw_s3_client(s3)
         print(f"# upload_checkpoint: {args.mb} MB; ZooKeeper {zk.hosts}; S3 {s3.endpoint_url}", flush=True)
         payload = Payload(size, 1)
         sequential = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART, max_concurrency=1)
@@ -126,7 +120,7 @@ def main() -> None:
             "raw S3 multipart put (8 MiB parts, sequential)",
             size,
             lambda: raw.upload_fileobj(
-                PieceReader(payload),  # type: ignore[arg-type]  # read() is all boto3 uses
+                PieceReader(payload),  # read() is all boto3 uses
                 s3.bucket,
                 f"raw-{run_id}",
                 Config=sequential,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.coordinator import CoordinatorProcess
+from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
 
 
@@ -51,3 +54,19 @@ def spark_connect(spark_connect_server: SparkConnectServer) -> Iterator[Any]:
     session = spark_connect_server.session()
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def zk_coordinator(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    zk_hosts: str,
+    s3_server: SeaweedS3Server,
+) -> Iterator[CoordinatorProcess]:
+    """One ``snapcoord serve`` per test module on the shared ZooKeeper + S3, in a chroot and prefix
+    of the module's own (named after it), as drivers reach it in production: another process."""
+    name = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")
+    run = f"{name}-{uuid.uuid4().hex[:8]}"
+    args = ["--metadata", f"zk://{zk_hosts}/t/{run}", "--blobs", s3_server.uri(f"t/{run}")]
+    with CoordinatorProcess(tmp_path_factory.mktemp(f"coordinator-{name}"), args=args) as coord:
+        yield coord

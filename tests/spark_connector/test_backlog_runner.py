@@ -25,7 +25,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 from harness.coordinator import CoordinatorProcess
 from harness.faults import TcpProxy
 from harness.process import wait_until
-from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.backlog import BacklogBound
@@ -40,19 +39,8 @@ APPS = Path(__file__).parent / "apps"
 
 
 @pytest.fixture(scope="module")
-def coordinator(
-    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
-) -> Iterator[CoordinatorProcess]:
-    """``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of this module's own)."""
-    run = uuid.uuid4().hex[:8]
-    args = ["--metadata", f"zk://{zk_hosts}/t/backlog-{run}", "--blobs", s3_server.uri(f"t/backlog-{run}")]
-    with CoordinatorProcess(tmp_path_factory.mktemp("coordinator-backlog"), args=args) as coord:
-        yield coord
-
-
-@pytest.fixture(scope="module")
-def client(coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
-    with CoordinatorClient(coordinator.target, timeout_s=10) as c:
+def client(zk_coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
+    with CoordinatorClient(zk_coordinator.target, timeout_s=10) as c:
         yield c
 
 
@@ -236,7 +224,7 @@ def test_switches_both_ways_on_lag_and_after_downtime(
 
 
 def test_a_final_report_lost_to_an_outage_is_delivered(
-    spark: SparkSession, coordinator: CoordinatorProcess, client: CoordinatorClient, tmp_path: Path
+    spark: SparkSession, zk_coordinator: CoordinatorProcess, client: CoordinatorClient, tmp_path: Path
 ) -> None:
     """The coordinator is unreachable while an AvailableNow catch-up runs to its end: no progress
     event will come again, yet the runner delivers the mark and the last report (same report id)
@@ -247,9 +235,9 @@ def test_a_final_report_lost_to_an_outage_is_delivered(
         write_file(source, i)
     sink = Sink()
     starter = QueryStarter(spark, source, checkpoint, sink)
-    assert coordinator.grpc_port is not None
+    assert zk_coordinator.grpc_port is not None
     with (
-        TcpProxy("127.0.0.1", coordinator.grpc_port) as proxy,
+        TcpProxy("127.0.0.1", zk_coordinator.grpc_port) as proxy,
         CoordinatorClient(proxy.address, timeout_s=10) as through_proxy,
     ):
         runner = runner_for(starter, through_proxy, job, call_timeout_s=0.5)

@@ -25,7 +25,6 @@ from pyspark import cloudpickle
 
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
-from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer, start_with_retries
 from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.spark_connector import ExecutorContextError
@@ -44,15 +43,8 @@ JOB_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
-def coordinator(
-    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
-) -> Iterator[str]:
-    """One ``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of this module's own)."""
-    root = tmp_path_factory.mktemp("coordinator-connect")
-    run = uuid.uuid4().hex[:8]
-    args = ["--metadata", f"zk://{zk_hosts}/t/connect-{run}", "--blobs", s3_server.uri(f"t/connect-{run}")]
-    with CoordinatorProcess(root, args=args) as coord:
-        yield coord.target
+def coordinator(zk_coordinator: CoordinatorProcess) -> str:
+    return zk_coordinator.target
 
 
 class _ListSink:

@@ -26,7 +26,6 @@ from pyspark.sql import functions as F
 
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
-from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState
 from snapcoord.spark_connector.app_snapshots import BATCH_ID_KEY, SnapshotQuery, take_snapshot
@@ -43,15 +42,8 @@ CONNECT_JOB = Path(__file__).parent / "jobs" / "exactly_once_connect_job.py"
 
 
 @pytest.fixture(scope="module")
-def coordinator(
-    tmp_path_factory: pytest.TempPathFactory, zk_hosts: str, s3_server: SeaweedS3Server
-) -> Iterator[str]:
-    """One ``snapcoord serve`` on the shared ZooKeeper + S3 (a chroot and prefix of its own)."""
-    root = tmp_path_factory.mktemp("coordinator-snapshots")
-    run = uuid.uuid4().hex[:8]
-    args = ["--metadata", f"zk://{zk_hosts}/t/snap-{run}", "--blobs", s3_server.uri(f"t/snap-{run}")]
-    with CoordinatorProcess(root, args=args) as coord:
-        yield coord.target
+def coordinator(zk_coordinator: CoordinatorProcess) -> str:
+    return zk_coordinator.target
 
 
 @pytest.fixture
