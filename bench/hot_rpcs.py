@@ -2,12 +2,19 @@
 
     bench/run hot_rpcs [--seconds 1.0] [--rounds 4] [--clients 1,16] [--scale 100000] [--smoke]
 
-Each row runs the RPC through a real gRPC channel to an in-process coordinator on real ZooKeeper
-and SeaweedFS, and the raw kazoo + boto3 operations that RPC needs, one after another (the raw
-bound), at the same concurrency. The two sides alternate in short slices (``--rounds`` of
+Each row runs the RPC through a real gRPC channel to a ``snapcoord serve`` process (as deployed;
+``--in-process`` runs it in this process instead, sharing the load generator's GIL) on real
+ZooKeeper and SeaweedFS, and the raw kazoo + boto3 operations that RPC needs, one after another
+(the raw bound), at the same concurrency. The two sides alternate in short slices (``--rounds`` of
 ``--seconds`` each), so a noisy neighbour hits both alike; ratio = our ops/s / raw ops/s, with the
 lowest and highest per-round ratio as the noise band. ``zk req`` is the ZooKeeper requests one
-call of ours issued (kazoo requests counted on the coordinator's session), against the raw side's.
+call of ours issued (counted by ZooKeeper on the coordinator's session, its ``cons`` command; in
+process, kazoo requests on its client), against the raw side's.
+
+``ceiling`` is the ratio a coordinator doing no work of its own would reach: the raw operations
+plus a bare gRPC round trip per RPC (a health check through the same server, measured at each
+concurrency first), one after another. On a machine where a gRPC round trip costs more than a
+ZooKeeper request, it is well below 1 for the RPCs that need one ZooKeeper round trip.
 
 The lease rows compare a pure lease acquire + renew (no snapshots) with etcd's lease grant +
 keepalive through its JSON gateway, on an etcd this benchmark starts on loopback (Debian
@@ -42,16 +49,17 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from common import in_process_coordinator, real_servers
+from common import CoordinatorProcess, in_process_coordinator, real_servers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kazoo.client import KazooClient
 
+from harness.zookeeper import four_letter_word
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
@@ -97,6 +105,19 @@ def _requests_of(client_ids: set[int]) -> int:
 def _coordinator_clients(raw: set[int]) -> set[int]:
     with _count_lock:
         return {k for k in _counts if k not in raw}
+
+
+def _session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
+    """Requests ZooKeeper has received on its client sessions other than ``excluded_sessions``
+    (its ``cons`` command): what a coordinator in another process sent."""
+    host, port = zk_hosts.split(",")[0].rsplit(":", 1)
+    total = 0
+    for line in four_letter_word(host, int(port), "cons").splitlines():
+        stats = line[line.find("(") + 1 : line.rfind(")")].split(",")
+        fields = dict(f.split("=", 1) for f in stats if "=" in f)
+        if "sid" in fields and int(fields["sid"], 16) not in excluded_sessions:
+            total += int(fields["recved"])
+    return total
 
 
 # --- the throughput loop ---------------------------------------------------------------------------
@@ -146,6 +167,9 @@ class Row:
     ours_req: float
     raw_req: float
     baseline: str
+    #: The ratio a server doing no work of its own would reach: the raw operations plus ``rpcs``
+    #: bare gRPC round trips (health RPCs at this concurrency), one after another. NaN: no bound.
+    ceiling: float = float("nan")
 
     @property
     def ratio(self) -> float:
@@ -159,11 +183,27 @@ class Bench:
         self.warmup = warmup
         self.rows: list[Row] = []
         self.raw_clients: set[int] = set()
+        #: Requests the coordinator has sent so far: its kazoo clients' counts when it runs in this
+        #: process, ZooKeeper's per-session counts (``cons``) when it runs as its own process.
+        self.ours_requests: Callable[[], int] = lambda: _requests_of(_coordinator_clients(self.raw_clients))
+        #: Bare gRPC round trips per second through the coordinator, by concurrency (``hop``).
+        self.hop_ops_s: dict[int, float] = {}
 
-    def pair(
-        self, name: str, clients: int, raw: Op, ours: Op, baseline: str, *, ours_only_counts: bool = True
-    ) -> Row:
-        """Alternate raw and ours, ``rounds`` slices each, and record the row."""
+    def hop(self, clients: int, health: Op) -> float:
+        """Measure bare health RPCs/s at ``clients`` (the gRPC cost every call of ours pays on top
+        of its raw operations); the ceiling column divides by it."""
+        at = [0] * clients
+        for c in range(clients):
+            for _ in range(self.warmup):
+                health(c, 0)
+        n, t = run_for(health, clients, self.seconds * self.rounds, at)
+        self.hop_ops_s[clients] = n / t
+        print(f"bare gRPC round trip (health RPC): {n / t:.0f}/s at c={clients}", flush=True)
+        return n / t
+
+    def pair(self, name: str, clients: int, raw: Op, ours: Op, baseline: str, *, rpcs: int = 1) -> Row:
+        """Alternate raw and ours, ``rounds`` slices each, and record the row. ``rpcs``: our RPCs
+        per op, for the ceiling (0: the raw side is not a storage bound, no ceiling)."""
         raw_at, ours_at = [0] * clients, [0] * clients
         for c in range(clients):  # warm-up calls, unrecorded (connections, caches, JIT of paths)
             for _ in range(self.warmup):
@@ -174,7 +214,6 @@ class Bench:
         raw_n = ours_n = 0
         raw_t = ours_t = 0.0
         ratios: list[float] = []
-        ours_ids = _coordinator_clients(self.raw_clients)
         raw_req = ours_req = 0
         for r in range(self.rounds):
             sides = [("raw", raw, raw_at), ("ours", ours, ours_at)]
@@ -182,9 +221,10 @@ class Bench:
                 sides.reverse()
             per: dict[str, float] = {}
             for side, op, at in sides:
-                before = _requests_of(self.raw_clients if side == "raw" else ours_ids)
+                count = (lambda: _requests_of(self.raw_clients)) if side == "raw" else self.ours_requests
+                before = count()
                 n, t = run_for(op, clients, self.seconds, at)
-                sent = _requests_of(self.raw_clients if side == "raw" else ours_ids) - before
+                sent = count() - before
                 per[side] = n / t
                 if side == "raw":
                     raw_n, raw_t, raw_req = raw_n + n, raw_t + t, raw_req + sent
@@ -201,6 +241,10 @@ class Bench:
             raw_req / max(raw_n, 1),
             baseline,
         )
+        hop = self.hop_ops_s.get(clients)
+        if rpcs and hop:
+            raw_s = raw_t / raw_n
+            row = replace(row, ceiling=raw_s / (raw_s + rpcs / hop))
         self.rows.append(row)
         print(_format(row), flush=True)
         return row
@@ -208,7 +252,7 @@ class Bench:
 
 HEADER = (
     f"{'operation':<50} {'c':>3} {'ours/s':>8} {'raw/s':>8} {'ratio':>6} {'noise':>11} "
-    f"{'zk req':>9}  baseline"
+    f"{'ceiling':>7} {'zk req':>9}  baseline"
 )
 
 
@@ -217,7 +261,7 @@ def _format(row: Row) -> str:
     req = f"{row.ours_req:4.1f}/{row.raw_req:<4.1f}"
     return (
         f"{row.name:<50} {row.clients:>3} {row.ours_ops_s:8.0f} {row.raw_ops_s:8.0f} "
-        f"{row.ratio:6.2f} {band:>11} {req:>9}  {row.baseline}"
+        f"{row.ratio:6.2f} {band:>11} {row.ceiling:7.2f} {req:>9}  {row.baseline}"
     )
 
 
@@ -352,8 +396,42 @@ def offsets(n: int) -> list[common_pb2.Offset]:
     return [common_pb2.Offset(stream="events", partition=p, offset=10**6 + p) for p in range(n)]
 
 
+@contextmanager
+def coordinator(
+    bench: Bench,
+    zk_hosts: str,
+    metadata: str,
+    blobs: str,
+    in_process: bool,
+    raw_sessions: set[int],
+    **flags: str,
+) -> Iterator[str]:
+    """The coordinator under test, yielding its target: ``snapcoord serve`` in its own process, as
+    deployed (requests counted on ZooKeeper's side), or in this process (``--in-process``: it then
+    shares the load generator's GIL; requests counted on its kazoo clients)."""
+    if in_process:
+        with in_process_coordinator(metadata, blobs, **flags) as port:
+            yield f"127.0.0.1:{port}"
+        return
+    args = ["--metadata", metadata, "--blobs", blobs, "--cleanup-interval", "0s", "--log-level", "WARNING"]
+    for name, value in flags.items():
+        args += [f"--{name.replace('_', '-')}", value]
+    with (
+        tempfile.TemporaryDirectory(prefix="snapcoord-bench-hot-") as tmp,
+        CoordinatorProcess(Path(tmp), args=args, start_timeout_s=180) as proc,
+    ):
+        bench.ours_requests = lambda: _session_requests(zk_hosts, raw_sessions)
+        yield proc.target
+
+
 def run(
-    bench: Bench, zk_hosts: str, s3: S3Client, bucket: str, client_counts: list[int], etcd: str | None
+    bench: Bench,
+    zk_hosts: str,
+    s3: S3Client,
+    bucket: str,
+    client_counts: list[int],
+    etcd: str | None,
+    in_process: bool = False,
 ) -> None:
     run_id = uuid.uuid4().hex[:8]
     chroot = f"/bench-{run_id}"
@@ -407,15 +485,19 @@ def run(
     # snapshot gathers a holder per pair: allow the most holders (one snapshot per lease keeps the
     # worst-case request within ZooKeeper's limit). A longer run than 1,000 pairs per client would
     # need fresh snapshots.
-    coordinator = in_process_coordinator(
+    server = coordinator(
+        bench,
+        zk_hosts,
         f"zk://{zk_hosts}{chroot}/coordinator",
         f"s3://{bucket}/bench-{run_id}",
+        in_process,
+        {raw.client_id[0]},
         lease_max_holders="1000",
         lease_max_snapshots="1",
     )
     try:
-        with coordinator as port:
-            channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
+        with server as target:
+            channels = [grpc.insecure_channel(target) for _ in range(4)]
             producers = [producer_pb2_grpc.ProducerOffsetServiceStub(x) for x in channels]
             snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
             leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
@@ -443,7 +525,9 @@ def run(
             tag = uuid.uuid4().hex[:6]
 
             def measure_at(clients: int) -> None:
-                print(f"\n## c={clients}\n{HEADER}", flush=True)
+                print(f"\n## c={clients}", flush=True)
+                bench.hop(clients, lambda c, k: H(c).Check(health_pb2.HealthCheckRequest(), timeout=60))
+                print(HEADER, flush=True)
                 t = f"{tag}-{clients}"
 
                 # RegisterProducerOffsets: read the record, commit it with its expiry entry.
@@ -560,6 +644,7 @@ def run(
                         snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{t}-{c}"), timeout=60
                     ),
                     "a bare health RPC",
+                    rpcs=0,
                 )
                 bench.pair(
                     "GetCurrentSnapshot consistent=true",
@@ -585,6 +670,7 @@ def run(
                             snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy), timeout=60
                         ),
                         "GetCurrentSnapshot consistent=true",
+                        rpcs=0,
                     )
 
                 def raw_get_snapshot(c: int, k: int) -> None:
@@ -628,6 +714,7 @@ def run(
                     lambda c, k: raw_steps(c, k, gets=2, multis=[(2, 1), (0, 2)]),
                     acquire_renew,
                     "2 get + multi(lease, entry, pin) + multi(2 sets)",
+                    rpcs=2,
                 )
 
                 def pure_pair(c: int, k: int) -> None:
@@ -645,6 +732,7 @@ def run(
                     lambda c, k: raw_steps(c, k, gets=0, multis=[(2, 0), (0, 1)]),
                     pure_pair,
                     "multi(lease, entry) + multi(set)",
+                    rpcs=2,
                 )
                 if etcd is not None:
                     etcd_client = EtcdLeases(etcd, clients)
@@ -655,6 +743,7 @@ def run(
                             etcd_client.pair,
                             pure_pair,
                             "etcd lease grant + keepalive (JSON gateway)",
+                            rpcs=0,
                         )
                     finally:
                         etcd_client.close()
@@ -766,7 +855,12 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
 
             try:
                 bench.pair(
-                    f"GetProducerOffsets, {processes} processes", clients, get(1), get(processes), "1 process"
+                    f"GetProducerOffsets, {processes} processes",
+                    clients,
+                    get(1),
+                    get(processes),
+                    "1 process",
+                    rpcs=0,
                 )
                 bench.pair(
                     f"lease acquire + renew, {processes} processes",
@@ -774,6 +868,7 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
                     pair(1),
                     pair(processes),
                     "1 process",
+                    rpcs=0,
                 )
                 if etcd is not None:
                     etcd_client = EtcdLeases(etcd, clients)
@@ -784,6 +879,7 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
                             etcd_client.pair,
                             pair(processes),
                             "etcd lease grant + keepalive (JSON gateway)",
+                            rpcs=0,
                         )
                     finally:
                         etcd_client.close()
@@ -909,14 +1005,14 @@ def zk_write_ms(zk_hosts: str, n: int) -> float:
     return statistics.median(latencies) * 1000
 
 
-def completion(zk_hosts: str, bucket: str, task_counts: list[int]) -> None:
+def completion(bench: Bench, zk_hosts: str, bucket: str, task_counts: list[int], in_process: bool) -> None:
     """Reports sent one after another until the snapshot completes: time per report should not
     grow with the task count (linear total), against a raw ZooKeeper transaction's time."""
     run_id = uuid.uuid4().hex[:8]
-    with (
-        in_process_coordinator(f"zk://{zk_hosts}/bench-{run_id}", f"s3://{bucket}/bench-{run_id}") as port,
-        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
-    ):
+    server = coordinator(
+        bench, zk_hosts, f"zk://{zk_hosts}/bench-{run_id}", f"s3://{bucket}/bench-{run_id}", in_process, set()
+    )
+    with server as target, grpc.insecure_channel(target) as channel:
         stub = snapshot_pb2_grpc.SnapshotServiceStub(channel)
         print("\n## completing one snapshot, reports one after another (offsets only)")
         print(
@@ -955,16 +1051,23 @@ def completion(zk_hosts: str, bucket: str, task_counts: list[int]) -> None:
 
 
 def summary(rows: list[Row]) -> None:
-    print("\n## summary: ratio = ours ops/s / raw ops/s (>= 0.80 is the goal)")
+    print(
+        "\n## summary: ratio = ours ops/s / raw ops/s (>= 0.80 is the goal) "
+        "[ceiling: the raw operations plus bare gRPC round trips]"
+    )
     counts = sorted({r.clients for r in rows})
     names = list(dict.fromkeys(r.name for r in rows))
-    print(f"{'operation':<50} " + " ".join(f"{'c=' + str(c):>16}" for c in counts))
+    print(f"{'operation':<50} " + " ".join(f"{'c=' + str(c):>24}" for c in counts))
     for name in names:
         cells = []
         for c in counts:
             row = next((r for r in rows if r.name == name and r.clients == c), None)
-            cells.append(f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})" if row else "-")
-        print(f"{name:<50} " + " ".join(f"{x:>16}" for x in cells))
+            cell = "-"
+            if row:
+                cell = f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})"
+                cell += f" [{row.ceiling:.2f}]" if row.ceiling == row.ceiling else " [ -  ]"
+            cells.append(cell)
+        print(f"{name:<50} " + " ".join(f"{x:>24}" for x in cells))
 
 
 def main() -> None:
@@ -982,6 +1085,11 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=2, help="--processes of the cores rows (default 2; 1 skips them)"
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the hot RPCs' coordinator in the benchmark's own process (default: its own process)",
+    )
     parser.add_argument("--smoke", action="store_true", help="every row once, briefly (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -998,10 +1106,10 @@ def main() -> None:
         counts = [int(x) for x in args.clients.split(",")]
         with contextlib.ExitStack() as stack:
             etcd = None if args.no_etcd else stack.enter_context(etcd_server())
-            run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd)
+            run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd, args.in_process)
             if args.processes > 1:
                 cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
-        completion(zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")])
+        completion(bench, zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")], args.in_process)
         if args.scale:
             scale(zk.hosts, s3.bucket, args.scale)
     summary(bench.rows)
