@@ -1,6 +1,7 @@
 """Throughput of every hot RPC against its raw ZooKeeper + S3 bound, and of leases against etcd.
 
-    bench/run hot_rpcs [--seconds 1.0] [--rounds 4] [--clients 1,16] [--scale 100000] [--smoke]
+    bench/run hot_rpcs [--seconds 1.0] [--rounds 4] [--clients 1,16] [--processes 2] [--scale 100000]
+                       [--in-process] [--no-etcd] [--smoke]
 
 Each row runs the RPC through a real gRPC channel to a ``snapcoord serve`` process (as deployed;
 ``--in-process`` runs it in this process instead, sharing the load generator's GIL) on real
@@ -20,9 +21,10 @@ The lease rows compare a pure lease acquire + renew (no snapshots) with etcd's l
 keepalive through its JSON gateway, on an etcd this benchmark starts on loopback (Debian
 ``etcd-server``; ``bench/run`` installs it).
 
-The cores rows run the coordinator as ``snapcoord serve`` processes: ``--processes N`` (N worker
-processes sharing the port with SO_REUSEPORT) against ``--processes 1``, then the N-process
-lease pair against etcd. ``zk req`` there counts nothing (other processes).
+Every row runs again at the highest concurrency against ``snapcoord serve --processes N``
+(``--processes``, default 2: N worker processes sharing the port with SO_REUSEPORT, one connection
+per client). The cores rows then compare ``--processes N`` with ``--processes 1`` directly, and
+the N-process lease pair with etcd (``zk req`` counts nothing there: both sides are ours).
 
 The scale figures (``--scale``, default 100k producer records, with 10k apps and 10k leases)
 give a server's start time and RSS, and a janitor pass's time and ZooKeeper requests (the first
@@ -167,6 +169,8 @@ class Row:
     ours_req: float
     raw_req: float
     baseline: str
+    #: The coordinator's ``--processes``.
+    processes: int = 1
     #: The ratio a server doing no work of its own would reach: the raw operations plus ``rpcs``
     #: bare gRPC round trips (health RPCs at this concurrency), one after another. NaN: no bound.
     ceiling: float = float("nan")
@@ -186,8 +190,10 @@ class Bench:
         #: Requests the coordinator has sent so far: its kazoo clients' counts when it runs in this
         #: process, ZooKeeper's per-session counts (``cons``) when it runs as its own process.
         self.ours_requests: Callable[[], int] = lambda: _requests_of(_coordinator_clients(self.raw_clients))
-        #: Bare gRPC round trips per second through the coordinator, by concurrency (``hop``).
-        self.hop_ops_s: dict[int, float] = {}
+        #: Bare gRPC round trips per second through the coordinator, by (concurrency, processes).
+        self.hop_ops_s: dict[tuple[int, int], float] = {}
+        #: The ``--processes`` of the coordinator the rows being measured run against.
+        self.processes = 1
 
     def hop(self, clients: int, health: Op) -> float:
         """Measure bare health RPCs/s at ``clients`` (the gRPC cost every call of ours pays on top
@@ -197,7 +203,7 @@ class Bench:
             for _ in range(self.warmup):
                 health(c, 0)
         n, t = run_for(health, clients, self.seconds * self.rounds, at)
-        self.hop_ops_s[clients] = n / t
+        self.hop_ops_s[clients, self.processes] = n / t
         print(f"bare gRPC round trip (health RPC): {n / t:.0f}/s at c={clients}", flush=True)
         return n / t
 
@@ -240,8 +246,9 @@ class Bench:
             ours_req / max(ours_n, 1),
             raw_req / max(raw_n, 1),
             baseline,
+            self.processes,
         )
-        hop = self.hop_ops_s.get(clients)
+        hop = self.hop_ops_s.get((clients, self.processes))
         if rpcs and hop:
             raw_s = raw_t / raw_n
             row = replace(row, ceiling=raw_s / (raw_s + rpcs / hop))
@@ -432,7 +439,10 @@ def run(
     client_counts: list[int],
     etcd: str | None,
     in_process: bool = False,
+    extra_processes: int = 1,
 ) -> None:
+    """Every hot RPC at each of ``client_counts`` against one coordinator process, then (unless
+    in process) at the highest count against ``--processes extra_processes``."""
     run_id = uuid.uuid4().hex[:8]
     chroot = f"/bench-{run_id}"
     raw = KazooClient(hosts=zk_hosts)
@@ -481,23 +491,30 @@ def run(
     ten_payload = os.urandom(200)  # about what 10 encoded offsets take
     s3.put_object(Bucket=bucket, Key=f"{prefix}/offsets", Body=ten_payload)
 
-    # Every AcquireSnapshots(1) pair below creates a new lease on the client's one snapshot, so that
-    # snapshot gathers a holder per pair: allow the most holders (one snapshot per lease keeps the
-    # worst-case request within ZooKeeper's limit). A longer run than 1,000 pairs per client would
-    # need fresh snapshots.
-    server = coordinator(
-        bench,
-        zk_hosts,
-        f"zk://{zk_hosts}{chroot}/coordinator",
-        f"s3://{bucket}/bench-{run_id}",
-        in_process,
-        {raw.client_id[0]},
-        lease_max_holders="1000",
-        lease_max_snapshots="1",
-    )
-    try:
+    def measure(processes: int, counts: list[int]) -> None:
+        # Every AcquireSnapshots(1) pair below creates a new lease on the client's one snapshot, so that
+        # snapshot gathers a holder per pair: allow the most holders (one snapshot per lease keeps the
+        # worst-case request within ZooKeeper's limit). A longer run than 1,000 pairs per client would
+        # need fresh snapshots.
+        server = coordinator(
+            bench,
+            zk_hosts,
+            f"zk://{zk_hosts}{chroot}/coordinator-p{processes}",
+            f"s3://{bucket}/bench-{run_id}-p{processes}",
+            in_process,
+            {raw.client_id[0]},
+            lease_max_holders="1000",
+            lease_max_snapshots="1",
+            processes=str(processes),
+        )
         with server as target:
-            channels = [grpc.insecure_channel(target) for _ in range(4)]
+            # Over several processes, one connection per client (the kernel spreads connections
+            # over the processes sharing the port, not calls).
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            channels = [
+                grpc.insecure_channel(target, options=options)
+                for _ in range(4 if processes == 1 else max(4, max(counts)))
+            ]
             producers = [producer_pb2_grpc.ProducerOffsetServiceStub(x) for x in channels]
             snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
             leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
@@ -525,10 +542,14 @@ def run(
             tag = uuid.uuid4().hex[:6]
 
             def measure_at(clients: int) -> None:
-                print(f"\n## c={clients}", flush=True)
+                bench.processes = processes
+                print(
+                    f"\n## c={clients}" + (f", --processes {processes}" if processes > 1 else ""),
+                    flush=True,
+                )
                 bench.hop(clients, lambda c, k: H(c).Check(health_pb2.HealthCheckRequest(), timeout=60))
                 print(HEADER, flush=True)
-                t = f"{tag}-{clients}"
+                t = f"{tag}-{clients}-{processes}"
 
                 # RegisterProducerOffsets: read the record, commit it with its expiry entry.
                 bench.pair(
@@ -559,7 +580,8 @@ def run(
                     clients,
                     raw_get_producer,
                     lambda c, k: P(c).GetProducerOffsets(
-                        producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{t}-{c}-{k % 50}"), timeout=60
+                        producer_pb2.GetProducerOffsetsRequest(producer_id=f"p{t}-{c}-{k % 50}"),
+                        timeout=60,
                     ),
                     "get + s3 get",
                 )
@@ -631,7 +653,9 @@ def run(
                                 app_id=app,
                                 generation=created.generation,
                                 task=snapshot_pb2.TaskSnapshot(
-                                    task_id=task, committed_offsets=offsets(4), checkpoints={"state": blob}
+                                    task_id=task,
+                                    committed_offsets=offsets(4),
+                                    checkpoints={"state": blob},
                                 ),
                             ),
                             timeout=60,
@@ -664,7 +688,8 @@ def run(
                         "GetCurrentSnapshot cached vs consistent, during reports",
                         clients,
                         lambda c, k: S(c).GetCurrentSnapshot(
-                            snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy, consistent=True), timeout=60
+                            snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy, consistent=True),
+                            timeout=60,
                         ),
                         lambda c, k: S(c).GetCurrentSnapshot(
                             snapshot_pb2.GetCurrentSnapshotRequest(app_id=busy), timeout=60
@@ -720,7 +745,8 @@ def run(
                 def pure_pair(c: int, k: int) -> None:
                     lease_id = f"pl{t}-{c}-{k}"
                     L(c).AcquireSnapshots(
-                        lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+                        lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000),
+                        timeout=60,
                     )
                     L(c).RenewLease(
                         lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
@@ -776,10 +802,15 @@ def run(
                     "2 get + multi(set shard)",
                 )
 
-            for clients in client_counts:
+            for clients in counts:
                 measure_at(clients)
             for x in channels:
                 x.close()
+
+    try:
+        measure(1, client_counts)
+        if extra_processes > 1 and not in_process:
+            measure(extra_processes, [max(client_counts)])
     finally:
         raw.delete(chroot, recursive=True)
         raw.stop()
@@ -793,6 +824,7 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
     spread them over the processes."""
     from harness.coordinator import CoordinatorProcess
 
+    bench.ours_requests = lambda: 0  # both sides are coordinators: no raw count to compare
     run_id = uuid.uuid4().hex[:8]
     print(
         f"\n## cores: --processes {processes} vs --processes 1 (c={clients}), and vs etcd\n{HEADER}",
@@ -1055,13 +1087,14 @@ def summary(rows: list[Row]) -> None:
         "\n## summary: ratio = ours ops/s / raw ops/s (>= 0.80 is the goal) "
         "[ceiling: the raw operations plus bare gRPC round trips]"
     )
-    counts = sorted({r.clients for r in rows})
+    columns = sorted({(r.clients, r.processes) for r in rows})
     names = list(dict.fromkeys(r.name for r in rows))
-    print(f"{'operation':<50} " + " ".join(f"{'c=' + str(c):>24}" for c in counts))
+    titles = [f"c={c}" + (f", {p} processes" if p > 1 else "") for c, p in columns]
+    print(f"{'operation':<50} " + " ".join(f"{t:>24}" for t in titles))
     for name in names:
         cells = []
-        for c in counts:
-            row = next((r for r in rows if r.name == name and r.clients == c), None)
+        for c, p in columns:
+            row = next((r for r in rows if r.name == name and r.clients == c and r.processes == p), None)
             cell = "-"
             if row:
                 cell = f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})"
@@ -1083,7 +1116,10 @@ def main() -> None:
     )
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcd comparison")
     parser.add_argument(
-        "--processes", type=int, default=2, help="--processes of the cores rows (default 2; 1 skips them)"
+        "--processes",
+        type=int,
+        default=2,
+        help="--processes of the last column and the cores rows (default 2; 1 skips them)",
     )
     parser.add_argument(
         "--in-process",
@@ -1106,7 +1142,7 @@ def main() -> None:
         counts = [int(x) for x in args.clients.split(",")]
         with contextlib.ExitStack() as stack:
             etcd = None if args.no_etcd else stack.enter_context(etcd_server())
-            run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd, args.in_process)
+            run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd, args.in_process, args.processes)
             if args.processes > 1:
                 cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
         completion(bench, zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")], args.in_process)
