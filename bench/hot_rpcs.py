@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -57,10 +58,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from common import CoordinatorProcess, in_process_coordinator, real_servers
+from common import in_process_coordinator, real_servers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kazoo.client import KazooClient
 
+from harness.coordinator import CoordinatorProcess
 from harness.zookeeper import four_letter_word
 from snapcoord.v1 import (
     backlog_pb2,
@@ -227,7 +229,9 @@ class Bench:
                 sides.reverse()
             per: dict[str, float] = {}
             for side, op, at in sides:
-                count = (lambda: _requests_of(self.raw_clients)) if side == "raw" else self.ours_requests
+                count: Callable[[], int] = self.ours_requests
+                if side == "raw":
+                    count = functools.partial(_requests_of, self.raw_clients)
                 before = count()
                 n, t = run_for(op, clients, self.seconds, at)
                 sent = count() - before
@@ -822,7 +826,6 @@ def cores(bench: Bench, zk_hosts: str, bucket: str, clients: int, etcd: str | No
     processes sharing a port with SO_REUSEPORT, each its own ZooKeeper session), interleaved; and
     the N-process lease pair against etcd. One connection per client, so that the kernel can
     spread them over the processes."""
-    from harness.coordinator import CoordinatorProcess
 
     bench.ours_requests = lambda: 0  # both sides are coordinators: no raw count to compare
     run_id = uuid.uuid4().hex[:8]
@@ -927,7 +930,6 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     (their own encoders), apps through the snapshot registry."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from harness.coordinator import CoordinatorProcess
     from snapcoord.coordinator import config as coordinator_config
     from snapcoord.coordinator.domain.codec import encode_producer_record
     from snapcoord.coordinator.domain.leases import Lease, encode_lease

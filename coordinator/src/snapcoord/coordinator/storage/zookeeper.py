@@ -62,6 +62,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import (
     MAX_NODE_BYTES,
     Check,
@@ -271,6 +272,8 @@ class ZooKeeperMetadataStore(MetadataStore):
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
+        #: Reads of several nodes go out as one ``multiRead``; cleared if the server lacks it.
+        self._multi_read = True
         self._closed = False
         self._close_lock = threading.Lock()
         self._watch_lock = threading.Lock()  # guards the two collections below; never held in calls
@@ -303,17 +306,40 @@ class ZooKeeperMetadataStore(MetadataStore):
         wanted = list(dict.fromkeys(validate_path(p) for p in paths))
         if not wanted:
             return {}
+        return self._run(lambda a: self._read_nodes(a, wanted), f"get {len(wanted)} nodes ({wanted[0]}...)")
 
-        def attempt(a: _Attempts) -> dict[str, Node | None]:
-            # Every request is sent before the first reply is awaited: kazoo pipelines them on
-            # the one connection, so n reads cost about one round trip.
-            results = a.wait_all([functools.partial(self._client.get_async, p) for p in wanted])
-            nodes: dict[str, Node | None] = {}
-            for path, result in zip(wanted, results, strict=True):
-                nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
-            return nodes
-
-        return self._run(attempt, f"get {len(wanted)} nodes ({wanted[0]}...)")
+    def _read_nodes(
+        self, a: _Attempts, wanted: Sequence[str], before: Sequence[Callable[[], Any]] = ()
+    ) -> dict[str, Node | None]:
+        """Send ``before`` (e.g. a sync), then read ``wanted``, all at once, and wait for every
+        reply. Several nodes go out as ``multiRead``s (one request per ``MAX_PATHS``); one node, or
+        a server without ``multiRead``, as pipelined gets: either way one round trip, since
+        ZooKeeper answers a session's requests in order."""
+        if self._multi_read and len(wanted) > 1:
+            step = zk_multiread.MAX_PATHS
+            chunks = [wanted[i : i + step] for i in range(0, len(wanted), step)]
+            starts = [functools.partial(zk_multiread.multi_read_async, self._client, c) for c in chunks]
+            try:
+                replies = a.wait_all([*before, *starts])[len(before) :]
+            except kz.UnimplementedError:
+                log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
+                self._multi_read = False
+            else:
+                nodes: dict[str, Node | None] = {}
+                flat = [reply for chunk in replies for reply in chunk]
+                for path, reply in zip(wanted, flat, strict=True):
+                    if isinstance(reply, kz.NoNodeError):
+                        nodes[path] = None
+                    elif isinstance(reply, Exception):
+                        raise reply
+                    else:
+                        nodes[path] = _node(*reply)
+                return nodes
+        results = a.wait_all([*before, *(functools.partial(self._client.get_async, p) for p in wanted)])
+        return {
+            path: None if isinstance(result, kz.NoNodeError) else _node(*result)
+            for path, result in zip(wanted, results[len(before) :], strict=True)
+        }
 
     def children(self, path: str) -> list[str]:
         path = validate_path(path)
@@ -338,13 +364,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One round trip instead of two: ZooKeeper serves a session's requests in order, so
             # the reads sent right behind the sync wait for it and see what it made visible.
-            starts = [functools.partial(self._sync_async, sync_path)]
-            starts += [functools.partial(self._client.get_async, p) for p in wanted]
-            results = a.wait_all(starts)[1:]
-            nodes: dict[str, Node | None] = {}
-            for path, result in zip(wanted, results, strict=True):
-                nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
-            return nodes
+            return self._read_nodes(a, wanted, [functools.partial(self._sync_async, sync_path)])
 
         return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
 
