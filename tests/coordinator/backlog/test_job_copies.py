@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import pytest
 
 from harness.stores import Stores
+from harness.zk_requests import Counted, count_requests
 from snapcoord.coordinator.backlog.layout import JOBS
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import SHARD_SIZE, BacklogPolicy, PartitionBacklog, Progress
@@ -25,8 +25,6 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import NotFound
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Op
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 
 POLICY = BacklogPolicy(max_partitions=10_000)
 
@@ -241,51 +239,9 @@ def test_concurrent_reporters_on_two_processes_across_a_reset_finish_each_partit
 # --- ZooKeeper requests per call -----------------------------------------------------------------
 
 
-@dataclass
-class Counted:
-    """ZooKeeper requests (kazoo ``_call``) and store calls (each one sequential round trip)."""
-
-    requests: int = 0
-    rounds: int = 0
-    log: list[str] = field(default_factory=list)
-
-    def reset(self) -> None:
-        self.requests = self.rounds = 0
-        self.log.clear()
-
-
-@pytest.fixture
-def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
-    metadata = open_metadata_store(zk_uri)
-    blobs = open_blob_store(s3_uri)
-    yield Stores("zk+s3", metadata, blobs)
-    blobs.close()
-    metadata.close()
-
-
 @pytest.fixture
 def counted(zk_stores: Stores, monkeypatch: pytest.MonkeyPatch) -> Counted:
-    store = zk_stores.metadata
-    assert isinstance(store, ZooKeeperMetadataStore)
-    counts = Counted()
-    client = store.kazoo
-    real_call = client._call
-
-    def counting(request: object, async_object: object) -> object:
-        counts.requests += 1
-        counts.log.append(type(request).__name__)
-        return real_call(request, async_object)
-
-    monkeypatch.setattr(client, "_call", counting)
-    for name in ("get", "get_many", "synced_get_many", "children", "sync", "transaction"):
-        inner = getattr(store, name)
-
-        def round_trip(*args: object, _inner: object = inner, **kwargs: object) -> object:
-            counts.rounds += 1
-            return _inner(*args, **kwargs)  # type: ignore[operator]
-
-        monkeypatch.setattr(store, name, round_trip)
-    return counts
+    return count_requests(zk_stores.metadata, monkeypatch)
 
 
 def test_a_report_on_a_mark_this_process_knows_is_one_read_and_one_transaction(
