@@ -12,7 +12,7 @@ from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord
 CACHE_PARTITIONS = 200_000
 
 #: Job records kept in memory (least recently used go first): a few hundred bytes each.
-JOB_COPIES = 65_536
+JOB_COPIES = 10_000
 
 
 class BoundariesCache:
