@@ -23,3 +23,13 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     yield Stores(request.param, metadata, blobs)
     blobs.close()
     metadata.close()
+
+
+@pytest.fixture
+def zk_stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
+    """Real ZooKeeper + S3 only: for what only they can tell (e.g. ZooKeeper requests per call)."""
+    metadata = open_metadata_store(request.getfixturevalue("zk_uri"))
+    blobs = open_blob_store(request.getfixturevalue("s3_uri"))
+    yield Stores("zk+s3", metadata, blobs)
+    blobs.close()
+    metadata.close()

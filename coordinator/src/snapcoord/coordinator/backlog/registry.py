@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from snapcoord.coordinator.backlog import decide
-from snapcoord.coordinator.backlog.cache import BoundariesCache
+from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
-from snapcoord.coordinator.backlog.layout import job_path, shard_path
+from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
 from snapcoord.coordinator.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -45,6 +46,8 @@ from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Data per progress transaction: half of ZooKeeper's 1 MB request bound, leaving room for paths.
 CHUNK_BYTES = 500_000
@@ -79,6 +82,7 @@ class BacklogRegistry:
         self._chunk_bytes = chunk_bytes
         self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._cache = BoundariesCache()
+        self._jobs = JobCopies()
         self._janitor = BacklogJanitor(
             metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
@@ -94,10 +98,13 @@ class BacklogRegistry:
         def present(marked: decide.Marked) -> BacklogStatus:
             if marked.outcome == "existing":
                 try:
-                    return self._full_status(marked.record)
+                    status = self._full_status(marked.record)
                 except MarkGone:
                     raise Reread from None  # reset or cleared between our reads: decide again
+                self._jobs.remember(marked.record)
+                return status
             self._cache.remember(ours)
+            self._jobs.remember(marked.record)
             if marked.replaced is not None:
                 self._cache.forget(marked.replaced)
             partitions = tuple(partition_backlog(b, None) for b in items)
@@ -125,18 +132,8 @@ class BacklogRegistry:
         items = validate_report(job_id, positions, self._policy)
         report_id = report_tag(validate_report_id(report_id))
 
-        def report_on(record: JobRecord) -> Progress:
-            try:
-                return self._report_on(record, items, report_id)
-            except MarkGone:
-                raise Reread from None  # reset or cleared meanwhile: apply to what is there now
-
-        progress = self._kernel.run(
-            "backlog_report",
-            {"job_id": job_id},
-            [ReadNode(job_path(job_id))],
-            lambda reads, pending: decide.marked(job_id, reads, None),
-            finish=report_on,
+        progress = self._on_mark(
+            "backlog_report", job_id, lambda record: self._report_on(record, items, report_id)
         )
         if progress.newly_finished:
             self._metrics.backlog_partitions_finished.inc(len(progress.newly_finished))
@@ -146,19 +143,7 @@ class BacklogRegistry:
         """Every marked partition with its boundary and position; NOT_FOUND when never marked."""
         require_id("job_id", job_id)
 
-        def full_status(record: JobRecord) -> BacklogStatus:
-            try:
-                return self._full_status(record)
-            except MarkGone:
-                raise Reread from None
-
-        return self._kernel.run(
-            "backlog_status",
-            {"job_id": job_id},
-            [ReadNode(job_path(job_id))],
-            lambda reads, pending: decide.marked(job_id, reads, None),
-            finish=full_status,
-        )
+        return self._on_mark("backlog_status", job_id, self._full_status)
 
     def clear(self, job_id: str) -> bool:
         """Remove the mark and its progress (metadata first, then the boundaries); True when one
@@ -171,6 +156,7 @@ class BacklogRegistry:
             [ReadNode(path), ReadChildren(path)],
             lambda reads, pending: decide.clear(job_id, reads, pending),
         )
+        self._jobs.forget(job_id)
         if cleared is None:
             return False
         self._cache.forget(cleared)
@@ -188,6 +174,34 @@ class BacklogRegistry:
         return self._janitor.refresh_gauges()
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _on_mark(self, operation: str, job_id: str, use: Callable[[JobRecord], T]) -> T:
+        """``use(record)`` on the job's current mark: first on this process's copy of the record
+        (no read: ``use`` reads the mark's shards, which proves the copy current, or raises
+        ``MarkGone`` for a stale one), else on the record read, again after a reset or clear
+        between reads."""
+        copy = self._jobs.get(job_id)
+        if copy is not None:
+            try:
+                return use(copy)
+            except MarkGone:
+                self._jobs.forget(job_id, copy.mark_id)  # reset or cleared since: read the record
+
+        def on_record(record: JobRecord) -> T:
+            try:
+                result = use(record)
+            except MarkGone:
+                raise Reread from None  # reset or cleared meanwhile: apply to what is there now
+            self._jobs.remember(record)
+            return result
+
+        return self._kernel.run(
+            operation,
+            {"job_id": job_id},
+            [ReadNode(job_path(job_id))],
+            lambda reads, pending: decide.marked(job_id, reads, None),
+            finish=on_record,
+        )
 
     def _boundaries(self, record: JobRecord) -> Boundaries:
         cached = self._cache.get(record.mark_id)
@@ -273,5 +287,10 @@ class BacklogRegistry:
         return Progress(record.job_id, tuple(newly), processing)
 
     def _has_markers(self, record: JobRecord) -> bool:
+        """Whether a remaining marker of the mark is listed; ``MarkGone`` when its first shard is
+        not (the listing then shows another mark, or none: its record may be a stale copy)."""
+        names = self._metadata.children(job_path(record.job_id))
+        if shard_name(record.mark_id, 0) not in names:
+            raise MarkGone
         prefix = f"r-{record.mark_id}-"
-        return any(name.startswith(prefix) for name in self._metadata.children(job_path(record.job_id)))
+        return any(name.startswith(prefix) for name in names)

@@ -108,7 +108,16 @@ def create(
     request: CreateRequest, reads: Reads, pending: Commit[Outcome] | None, now: int
 ) -> Done[Outcome] | Commit[Outcome] | More:
     """The current snapshot if it is CREATED (a retry is safe, also after a commit in doubt),
-    else generation + 1."""
+    else generation + 1.
+
+    The app's pointer in ``reads`` may be a process's copy of it rather than a read (the kernel's
+    ``assume``). A stale copy is harmless: the pointer node is never deleted (so its versions
+    never restart) and changes only here, one generation per version, so a copy at the stored
+    version is exactly the stored node, and a commit from a stale one fails on the version and
+    the kernel reads. A Done needs no version check: the pointer leaves generation N only by a
+    commit that read N's header not CREATED, and a header never becomes CREATED again (its path
+    is created once, with the pointer's move to it), so a CREATED header N means the pointer is
+    at N now."""
     app_id = request.app_id
     app_node = reads.node(app_path(app_id))
     current = current_generation(app_node)

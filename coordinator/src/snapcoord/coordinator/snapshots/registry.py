@@ -18,7 +18,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from snapcoord.coordinator import intents, pins
-from snapcoord.coordinator.commit import CommitKernel, ReadNode, synced_retry
+from snapcoord.coordinator.commit import Commit, CommitKernel, Decision, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
@@ -57,6 +57,7 @@ from snapcoord.coordinator.errors import (
 )
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
+from snapcoord.coordinator.record_copies import RecordCache
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
@@ -134,6 +135,8 @@ class SnapshotRegistry:
         self._generations_max = max(cache_size, 10_000)
         self._generations_lock = threading.Lock()
         self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
+        #: app pointer path -> the node as this process last wrote or read it (CreateSnapshot).
+        self._apps = RecordCache(max(cache_size, 10_000))
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
         )
@@ -154,12 +157,33 @@ class SnapshotRegistry:
         )
         self._check_header_size(app_id, tasks, label_items)
         request = decide.CreateRequest(app_id, tasks, ttl, timeout, label_items)
-        outcome = self._kernel.run(
-            "snapshot_create",
-            {"app_id": app_id},
-            [ReadNode(app_path(app_id))],
-            lambda reads, pending: decide.create(request, reads, pending, self._clock.now_ms()),
-        )
+        path = app_path(app_id)
+        # This process's copy of the app's pointer stands in for its read (``decide.create`` says
+        # why a stale one is harmless): the call reads only the current header, then commits.
+        copy = self._apps.get(path)
+        last: list[tuple[Decision[decide.Outcome], Node | None]] = []
+
+        def tracked(reads: Reads, pending: Commit[decide.Outcome] | None) -> Decision[decide.Outcome]:
+            decision = decide.create(request, reads, pending, self._clock.now_ms())
+            last[:] = [(decision, reads.node(path))]
+            return decision
+
+        try:
+            outcome = self._kernel.run(
+                "snapshot_create",
+                {"app_id": app_id},
+                [ReadNode(path)],
+                tracked,
+                assume=Reads({path: copy}) if copy is not None else None,
+            )
+        except Exception:
+            self._apps.forget(path)
+            raise
+        decision, pointer = last[0]
+        if isinstance(decision, Commit):
+            self._apps.committed(path, decision)
+        elif pointer is not None:  # as read, or the copy the answer was found current with
+            self._apps.remember(path, pointer)
         if outcome.changed:
             self._metrics.snapshots_created.inc()
         return outcome.snapshot

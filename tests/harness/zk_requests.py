@@ -1,0 +1,51 @@
+"""Count what a coordinator's metadata store sends to ZooKeeper: every request its kazoo client
+makes (its ``_call``, as ``bench/hot_rpcs.py`` counts them) and every call into the store (each
+one sequential round trip: a ``get_many`` pipelines its reads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+
+#: The store calls that each make one round trip.
+ROUND_TRIPS = ("get", "get_many", "synced_get_many", "children", "sync", "transaction")
+
+
+@dataclass
+class Counted:
+    requests: int = 0
+    rounds: int = 0
+    #: The kazoo request types, in order (``GetData``, ``Transaction``...).
+    log: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.requests = self.rounds = 0
+        self.log.clear()
+
+
+def count_requests(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> Counted:
+    """Start counting on ``store`` (a ZooKeeper store) until ``monkeypatch`` undoes it."""
+    assert isinstance(store, ZooKeeperMetadataStore)
+    counts = Counted()
+    client = store.kazoo
+    real_call = client._call
+
+    def counting(request: object, async_object: object) -> object:
+        counts.requests += 1
+        counts.log.append(type(request).__name__)
+        return real_call(request, async_object)
+
+    monkeypatch.setattr(client, "_call", counting)
+    for name in ROUND_TRIPS:
+        inner = getattr(store, name)
+
+        def round_trip(*args: object, _inner: object = inner, **kwargs: object) -> object:
+            counts.rounds += 1
+            return _inner(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(store, name, round_trip)
+    return counts
