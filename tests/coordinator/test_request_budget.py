@@ -9,15 +9,14 @@ the requests of one call on the coordinator's own kazoo client, by kind, in orde
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import grpc
 import pytest
 
 from harness.coordinator import serve_in_process
+from harness.zk_requests import count_requests
 from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
@@ -45,16 +44,7 @@ def served(zk_uri: str, s3_uri: str, monkeypatch: pytest.MonkeyPatch) -> Iterato
     requests are appended to (their kinds: GetData, MultiRead, Transaction...)."""
     metadata = open_metadata_store(zk_uri)
     blobs = open_blob_store(s3_uri)
-    assert isinstance(metadata, ZooKeeperMetadataStore)
-    sent: list[str] = []
-    client = metadata.kazoo
-    original = client._call
-
-    def counting(request: Any, async_object: Any) -> Any:
-        sent.append(type(request).__name__)
-        return original(request, async_object)
-
-    monkeypatch.setattr(client, "_call", counting)
+    sent = count_requests(metadata, monkeypatch).log
     try:
         with (
             serve_in_process(Deps(metadata=metadata, blobs=blobs)) as server,
@@ -178,8 +168,8 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
     assert requests_of(sent, lambda: b.ReportProgress(progress(2))) == PROGRESS
 
 
-#: Filled in from the code as it stands: a report with one inline checkpoint, a CreateSnapshot
-#: of an app whose pointer this process wrote, and a ReportProgress of a job marked through it.
+#: A report with one inline checkpoint (not the last), a CreateSnapshot of a new generation of an
+#: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
 REPORT = ["MultiRead", "Create2", "Transaction"]
-CREATE = ["GetData", "GetData", "Transaction"]
-PROGRESS = ["GetData", "GetData", "Transaction"]
+CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
+PROGRESS = ["GetData", "Transaction"]  # the shard (the copy of the job record names it), the commit
