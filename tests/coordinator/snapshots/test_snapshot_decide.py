@@ -141,6 +141,17 @@ def report_reads(record: SnapshotRecord | None, current: int, existing: TaskRepo
     )
 
 
+def test_a_report_reads_the_pointer_only_to_refuse() -> None:
+    """The first round reads the header and the task; the app's pointer only names the current
+    generation in a refusal, so it is read (a second round) only then."""
+    assert [r.path for r in REPORT.reads()] == [gen(2), TASK]
+    first = read((gen(2), node(encode_snapshot(header(2)), 4)), (TASK, None))
+    assert isinstance(decide.report(REPORT, first, None, NOW), Commit)
+    fenced = read((gen(2), node(encode_snapshot(header(2, State.ABORTED)), 4)), (TASK, None))
+    assert decide.report(REPORT, fenced, None, NOW) == More([ReadNode(APP)])
+    assert decide.report(REPORT, read((gen(2), None), (TASK, None)), None, NOW) == More([ReadNode(APP)])
+
+
 FIRST_OF_TWO = replace(header(2), reported=1)
 LAST_OF_TWO = replace(header(2), reported=2, state=State.COMPLETED, completed_at_ms=NOW, ended_at_ms=NOW)
 

@@ -169,19 +169,18 @@ class ReportRequest:
     uploads: tuple[tuple[str, str, str], ...] = ()
 
     def reads(self) -> list[ReadNode]:
-        """The header, the task's node, the app's pointer (for the fence) and the intents of the
-        uploads it references, read together."""
+        """The header, the task's node and the intents of the uploads it references, read
+        together. (The app's pointer only names the current generation in a refusal: read then.)"""
         return [
             ReadNode(gen_path(self.app_id, self.generation)),
             ReadNode(task_path(self.app_id, self.generation, self.task_id)),
-            ReadNode(app_path(self.app_id)),
             *(ReadNode(path) for _, _, path in self.uploads),
         ]
 
 
 def report(
     request: ReportRequest, reads: Reads, pending: Commit[Outcome] | None, now: int
-) -> Done[Outcome] | Commit[Outcome]:
+) -> Done[Outcome] | Commit[Outcome] | More:
     """Record one task's report; the report that completes the task set completes the snapshot.
 
     The same report again is idempotent (also after completion, and after a commit in doubt:
@@ -194,7 +193,12 @@ def report(
     if header is not None and existing is not None and existing.digest == request.digest:
         keep = {r.object_key for r in request.refs} if existing.checkpoints == request.refs else set()
         return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=frozenset(keep))
-    fence(app_id, generation, header, current_generation(reads.node(app_path(app_id))))
+    if header is None or header.record.state is not State.CREATED:
+        # Refused: the pointer names the current generation in the error.
+        pointer = ReadNode(app_path(app_id))
+        if not reads.has(pointer):
+            return More([pointer])
+        fence(app_id, generation, header, current_generation(reads.node(pointer.path)))
     assert header is not None
     if existing is not None:
         raise FailedPrecondition(

@@ -434,6 +434,8 @@ class SnapshotRegistry:
                 {"app_id": app_id, "generation": generation},
                 request.reads(),
                 lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+                # The inline payloads' keys are made above: their intent rides with the first reads.
+                announce=tuple(payloads),
                 # Every task of the snapshot may win a round before this one.
                 contenders=self._policy.max_tasks,
             )

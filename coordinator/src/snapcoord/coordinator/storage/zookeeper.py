@@ -142,9 +142,10 @@ class _Attempts:
             self.in_doubt = self.in_doubt or write
             raise kz.OperationTimeoutError("no reply before the retry deadline") from e
 
-    def wait_all(self, starts: Sequence[Callable[[], Any]]) -> list[Any]:
-        """Send several reads at once and wait for every reply, in order. A ``NoNodeError`` is
-        returned in its slot (a missing node is an answer); any other error is raised."""
+    def wait_all(self, starts: Sequence[Callable[[], Any]], *, write: bool = False) -> list[Any]:
+        """Send several requests at once and wait for every reply, in order. A ``NoNodeError`` is
+        returned in its slot (a missing node is an answer); any other error is raised. ``write``:
+        the first request writes, so a lost reply leaves the attempt in doubt."""
         if self._client.client_state == KeeperState.CLOSED:
             raise kz.ConnectionClosedError("the client was stopped")
         if not self._client.connected:
@@ -157,7 +158,11 @@ class _Attempts:
                 replies.append(result.get(timeout=max(remaining, 0.001)))
             except kz.NoNodeError as e:
                 replies.append(e)
+            except (kz.ConnectionLoss, kz.SessionExpiredError):
+                self.in_doubt = self.in_doubt or write
+                raise
             except KazooTimeoutError as e:
+                self.in_doubt = self.in_doubt or write
                 raise kz.OperationTimeoutError("no reply before the retry deadline") from e
         return replies
 
@@ -304,16 +309,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         if not wanted:
             return {}
 
-        def attempt(a: _Attempts) -> dict[str, Node | None]:
-            # Every request is sent before the first reply is awaited: kazoo pipelines them on
-            # the one connection, so n reads cost about one round trip.
-            results = a.wait_all([functools.partial(self._client.get_async, p) for p in wanted])
-            nodes: dict[str, Node | None] = {}
-            for path, result in zip(wanted, results, strict=True):
-                nodes[path] = None if isinstance(result, kz.NoNodeError) else _node(*result)
-            return nodes
-
-        return self._run(attempt, f"get {len(wanted)} nodes ({wanted[0]}...)")
+        # Every request is sent before the first reply is awaited: kazoo pipelines them on the
+        # one connection, so n reads cost about one round trip.
+        return self._run(lambda a: self._get_many_in(a, wanted), f"get {len(wanted)} nodes ({wanted[0]}...)")
 
     def children(self, path: str) -> list[str]:
         path = validate_path(path)
@@ -370,20 +368,33 @@ class ZooKeeperMetadataStore(MetadataStore):
                 )
                 return _node(data, stat)
             except kz.NodeExistsError:
-                if a.in_doubt:
-                    # Did our earlier attempt create it? Then it holds our data, unchanged since.
-                    # (If another writer created the same bytes, the outcome is the same to us.)
-                    node = self._get_in(a, path)
-                    if node is not None and node.version == 0 and node.data == data:
-                        return node
-                    # Ours may have landed and been changed since: nothing tells them apart.
-                    raise CommitOutcomeUnknown(
-                        f"create {path} on {self.uri}: retried after a lost reply and found the node "
-                        "already there; the first attempt may have created it: re-read"
-                    ) from None
-                raise
+                return self._created_before(a, path, data)
 
         return self._run(attempt, f"create {path}")
+
+    def create_and_get_many(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        path = check_writable(path)
+        check_size(data)
+        wanted = list(dict.fromkeys(validate_path(p) for p in paths))
+
+        def attempt(a: _Attempts) -> dict[str, Node | None]:
+            # One pipeline: the create is sent first and the reads right behind it, and every
+            # reply (the create's ack included) is awaited before this returns.
+            starts = [functools.partial(self._client.create_async, path, data)]
+            starts += [functools.partial(self._client.get_async, p) for p in wanted]
+            try:
+                results = a.wait_all(starts, write=True)
+            except kz.NodeExistsError:
+                self._created_before(a, path, data)
+                return self._get_many_in(a, wanted)
+            if isinstance(results[0], kz.NoNodeError):
+                raise results[0]  # the parent is missing: nothing was created
+            return {
+                p: None if isinstance(result, kz.NoNodeError) else _node(*result)
+                for p, result in zip(wanted, results[1:], strict=True)
+            }
+
+        return self._run(attempt, f"create {path} and get {len(wanted)} nodes")
 
     def set(self, path: str, data: bytes, *, version: int) -> Node:
         path = check_writable(path)
@@ -635,6 +646,29 @@ class ZooKeeperMetadataStore(MetadataStore):
             raise StoreUnavailable(f"{what}: metadata store {self.uri} is closed") from e
         except kz.KazooException as e:
             raise _translate(e, what) from e
+
+    def _created_before(self, a: _Attempts, path: str, data: bytes) -> Node:
+        """A create met ``NodeExists``: raise it, unless an earlier attempt whose reply was lost
+        may have made the node; then the node proves it (our data, unchanged since), or the
+        outcome is unknown."""
+        if not a.in_doubt:
+            raise kz.NodeExistsError()
+        # (If another writer created the same bytes, the outcome is the same to us.)
+        node = self._get_in(a, path)
+        if node is not None and node.version == 0 and node.data == data:
+            return node
+        # Ours may have landed and been changed since: nothing tells them apart.
+        raise CommitOutcomeUnknown(
+            f"create {path} on {self.uri}: retried after a lost reply and found the node "
+            "already there; the first attempt may have created it: re-read"
+        ) from None
+
+    def _get_many_in(self, a: _Attempts, wanted: Sequence[str]) -> dict[str, Node | None]:
+        results = a.wait_all([functools.partial(self._client.get_async, p) for p in wanted])
+        return {
+            p: None if isinstance(result, kz.NoNodeError) else _node(*result)
+            for p, result in zip(wanted, results, strict=True)
+        }
 
     def _get_in(self, a: _Attempts, path: str) -> Node | None:
         try:
