@@ -196,12 +196,15 @@ def test_refused_reports_leave_no_intent_and_no_object(stores: Stores, clock: Ma
         assert objects(stores, "snapshots/refused/") == []
     assert blobs.puts == []
 
-    # The same report twice: the second call decides Done (idempotent), withdraws its intent and
-    # puts nothing; only the first call's object exists.
-    snapshots.report("refused", current, "t1", (), {"s": b"payload"})
+    # The same report twice (a retry after a lost reply). The second call assumes a first report
+    # (the task's node is not read before the commit), so it announces and puts its own object;
+    # its commit meets the stored report, and it answers as the first did, removing its object
+    # and its intent. Only the first call's object exists, and it is the one referenced.
+    first_report = snapshots.report("refused", current, "t1", (), {"s": b"payload"})
     again = snapshots.report("refused", current, "t1", (), {"s": b"payload"})
-    assert again.tasks[0].checkpoints[0].object_key in objects(stores, "snapshots/refused/")
-    assert len(objects(stores, "snapshots/refused/")) == 1 and len(blobs.puts) == 1
+    assert again.tasks == first_report.tasks
+    assert objects(stores, "snapshots/refused/") == [first_report.tasks[0].checkpoints[0].object_key]
+    assert len(blobs.puts) == 2 and blobs.unannounced == []
     assert intent_paths(stores.metadata) == []
 
 
@@ -288,15 +291,15 @@ def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
     metadata.close()
 
 
-def test_a_report_with_an_inline_checkpoint_sends_four_zookeeper_requests_in_two_round_trips(
+def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_two_round_trips(
     zk_stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intent's create and the reads of the header and the task go in one pipeline, the
-    commit is one multi; nothing else (the app's pointer is read only to refuse)."""
+    """The intent's create and the header's read go in one pipeline, the commit is one multi;
+    nothing else (the app's pointer is read only to refuse, the task's node only on a repeat)."""
     metadata = zk_stores.metadata
     assert isinstance(metadata, ZooKeeperMetadataStore)
     snapshots = snapshot_registry(zk_stores, zk_stores.blobs, clock)
-    generation = snapshots.create("counted", ["t1", "t2", "t3", "t4"], 0, 0, {}).record.generation
+    generation = snapshots.create("counted", ["t1", "t2", "t3", "t4", "t5"], 0, 0, {}).record.generation
     snapshots.report("counted", generation, "t1", (), {"s": b"warm"})  # the intent bucket exists now
     pipelined: list[int] = []
     real = metadata.create_and_get_many
@@ -310,11 +313,18 @@ def test_a_report_with_an_inline_checkpoint_sends_four_zookeeper_requests_in_two
     with RequestLog(metadata.kazoo) as log:
         snapshots.report("counted", generation, "t2", (Offset("s", 0, 1),), {"s": b"payload"})
 
-    assert log.sent == ["Create", "GetData", "GetData", "Transaction"]
-    assert pipelined == [2]  # the create and both reads were sent together: one round trip
+    # The task's node is not read (absent on a first report: the multi's Create checks it).
+    assert log.sent == ["Create", "GetData", "Transaction"]
+    assert pipelined == [1]  # the create and the header's read were sent together: one round trip
 
-    # A report without a payload announces nothing: its reads and its commit. (Not the last
-    # report: completing adds the retention bucket on the first completion of a minute.)
+    # A report without a payload announces nothing: its reads and its commit. (None of these
+    # completes the snapshot: the first completion of a minute makes its retention bucket.)
     with RequestLog(metadata.kazoo) as log:
         snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
-    assert log.sent == ["GetData", "GetData", "Transaction"]
+    assert log.sent == ["GetData", "Transaction"]
+    # A repeat (a retry after a lost reply) meets the stored node in the commit, reads it and
+    # answers as the first call did.
+    with RequestLog(metadata.kazoo) as log:
+        again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
+    assert again.tasks[0].committed_offsets == (Offset("s", 0, 2),)
+    assert log.sent == ["GetData", "Transaction", "GetData", "GetData"]

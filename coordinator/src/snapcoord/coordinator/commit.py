@@ -236,6 +236,7 @@ class CommitKernel:
         *,
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R: ...
 
@@ -250,6 +251,7 @@ class CommitKernel:
         finish: Callable[[R], T],
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> T: ...
 
@@ -263,6 +265,7 @@ class CommitKernel:
         finish: Callable[[R], T] | None = None,
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R | T:
         """Read, decide and commit until ``decide`` is satisfied; return ``finish(result)``.
@@ -277,6 +280,11 @@ class CommitKernel:
         trip (``create_and_get_many``) instead of a round trip of its own before the puts; a
         decision that uploads nothing withdraws it. Ignored with ``assume`` (no first read to
         ride with: the intent is created before the puts, as for any other upload).
+
+        ``defer``: reads of ``reads`` left out of the first round, for a record that is nearly
+        always absent and whose absence the commit checks anyway (a ``Create`` of it). ``decide``
+        then finds them not read (``Reads.has``) and either relies on the commit (a lost commit
+        re-reads everything) or asks for them with ``More``. Later rounds read them.
         """
         synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
@@ -288,10 +296,11 @@ class CommitKernel:
         lost = 0
         try:
             for attempt in range(self._policy.rounds(contenders)):
+                first = [r for r in reads if r not in defer] if attempt == 0 else reads
                 given = assume if attempt == 0 else None
                 if attempt == 0 and announce and assume is None:
-                    given = self._announce_and_read(reads, announce, announced)
-                decision = self._decide(reads, decide, pending, given, synced)
+                    given = self._announce_and_read(first, announce, announced)
+                decision = self._decide(first, decide, pending, given, synced)
                 # What was read after a commit in doubt settles whether it landed; a Done that
                 # keeps uploads says they are referenced, whatever ``finish`` then raises.
                 in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()

@@ -436,6 +436,8 @@ class SnapshotRegistry:
                 lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
                 # The inline payloads' keys are made above: their intent rides with the first reads.
                 announce=tuple(payloads),
+                # The task's node is absent on a first report, and the commit's Create checks it.
+                defer=[request.task_read()],
                 # Every task of the snapshot may win a round before this one.
                 contenders=self._policy.max_tasks,
             )
