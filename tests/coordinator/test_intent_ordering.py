@@ -171,14 +171,56 @@ def test_producer_registrations_announce_their_payload_before_the_put(
 # --- refusals leave nothing behind ---------------------------------------------------------------
 
 
-def test_refused_reports_leave_no_intent_and_no_object(stores: Stores, clock: ManualClock) -> None:
-    """The intent is created with the first reads, before the report is decided: a refusal
-    withdraws it, and nothing was put."""
+def intents_tree(metadata: MetadataStore) -> dict[str, tuple[bytes, int]]:
+    """Every node under the intents root (buckets and intents), with data and version."""
+    tree: dict[str, tuple[bytes, int]] = {}
+    for bucket in metadata.children(intents.ROOT):
+        paths = [
+            f"{intents.ROOT}/{bucket}",
+            *(f"{intents.ROOT}/{bucket}/{n}" for n in metadata.children(f"{intents.ROOT}/{bucket}")),
+        ]
+        for path, node in metadata.get_many(paths).items():
+            assert node is not None
+            tree[path] = (node.data, node.version)
+    return tree
+
+
+class CountingAnnounces:
+    """The metadata store, counting ``create_and_get_many`` calls (early announces)."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self._inner = inner
+        self.early = 0
+
+    def create_and_get_many(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        self.early += 1
+        return self._inner.create_and_get_many(path, data, paths)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_refused_reports_and_uploads_leave_the_stores_as_they_were(
+    stores: Stores, clock: ManualClock
+) -> None:
+    """The intent is created with the first reads, before the call is decided: a refusal
+    withdraws it, nothing was put, and the intents' tree is as before (bucket included)."""
     blobs = AnnouncedBlobs(stores.blobs, stores.metadata)
-    snapshots = snapshot_registry(stores, blobs, clock)
+    metadata = CountingAnnounces(stores.metadata)
+    snapshots = SnapshotRegistry(
+        metadata,  # type: ignore[arg-type]
+        blobs,  # type: ignore[arg-type]
+        clock,
+        SnapshotPolicy(),
+        CoordinatorMetrics(new_registry()),
+    )
     first = snapshots.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
     snapshots.abort("refused", first, "test")
     current = snapshots.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
+    # The first payload of the minute: its intent waits for the commit (the bucket is made then).
+    warm = snapshots.create("warm", ["t"], 0, 0, {}).record.generation
+    snapshots.report("warm", warm, "t", (), {"s": b"warm"})
+    assert metadata.early == 0 and len(blobs.puts) == 1
 
     refusals = [
         (first, "t1", FailedPrecondition, Reason.SNAPSHOT_FENCED),  # a stale generation
@@ -186,15 +228,34 @@ def test_refused_reports_leave_no_intent_and_no_object(stores: Stores, clock: Ma
         (current, "t9", InvalidArgument, Reason.INVALID_ARGUMENT),  # not in the task set
     ]
     for generation, task, error, reason in refusals:
+        before = intents_tree(stores.metadata)
         with pytest.raises(error) as raised:
             snapshots.report("refused", generation, task, (), {"s": b"payload"})
         assert raised.value.reason is reason
         if reason is Reason.SNAPSHOT_FENCED:
             # The pointer, read only for the refusal, still names the current generation.
             assert raised.value.metadata["current_generation"] == str(current)
-        assert intent_paths(stores.metadata) == []
+        assert intents_tree(stores.metadata) == before
         assert objects(stores, "snapshots/refused/") == []
-    assert blobs.puts == []
+        # An upload for the same target is refused alike: its intent, made with the check's
+        # reads, is withdrawn, and not a byte was read or put.
+        stream = iter([b"x"])
+        with pytest.raises(error) as raised:
+            snapshots.upload("refused", generation, task, "s", stream)
+        assert raised.value.reason is reason
+        assert next(stream, None) == b"x"  # not a byte was taken from the stream
+        assert intents_tree(stores.metadata) == before
+    assert metadata.early == 2 * len(refusals)  # every refused call did announce early
+    assert len(blobs.puts) == 1
+
+    # In a minute whose bucket this process has not made yet, a refused call writes nothing.
+    clock.advance(60_000)
+    before = intents_tree(stores.metadata)
+    with pytest.raises(FailedPrecondition):
+        snapshots.report("refused", first, "t1", (), {"s": b"payload"})
+    with pytest.raises(FailedPrecondition):
+        snapshots.upload("refused", first, "t1", "s", [b"x"])
+    assert intents_tree(stores.metadata) == before and metadata.early == 2 * len(refusals)
 
     # The same report twice (a retry after a lost reply). The second call assumes a first report
     # (the task's node is not read before the commit), so it announces and puts its own object;
@@ -204,7 +265,7 @@ def test_refused_reports_leave_no_intent_and_no_object(stores: Stores, clock: Ma
     again = snapshots.report("refused", current, "t1", (), {"s": b"payload"})
     assert again.tasks == first_report.tasks
     assert objects(stores, "snapshots/refused/") == [first_report.tasks[0].checkpoints[0].object_key]
-    assert len(blobs.puts) == 2 and blobs.unannounced == []
+    assert len(blobs.puts) == 3 and blobs.unannounced == []
     assert intent_paths(stores.metadata) == []
 
 
@@ -244,6 +305,9 @@ def test_a_report_whose_intent_the_sweep_takes_before_its_put_commits_nothing(
         CoordinatorMetrics(new_registry()),
     )
     generation = snapshots.create("swept", ["t"], 0, 0, {}).record.generation
+    warm = snapshots.create("warm", ["t"], 0, 0, {}).record.generation
+    snapshots.report("warm", warm, "t", (), {"s": b"warm"})  # makes the minute's bucket: early from now
+    assert metadata.swept == []
 
     with pytest.raises(Aborted, match="collected by the orphan sweep"):
         snapshots.report("swept", generation, "t", (), {"s": b"payload"})
@@ -328,3 +392,9 @@ def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_tw
         again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
     assert again.tasks[0].committed_offsets == (Offset("s", 0, 2),)
     assert log.sent == ["GetData", "Transaction", "GetData", "GetData"]
+
+    # UploadCheckpoint: its intent is created with the check's reads (header and pointer), then
+    # completed once the stream is stored.
+    with RequestLog(metadata.kazoo) as log:
+        snapshots.upload("counted", generation, "t4", "big", [b"streamed"])
+    assert log.sent == ["Create", "GetData", "GetData", "SetData"]

@@ -278,8 +278,9 @@ class CommitKernel:
         ``announce``: the object keys the commit will upload, when the caller knows them before
         deciding (fixed per call). Their intent is then created in the first round's read round
         trip (``create_and_get_many``) instead of a round trip of its own before the puts; a
-        decision that uploads nothing withdraws it. Ignored with ``assume`` (no first read to
-        ride with: the intent is created before the puts, as for any other upload).
+        decision that uploads nothing withdraws it. Not when the minute's intent bucket is not
+        known to exist yet (a refusal would leave the bucket it made: once a minute, the intent
+        waits for the commit as without ``announce``), nor with ``assume`` (no first read).
 
         ``defer``: reads of ``reads`` left out of the first round, for a record that is nearly
         always absent and whose absence the commit checks anyway (a ``Create`` of it). ``decide``
@@ -298,8 +299,9 @@ class CommitKernel:
             for attempt in range(self._policy.rounds(contenders)):
                 first = [r for r in reads if r not in defer] if attempt == 0 else reads
                 given = assume if attempt == 0 else None
-                if attempt == 0 and announce and assume is None:
-                    given = self._announce_and_read(first, announce, announced)
+                now = self._now_ms()
+                if attempt == 0 and announce and assume is None and self.intents.ready(now):
+                    given = self._announce_and_read(first, announce, announced, now)
                 decision = self._decide(first, decide, pending, given, synced)
                 # What was read after a commit in doubt settles whether it landed; a Done that
                 # keeps uploads says they are referenced, whatever ``finish`` then raises.
@@ -371,12 +373,12 @@ class CommitKernel:
             raise
 
     def _announce_and_read(
-        self, first: Sequence[Read], keys: Collection[str], announced: dict[str, frozenset[str]]
+        self, first: Sequence[Read], keys: Collection[str], announced: dict[str, frozenset[str]], now_ms: int
     ) -> Reads:
         """The first round's reads, with the intent for ``keys`` created in the same round trip
         (sent ahead of the node reads; acknowledged before this returns, so before any put)."""
         paths = [r.path for r in first if isinstance(r, ReadNode)]
-        path, _, nodes = self.intents.announce_and_read(sorted(keys), self._now_ms(), paths)
+        path, _, nodes = self.intents.announce_and_read(sorted(keys), now_ms, paths)
         announced[path] = frozenset(keys)
         lists = {r.path: tuple(self._metadata.children(r.path)) for r in first if isinstance(r, ReadChildren)}
         return Reads(nodes, lists)

@@ -159,6 +159,12 @@ class IntentIndex:
         path, intent_id, _ = self.announce_and_read(keys, now_ms, (), upload)
         return path, intent_id
 
+    def ready(self, now_ms: int) -> bool:
+        """True when an intent made at ``now_ms`` needs no bucket made first (this index made or
+        found it). A call that may still be refused announces early only then: its withdrawal
+        leaves the store as it was, an empty bucket it made would not."""
+        return self._buckets.known(now_ms)
+
     def announce_and_read(
         self, keys: Sequence[str], now_ms: int, paths: Sequence[str], upload: UploadInfo | None = None
     ) -> tuple[str, str, dict[str, Node | None]]:
