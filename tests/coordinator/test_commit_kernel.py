@@ -250,3 +250,26 @@ def test_assumed_reads_stand_in_for_the_first_round(stores: Stores) -> None:
         == "exists"
     )
     assert seen[0] is None and seen[1] is not None  # the guess, then what the failed create told
+
+
+def test_deferred_reads_are_left_out_of_the_first_round_only(stores: Stores) -> None:
+    """A deferred read is not made in the first round (decide finds it not read); after a lost
+    commit every read is made."""
+    s = Setup(stores)
+    stores.metadata.create("/n", b"0")
+    stores.metadata.create("/m", b"rival")
+    seen: list[bool] = []
+
+    def decide(reads: Reads, pending: Commit[int] | None) -> Commit[int]:
+        seen.append(reads.has(ReadNode("/m")))
+        # Assumes /m absent when not read, as a report assumes its task's node; the Create checks.
+        if reads.has(ReadNode("/m")):
+            return bump(reads)
+        return Commit([Create("/m", b"ours"), *bump(reads).ops], -1, uploads={KEY: b"x"})
+
+    result = s.kernel.run(
+        "bump", {"n": "n"}, [ReadNode("/n"), ReadNode("/m")], decide, defer=[ReadNode("/m")]
+    )
+    assert (result, seen) == (1, [False, True])
+    assert stores.metadata.get("/m").data == b"rival"  # type: ignore[union-attr]
+    assert s.conflicts("bump") == 1

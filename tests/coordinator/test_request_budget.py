@@ -170,6 +170,6 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
 
 #: A report with one inline checkpoint (not the last), a CreateSnapshot of a new generation of an
 #: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
-REPORT = ["MultiRead", "Create2", "Transaction"]
+REPORT = ["Create", "GetData", "Transaction"]  # the upload intent with the header read, the commit
 CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
 PROGRESS = ["GetData", "Transaction"]  # the shard (the copy of the job record names it), the commit

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
@@ -21,6 +25,7 @@ from snapcoord.coordinator.domain.snapshots import (
     report_digest,
     retention_victims,
 )
+from snapcoord.coordinator.errors import Internal
 
 GOLDEN = Path(__file__).parent / "golden"
 C, A, R = State.COMPLETED, State.ABORTED, State.CREATED
@@ -81,3 +86,60 @@ def test_task_report_v1_bytes_are_pinned() -> None:
     golden = (GOLDEN / "task_report_v1.json").read_bytes()
     assert encode_task_report(REPORT) == golden
     assert decode_task_report(golden) == REPORT
+
+
+def plain_dump(record: SnapshotRecord) -> bytes:
+    """The header as one ``json.dumps`` of the whole document (the stored format's definition)."""
+    doc = {
+        "version": 1,
+        "app_id": record.app_id,
+        "generation": record.generation,
+        "state": record.state.value,
+        "task_ids": list(record.task_ids),
+        "reported": record.reported,
+        "created_at_ms": record.created_at_ms,
+        "completed_at_ms": record.completed_at_ms,
+        "ended_at_ms": record.ended_at_ms,
+        "deadline_ms": record.deadline_ms,
+        "ttl_ms": record.ttl_ms,
+        "labels": dict(record.labels),
+        "abort_reason": record.abort_reason,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+LARGE = replace(
+    RECORD,
+    state=State.CREATED,
+    task_ids=tuple(f'task-{i}-\u00e9"q' for i in range(1000)),
+    reported=17,
+    # Label keys that sort around and equal the top-level keys the encoder splices between.
+    labels=(("task_ids", "x"), ("ttl_ms", "1"), ("version", '","task_ids":[')),
+    abort_reason='"ttl_ms":2,"version":1}',
+)
+
+
+def test_large_headers_are_encoded_byte_for_byte_as_one_json_document() -> None:
+    for record in (RECORD, LARGE, replace(LARGE, task_ids=()), replace(LARGE, labels=())):
+        assert encode_snapshot(record) == plain_dump(record)
+        assert decode_snapshot(plain_dump(record)) == record
+    # Again, with the task set's array memoised, and counters moved on as a report moves them.
+    for reported in range(18, 25):
+        record = replace(LARGE, reported=reported)
+        assert encode_snapshot(record) == plain_dump(record)
+
+
+def test_a_memoised_header_decodes_to_what_its_bytes_say() -> None:
+    """Decoding bytes written or read before returns the record they encode; other bytes (one
+    counter apart, the same task set) decode afresh, and malformed ones still fail."""
+    written = encode_snapshot(replace(LARGE, reported=30))
+    assert decode_snapshot(written) == replace(LARGE, reported=30)
+    assert decode_snapshot(bytes(written)) == replace(LARGE, reported=30)  # equal bytes, new object
+    other = plain_dump(replace(LARGE, reported=31, state=State.ABORTED))
+    assert decode_snapshot(other) == replace(LARGE, reported=31, state=State.ABORTED)
+    assert decode_snapshot(other) == replace(LARGE, reported=31, state=State.ABORTED)
+    with pytest.raises(Internal, match="newer"):
+        decode_snapshot(written.replace(b'"version":1}', b'"version":9}'))
+    # An unsorted label order is stored sorted: what is read back is the sorted record.
+    unsorted = replace(LARGE, labels=(("z", "1"), ("a", "2")))
+    assert decode_snapshot(encode_snapshot(unsorted)) == replace(LARGE, labels=(("a", "2"), ("z", "1")))

@@ -141,6 +141,36 @@ def report_reads(record: SnapshotRecord | None, current: int, existing: TaskRepo
     )
 
 
+def test_a_report_reads_the_pointer_only_to_refuse() -> None:
+    """A report reads the header and the task; the app's pointer only names the current
+    generation in a refusal, so it is read (a second round) only then."""
+    assert REPORT.reads() == [ReadNode(gen(2)), ReadNode(TASK)] and REPORT.task_read() == ReadNode(TASK)
+    first = read((gen(2), node(encode_snapshot(header(2)), 4)), (TASK, None))
+    assert isinstance(decide.report(REPORT, first, None, NOW), Commit)
+    fenced = read((gen(2), node(encode_snapshot(header(2, State.ABORTED)), 4)), (TASK, None))
+    assert decide.report(REPORT, fenced, None, NOW) == More([ReadNode(APP)])
+    assert decide.report(REPORT, read((gen(2), None), (TASK, None)), None, NOW) == More([ReadNode(APP)])
+
+
+def test_a_report_without_the_task_read_commits_on_an_open_header_and_asks_otherwise() -> None:
+    """The first round may leave the task's node out (deferred): on a CREATED header the report
+    commits as a first report, its Create checking the node is absent; on any other header the
+    answer depends on the node (a repeat after completion is idempotent), so it asks for it."""
+    without_task = read((gen(2), node(encode_snapshot(header(2)), 4)))
+    assert decide.report(REPORT, without_task, None, NOW) == decide.report(
+        REPORT, report_reads(header(2), 2), None, NOW
+    )
+    for ended in (LAST_OF_TWO, header(2, State.ABORTED), None):
+        first = read((gen(2), node(encode_snapshot(ended), 4) if ended is not None else None))
+        assert decide.report(REPORT, first, None, NOW) == More([ReadNode(TASK), ReadNode(APP)])
+    # A refusal on an open header waits for the node too: a stored report answers first.
+    outside = read((gen(2), node(encode_snapshot(header(2, tasks=("t9",))), 4)))
+    assert decide.report(REPORT, outside, None, NOW) == More([ReadNode(TASK)])
+    # With both read, a repeat after completion is answered as before.
+    done = decide.report(REPORT, report_reads(LAST_OF_TWO, 2, MINE), None, NOW)
+    assert done == Done(Outcome(Snapshot(LAST_OF_TWO, (MINE,)), False), keep=frozenset({REF.object_key}))
+
+
 FIRST_OF_TWO = replace(header(2), reported=1)
 LAST_OF_TWO = replace(header(2), reported=2, state=State.COMPLETED, completed_at_ms=NOW, ended_at_ms=NOW)
 

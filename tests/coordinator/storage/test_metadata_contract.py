@@ -570,6 +570,31 @@ def test_synced_get_many_reads_like_get_many(store: MetadataStore) -> None:
         store.synced_get_many("/", ["relative"])
 
 
+def test_create_and_get_many_creates_then_reads(store: MetadataStore) -> None:
+    store.create("/a", b"one")
+    nodes = store.create_and_get_many("/new", b"made", ["/a", "/missing", "/new", "/a"])
+    assert set(nodes) == {"/a", "/missing", "/new"}
+    assert nodes["/a"] == store.get("/a") and nodes["/missing"] is None
+    # The reads are served after the create: it is visible to them, and it stays.
+    assert nodes["/new"] is not None and nodes["/new"].data == b"made" and nodes["/new"].version == 0
+    assert store.get("/new") == nodes["/new"]
+    assert store.create_and_get_many("/other", b"", []) == {}
+    assert store.get("/other") is not None
+
+
+def test_create_and_get_many_raises_like_create_and_creates_nothing(store: MetadataStore) -> None:
+    store.create("/a", b"one")
+    with pytest.raises(NodeExistsError):
+        store.create_and_get_many("/a", b"two", ["/a"])
+    assert store.get("/a").data == b"one"  # type: ignore[union-attr]
+    with pytest.raises(NoNodeError):
+        store.create_and_get_many("/no/parent", b"x", ["/a"])
+    assert store.get("/no") is None and store.get("/no/parent") is None
+    with pytest.raises(ValueError, match="absolute"):
+        store.create_and_get_many("/b", b"", ["relative"])
+    assert store.get("/b") is None  # refused before anything was sent
+
+
 def test_sync_and_usable(store: MetadataStore) -> None:
     store.create("/a", b"")
     store.sync()

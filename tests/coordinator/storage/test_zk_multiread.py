@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NoAuthError, NoNodeError, UnimplementedError
 
+from harness.zk_requests import count_requests
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Create, SetData
@@ -24,21 +25,6 @@ def store(zk_uri: str) -> Iterator[ZooKeeperMetadataStore]:
     s.close()
 
 
-class Requests:
-    """Counts the requests the store's kazoo client sends, by kind."""
-
-    def __init__(self, store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.kinds: list[str] = []
-        client = store.kazoo
-        original = client._call
-
-        def counting(request: Any, async_object: Any) -> Any:
-            self.kinds.append(type(request).__name__)
-            return original(request, async_object)
-
-        monkeypatch.setattr(client, "_call", counting)
-
-
 def test_several_nodes_are_one_request_per_64_with_the_answers_of_single_gets(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -49,22 +35,22 @@ def test_several_nodes_are_one_request_per_64_with_the_answers_of_single_gets(
         if i % 4 == 0:
             store.set(paths[i], f"node {i} v1".encode(), version=0)
     singles = {p: store.get(p) for p in paths}
-    requests = Requests(store, monkeypatch)
+    requests = count_requests(store, monkeypatch)
     for count, sent in (
         (2, ["MultiRead"]),
         (64, ["MultiRead"]),
         (65, ["MultiRead"] * 2),
         (130, ["MultiRead"] * 3),
     ):
-        requests.kinds.clear()
+        requests.reset()
         assert store.get_many(paths[:count]) == {p: singles[p] for p in paths[:count]}
-        assert requests.kinds == sent, count
+        assert requests.log == sent, count
     first = singles[paths[0]]
     assert first is not None and first.version == 1
     assert singles[paths[1]] is None
-    requests.kinds.clear()  # one node: a plain get
+    requests.reset()  # one node: a plain get
     assert store.get_many([paths[2]]) == {paths[2]: singles[paths[2]]}
-    assert requests.kinds == ["GetData"]
+    assert requests.log == ["GetData"]
 
 
 def test_sync_and_reads_are_two_requests(
@@ -75,11 +61,11 @@ def test_sync_and_reads_are_two_requests(
     other = ZooKeeperMetadataStore.from_uri(zk_uri)
     try:
         other.create("/s", b"v0")
-        requests = Requests(store, monkeypatch)
+        requests = count_requests(store, monkeypatch)
         other.set("/s", b"v1", version=0)
         nodes = store.synced_get_many("/", ["/s", "/absent"])
         assert nodes["/s"] is not None and nodes["/s"].data == b"v1" and nodes["/absent"] is None
-        assert requests.kinds == ["Sync", "MultiRead"]
+        assert requests.log == ["Sync", "MultiRead"]
     finally:
         other.close()
 
@@ -126,10 +112,30 @@ def test_a_server_without_multiread_is_read_one_get_each(
         return result
 
     monkeypatch.setattr(zk_multiread, "multi_read_async", unimplemented)
-    requests = Requests(store, monkeypatch)
+    requests = count_requests(store, monkeypatch)
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
-    assert requests.kinds == ["GetData"] * 6
+    assert requests.log == ["GetData"] * 6
+
+
+def test_a_create_sent_with_reads_to_a_server_without_multiread(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload intent announced with a report's reads: the create lands before the multiRead is
+    refused; sent again with gets, it meets its own node, which counts as created, not as a
+    conflict."""
+    store.create("/r1", b"1")
+
+    def unimplemented(client: Any, paths: Any) -> Any:
+        result = client.handler.async_result()
+        result.set_exception(UnimplementedError())
+        return result
+
+    monkeypatch.setattr(zk_multiread, "multi_read_async", unimplemented)
+    nodes = store.create_and_get_many("/intent", b"announce", ["/r1", "/r2"])
+    assert nodes["/r1"] is not None and nodes["/r1"].data == b"1" and nodes["/r2"] is None
+    intent = store.get("/intent")
+    assert intent is not None and intent.data == b"announce" and intent.version == 0
 
 
 def test_an_error_other_than_a_missing_node_is_not_an_answer(

@@ -235,6 +235,8 @@ class CommitKernel:
         decide: Decide[R],
         *,
         assume: Reads | None = None,
+        announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R: ...
 
@@ -248,6 +250,8 @@ class CommitKernel:
         *,
         finish: Callable[[R], T],
         assume: Reads | None = None,
+        announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> T: ...
 
@@ -260,6 +264,8 @@ class CommitKernel:
         *,
         finish: Callable[[R], T] | None = None,
         assume: Reads | None = None,
+        announce: Collection[str] = (),
+        defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R | T:
         """Read, decide and commit until ``decide`` is satisfied; return ``finish(result)``.
@@ -268,6 +274,18 @@ class CommitKernel:
         ``Aborted`` error. ``assume`` stands in for the first round's reads (a guess the commit's
         version checks verify, e.g. "no record yet"); later rounds read. ``finish`` presents the
         result with reads ``decide`` cannot make (payloads) and may raise ``Reread``.
+
+        ``announce``: the object keys the commit will upload, when the caller knows them before
+        deciding (fixed per call). Their intent is then created in the first round's read round
+        trip (``create_and_get_many``) instead of a round trip of its own before the puts; a
+        decision that uploads nothing withdraws it. Not when the minute's intent bucket is not
+        known to exist yet (a refusal would leave the bucket it made: once a minute, the intent
+        waits for the commit as without ``announce``), nor with ``assume`` (no first read).
+
+        ``defer``: reads of ``reads`` left out of the first round, for a record that is nearly
+        always absent and whose absence the commit checks anyway (a ``Create`` of it). ``decide``
+        then finds them not read (``Reads.has``) and either relies on the commit (a lost commit
+        re-reads everything) or asks for them with ``More``. Later rounds read them.
         """
         synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
@@ -279,7 +297,12 @@ class CommitKernel:
         lost = 0
         try:
             for attempt in range(self._policy.rounds(contenders)):
-                decision = self._decide(reads, decide, pending, assume if attempt == 0 else None, synced)
+                first = [r for r in reads if r not in defer] if attempt == 0 else reads
+                given = assume if attempt == 0 else None
+                now = self._now_ms()
+                if attempt == 0 and announce and assume is None and self.intents.ready(now):
+                    given = self._announce_and_read(first, announce, announced, now)
+                decision = self._decide(first, decide, pending, given, synced)
                 # What was read after a commit in doubt settles whether it landed; a Done that
                 # keeps uploads says they are referenced, whatever ``finish`` then raises.
                 in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()
@@ -298,13 +321,21 @@ class CommitKernel:
                     return result
                 pending = None
                 todo = {k: v for k, v in decision.uploads.items() if k not in uploaded}
-                if todo:
-                    path, _ = self.intents.announce(sorted(todo), self._now_ms())
-                    announced[path] = frozenset(todo)
+                # Every object is announced before its put: by the intent of the first read
+                # round (``announce``), of an earlier round, or by one made now.
+                covered = {k for keys in announced.values() for k in keys}
+                fresh = sorted(k for k in todo if k not in covered)
+                if fresh:
+                    path, _ = self.intents.announce(fresh, self._now_ms())
+                    announced[path] = frozenset(fresh)
                 self._upload(todo, uploaded)
                 self._prepare(decision)
                 owned = frozenset(decision.uploads)
-                retire = [path for path, keys in announced.items() if keys <= owned]
+                # An intent announcing any object the commit references goes in the commit itself
+                # (version-checked against the sweep's claim): withdrawn after it, the sweep could
+                # claim it in between and delete a referenced object. Its other keys, if any, were
+                # never put or are deleted below with the rest of ``uploaded - owned``.
+                retire = [path for path, keys in announced.items() if keys & owned]
                 ops = [*decision.ops, *(intents.commit_op(p, intents.CREATED_VERSION) for p in retire)]
                 try:
                     self._metadata.transaction(ops)
@@ -340,6 +371,17 @@ class CommitKernel:
             self._delete(sorted(uploaded - in_doubt), ())
             self._withdraw({p: keys for p, keys in announced.items() if not keys & in_doubt})
             raise
+
+    def _announce_and_read(
+        self, first: Sequence[Read], keys: Collection[str], announced: dict[str, frozenset[str]], now_ms: int
+    ) -> Reads:
+        """The first round's reads, with the intent for ``keys`` created in the same round trip
+        (sent ahead of the node reads; acknowledged before this returns, so before any put)."""
+        paths = [r.path for r in first if isinstance(r, ReadNode)]
+        path, _, nodes = self.intents.announce_and_read(sorted(keys), now_ms, paths)
+        announced[path] = frozenset(keys)
+        lists = {r.path: tuple(self._metadata.children(r.path)) for r in first if isinstance(r, ReadChildren)}
+        return Reads(nodes, lists)
 
     def _withdraw(self, announced: Mapping[str, frozenset[str]]) -> None:
         """Remove intents whose objects were deleted (best effort: the sweep takes what is left)."""

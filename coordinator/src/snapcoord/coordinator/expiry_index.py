@@ -51,6 +51,10 @@ class ExpiryIndex:
             self._metadata.ensure_path(f"{self._root}/{bucket}")
             self._known.add(bucket)
 
+    def known(self, due_ms: int) -> bool:
+        """True when the bucket of ``due_ms`` is known to exist (``prepare`` made or found it)."""
+        return bucket_of(due_ms) in self._known
+
     def forget(self, due_ms: int) -> None:
         """Drop a bucket from the cache after a transaction met NoNode on one of its entries."""
         self._known.discard(bucket_of(due_ms))

@@ -37,7 +37,7 @@ from snapcoord.coordinator.storage.metadata import Delete
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.storage.blobs import BlobStore
-    from snapcoord.coordinator.storage.metadata import MetadataStore
+    from snapcoord.coordinator.storage.metadata import MetadataStore, Node
 
 _log = logging.getLogger(__name__)
 
@@ -156,16 +156,36 @@ class IntentIndex:
 
     def announce(self, keys: Sequence[str], now_ms: int, upload: UploadInfo | None = None) -> tuple[str, str]:
         """Create an intent for ``keys`` (before any of them is put); returns (path, id)."""
+        path, intent_id, _ = self.announce_and_read(keys, now_ms, (), upload)
+        return path, intent_id
+
+    def ready(self, now_ms: int) -> bool:
+        """True when an intent made at ``now_ms`` needs no bucket made first (this index made or
+        found it). A call that may still be refused announces early only then: its withdrawal
+        leaves the store as it was, an empty bucket it made would not."""
+        return self._buckets.known(now_ms)
+
+    def announce_and_read(
+        self, keys: Sequence[str], now_ms: int, paths: Sequence[str], upload: UploadInfo | None = None
+    ) -> tuple[str, str, dict[str, Node | None]]:
+        """``announce``, with ``paths`` read in the same round trip (``create_and_get_many``);
+        returns once the intent is created: (path, id, the nodes read)."""
         path, intent_id = new_name(now_ms)
         data = encode(Intent(tuple(keys), now_ms, upload))
         self._buckets.prepare(now_ms)
         try:
-            self._metadata.create(path, data)
+            nodes = self._create(path, data, paths)
         except NoNodeError:  # the bucket went (a sweep of a clock far ahead): make it again
             self._buckets.forget(now_ms)
             self._buckets.prepare(now_ms)
+            nodes = self._create(path, data, paths)
+        return path, intent_id, nodes
+
+    def _create(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        if not paths:
             self._metadata.create(path, data)
-        return path, intent_id
+            return {}
+        return self._metadata.create_and_get_many(path, data, paths)
 
     def complete(self, path: str, intent: Intent, version: int = CREATED_VERSION) -> None:
         """Record a finished upload's size and hash (``BadVersionError``/``NoNodeError``: the sweep

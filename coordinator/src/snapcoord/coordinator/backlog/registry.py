@@ -28,6 +28,7 @@ from snapcoord.coordinator.domain.backlog import (
     JobRecord,
     PartitionBacklog,
     Progress,
+    boundaries_key,
     new_mark_id,
     partition_backlog,
     remaining,
@@ -116,6 +117,10 @@ class BacklogRegistry:
             [ReadNode(job_path(job_id))],
             lambda reads, pending: decide.mark(request, reads, pending, self._clock.now_ms()),
             finish=lambda marked: (marked, present(marked)),
+            # A reset always uploads: its intent rides with the first read. A plain mark usually
+            # finds the mark of an earlier run (a restarted job) and uploads nothing; announcing
+            # it up front would cost that call a withdrawal round trip, so it announces at commit.
+            announce=(boundaries_key(job_id, ours.mark_id),) if reset else (),
         )
         self._metrics.backlog_marks.labels(marked.outcome).inc()
         if marked.outcome != "existing":

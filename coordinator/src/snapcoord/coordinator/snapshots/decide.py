@@ -31,7 +31,7 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     TaskReport,
 )
-from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason, SnapcoordError
 from snapcoord.coordinator.snapshots.layout import (
     APPS,
     DEADLINES,
@@ -178,19 +178,23 @@ class ReportRequest:
     uploads: tuple[tuple[str, str, str], ...] = ()
 
     def reads(self) -> list[ReadNode]:
-        """The header, the task's node, the app's pointer (for the fence) and the intents of the
-        uploads it references, read together."""
+        """The header, the task's node and the intents of the uploads it references, read
+        together. (The app's pointer only names the current generation in a refusal: read then.)"""
         return [
             ReadNode(gen_path(self.app_id, self.generation)),
-            ReadNode(task_path(self.app_id, self.generation, self.task_id)),
-            ReadNode(app_path(self.app_id)),
+            self.task_read(),
             *(ReadNode(path) for _, _, path in self.uploads),
         ]
+
+    def task_read(self) -> ReadNode:
+        """The task's node: absent until the task reports, which the commit's ``Create`` checks;
+        so the first round may leave it out (``run(defer=...)``) and ``report`` copes."""
+        return ReadNode(task_path(self.app_id, self.generation, self.task_id))
 
 
 def report(
     request: ReportRequest, reads: Reads, pending: Commit[Outcome] | None, now: int
-) -> Done[Outcome] | Commit[Outcome]:
+) -> Done[Outcome] | Commit[Outcome] | More:
     """Record one task's report; the report that completes the task set completes the snapshot.
 
     The same report again is idempotent (also after completion, and after a commit in doubt:
@@ -198,12 +202,25 @@ def report(
     """
     app_id, generation, task_id = request.app_id, request.generation, request.task_id
     header = stored(reads.node(gen_path(app_id, generation)))
-    task_node = reads.node(task_path(app_id, generation, task_id))
+    open_header = header is not None and header.record.state is State.CREATED
+    task_read = request.task_read()
+    if not reads.has(task_read) and not open_header:
+        # The task's node was not read (deferred): a repeat after completion is answered from
+        # it, and a refusal names the current generation from the pointer.
+        return More([task_read, ReadNode(app_path(app_id))])
+    # Not read: assumed absent (the first report of the task); the commit's Create checks that,
+    # and a lost commit re-reads it.
+    task_node = reads.node(task_read.path) if reads.has(task_read) else None
     existing = decode_task_report(task_node.data) if task_node is not None else None
     if header is not None and existing is not None and existing.digest == request.digest:
         keep = {r.object_key for r in request.refs} if existing.checkpoints == request.refs else set()
         return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=frozenset(keep))
-    fence(app_id, generation, header, current_generation(reads.node(app_path(app_id))))
+    if not open_header:
+        # Refused: the pointer names the current generation in the error.
+        pointer = ReadNode(app_path(app_id))
+        if not reads.has(pointer):
+            return More([pointer])
+        fence(app_id, generation, header, current_generation(reads.node(pointer.path)))
     assert header is not None
     if existing is not None:
         raise FailedPrecondition(
@@ -212,12 +229,20 @@ def report(
             reason=Reason.REPORT_CONFLICT,
             metadata={"app_id": app_id, "generation": generation, "task_id": task_id},
         )
-    if task_id not in header.record.task_ids:
-        raise InvalidArgument(
-            f"task {task_id!r} is not in the task set of app {app_id!r} generation {generation} "
-            f"({len(header.record.task_ids)} tasks)"
-        )
-    uploaded, retire = claim_uploads(request, reads)
+    try:
+        if task_id not in header.record.task_ids:
+            raise InvalidArgument(
+                f"task {task_id!r} is not in the task set of app {app_id!r} generation {generation} "
+                f"({len(header.record.task_ids)} tasks)"
+            )
+        uploaded, retire = claim_uploads(request, reads)
+    except SnapcoordError:
+        if not reads.has(task_read):
+            # Refused only once the task's node is read: a stored report of the task answers
+            # first (the same report: idempotent, though its uploads' intents are gone; another
+            # one: REPORT_CONFLICT).
+            return More([task_read])
+        raise
     refs = tuple(sorted((*request.refs, *uploaded), key=lambda r: r.store))
     task_report = TaskReport(task_id, request.offsets, refs, request.digest)
     after = after_report(header.record, now)

@@ -292,7 +292,8 @@ class SnapshotRegistry:
         """Stream one checkpoint payload into the blob store for a later report to reference.
 
         Checked like a report first (CREATED, current generation, task in the task set), before a
-        byte is read. Then an intent naming the object is written, the payload streamed into the
+        byte is read; the intent naming the object is created in the same round trip as the
+        check's reads, and withdrawn if the check refuses. Then the payload is streamed into the
         blob store (bounded memory: the store's part buffer and one piece, held from the payload
         budget for the whole call), hashed once as it passes, and the intent marked complete with
         size and hash. Any failure removes the object and the intent; a crash leaves both to the
@@ -303,14 +304,34 @@ class SnapshotRegistry:
             raise InvalidArgument(f"generation is {generation}; generations start at 1")
         require_id("task_id", task_id)
         require_id("store", store)
-        synced_retry(self._metadata, lambda: self._check_uploadable(app_id, generation, task_id))
         unique = uuid.uuid4().hex
         key = checkpoint_key(app_id, generation, task_id, unique)
         target = intents.UploadInfo(app_id, generation, task_id, store)
         held = self._blobs.stream_buffer_bytes + MAX_UPLOAD_CHUNK_BYTES
-        with self._budget.hold(held, f"UploadCheckpoint of task {task_id!r}"):
-            now = self._clock.now_ms()
-            path, upload_id = self._kernel.intents.announce([key], now, target)
+        now = self._clock.now_ms()
+        index = self._kernel.intents
+        first: list[Mapping[str, Node | None]] = []  # the first check's reads, if made already
+        early = index.ready(now)  # (a refused call must not leave a bucket it made: see ready)
+        if early:
+            path, upload_id, nodes = index.announce_and_read(
+                [key], now, [gen_path(app_id, generation), app_path(app_id)], target
+            )
+            first.append(nodes)
+        with contextlib.ExitStack() as stack:
+            try:
+                synced_retry(
+                    self._metadata,
+                    lambda: self._check_uploadable(
+                        app_id, generation, task_id, first.pop() if first else None
+                    ),
+                )
+                stack.enter_context(self._budget.hold(held, f"UploadCheckpoint of task {task_id!r}"))
+            except BaseException:
+                if early:
+                    index.withdraw(path, intents.CREATED_VERSION)  # nothing was put
+                raise
+            if not early:
+                path, upload_id = index.announce([key], now, target)
             digest = hashlib.sha256()
             size = [0]
 
@@ -356,11 +377,15 @@ class SnapshotRegistry:
                 ) from None
         return CheckpointUpload(upload_id, size[0], digest.hexdigest())
 
-    def _check_uploadable(self, app_id: str, generation: int, task_id: str) -> None:
-        """Refuse an upload a report could not use: the same checks, the same reasons."""
-        reads = self._kernel.read([ReadNode(gen_path(app_id, generation)), ReadNode(app_path(app_id))])
-        header = decide.stored(reads.node(gen_path(app_id, generation)))
-        decide.fence(app_id, generation, header, decide.current_generation(reads.node(app_path(app_id))))
+    def _check_uploadable(
+        self, app_id: str, generation: int, task_id: str, nodes: Mapping[str, Node | None] | None
+    ) -> None:
+        """Refuse an upload a report could not use: the same checks, the same reasons. ``nodes``:
+        the header and the pointer when already read."""
+        if nodes is None:
+            nodes = self._metadata.get_many([gen_path(app_id, generation), app_path(app_id)])
+        header = decide.stored(nodes[gen_path(app_id, generation)])
+        decide.fence(app_id, generation, header, decide.current_generation(nodes[app_path(app_id)]))
         assert header is not None
         if task_id not in header.record.task_ids:
             raise InvalidArgument(
@@ -458,6 +483,10 @@ class SnapshotRegistry:
                 {"app_id": app_id, "generation": generation},
                 request.reads(),
                 lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+                # The inline payloads' keys are made above: their intent rides with the first reads.
+                announce=tuple(payloads),
+                # The task's node is absent on a first report, and the commit's Create checks it.
+                defer=[request.task_read()],
                 # Every task of the snapshot may win a round before this one.
                 contenders=self._policy.max_tasks,
             )

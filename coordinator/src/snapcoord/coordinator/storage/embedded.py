@@ -302,6 +302,14 @@ class EmbeddedMetadataStore(MetadataStore):
                 self._make_ancestors(db, path, changed)
             return self._create(db, path, data, changed)
 
+    def create_and_get_many(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        path = check_writable(path)
+        check_size(data)
+        wanted = [validate_path(p) for p in paths]
+        with self._write() as (db, changed):  # the create fails first, or the reads follow it
+            self._create(db, path, data, changed)
+            return {p: self._read(db, p) for p in wanted}
+
     def set(self, path: str, data: bytes, *, version: int) -> Node:
         path = check_writable(path)
         check_size(data)

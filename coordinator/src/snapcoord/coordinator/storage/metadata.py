@@ -126,6 +126,18 @@ class MetadataStore(abc.ABC):
                 cancel()
             raise
 
+    def create_and_get_many(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        """``create(path, data)``, then ``get_many(paths)``, in one round trip on ZooKeeper (the
+        create is sent first, the reads right behind it). Returns only once the create is
+        acknowledged; raises as ``create`` does (then nothing was created, and no reads are
+        returned). For a call that must announce something before its next step and has reads
+        to make anyway (an upload intent, created before any of its objects is put).
+
+        This default does one after the other; ZooKeeper pipelines them.
+        """
+        self.create(path, data)
+        return self.get_many(paths)
+
     @abc.abstractmethod
     def create(self, path: str, data: bytes, *, make_parents: bool = False) -> Node:
         """Create ``path``; ``NodeExistsError`` if it exists, ``NoNodeError`` if the parent does not

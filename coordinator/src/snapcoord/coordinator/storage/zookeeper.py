@@ -143,9 +143,10 @@ class _Attempts:
             self.in_doubt = self.in_doubt or write
             raise kz.OperationTimeoutError("no reply before the retry deadline") from e
 
-    def wait_all(self, starts: Sequence[Callable[[], Any]]) -> list[Any]:
-        """Send several reads at once and wait for every reply, in order. A ``NoNodeError`` is
-        returned in its slot (a missing node is an answer); any other error is raised."""
+    def wait_all(self, starts: Sequence[Callable[[], Any]], *, write: bool = False) -> list[Any]:
+        """Send several requests at once and wait for every reply, in order. A ``NoNodeError`` is
+        returned in its slot (a missing node is an answer); any other error is raised. ``write``:
+        the first request writes, so a lost reply leaves the attempt in doubt."""
         if self._client.client_state == KeeperState.CLOSED:
             raise kz.ConnectionClosedError("the client was stopped")
         if not self._client.connected:
@@ -158,7 +159,11 @@ class _Attempts:
                 replies.append(result.get(timeout=max(remaining, 0.001)))
             except kz.NoNodeError as e:
                 replies.append(e)
+            except (kz.ConnectionLoss, kz.SessionExpiredError):
+                self.in_doubt = self.in_doubt or write
+                raise
             except KazooTimeoutError as e:
+                self.in_doubt = self.in_doubt or write
                 raise kz.OperationTimeoutError("no reply before the retry deadline") from e
         return replies
 
@@ -306,27 +311,38 @@ class ZooKeeperMetadataStore(MetadataStore):
         wanted = list(dict.fromkeys(validate_path(p) for p in paths))
         if not wanted:
             return {}
-        return self._run(lambda a: self._read_nodes(a, wanted), f"get {len(wanted)} nodes ({wanted[0]}...)")
+        # Every request is sent before the first reply is awaited: n reads cost one round trip.
+        what = f"get {len(wanted)} nodes ({wanted[0]}...)"
+        return self._run(lambda a: self._read_nodes(a, wanted)[1], what)
 
     def _read_nodes(
-        self, a: _Attempts, wanted: Sequence[str], before: Sequence[Callable[[], Any]] = ()
-    ) -> dict[str, Node | None]:
-        """Send ``before`` (e.g. a sync), then read ``wanted``, all at once, and wait for every
-        reply. Several nodes go out as ``multiRead``s (one request per ``MAX_PATHS``); one node, or
-        a server without ``multiRead``, as pipelined gets: either way one round trip, since
-        ZooKeeper answers a session's requests in order."""
+        self,
+        a: _Attempts,
+        wanted: Sequence[str],
+        before: Sequence[Callable[[], Any]] = (),
+        *,
+        write: bool = False,
+    ) -> tuple[list[Any], dict[str, Node | None]]:
+        """Send ``before`` (a sync, or a create: then ``write``), then read ``wanted``, all at once,
+        and wait for every reply; returns ``before``'s replies and the nodes. Several nodes go out
+        as ``multiRead``s (one request per ``MAX_PATHS``); one node, or a server without
+        ``multiRead``, as pipelined gets: either way one round trip, since ZooKeeper answers a
+        session's requests in order."""
         if self._multi_read and len(wanted) > 1:
             step = zk_multiread.MAX_PATHS
             chunks = [wanted[i : i + step] for i in range(0, len(wanted), step)]
             starts = [functools.partial(zk_multiread.multi_read_async, self._client, c) for c in chunks]
             try:
-                replies = a.wait_all([*before, *starts])[len(before) :]
+                replies = a.wait_all([*before, *starts], write=write)
             except kz.UnimplementedError:
+                # A create in ``before`` landed: sent again below it meets NodeExists, which the
+                # caller then checks like a create whose reply was lost (our data: ours).
+                a.in_doubt = a.in_doubt or write
                 log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
                 self._multi_read = False
             else:
                 nodes: dict[str, Node | None] = {}
-                flat = [reply for chunk in replies for reply in chunk]
+                flat = [reply for chunk in replies[len(before) :] for reply in chunk]
                 for path, reply in zip(wanted, flat, strict=True):
                     if isinstance(reply, kz.NoNodeError):
                         nodes[path] = None
@@ -334,9 +350,10 @@ class ZooKeeperMetadataStore(MetadataStore):
                         raise reply
                     else:
                         nodes[path] = _node(*reply)
-                return nodes
-        results = a.wait_all([*before, *(functools.partial(self._client.get_async, p) for p in wanted)])
-        return {
+                return replies[: len(before)], nodes
+        gets = [functools.partial(self._client.get_async, p) for p in wanted]
+        results = a.wait_all([*before, *gets], write=write)
+        return results[: len(before)], {
             path: None if isinstance(result, kz.NoNodeError) else _node(*result)
             for path, result in zip(wanted, results[len(before) :], strict=True)
         }
@@ -364,7 +381,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One round trip instead of two: ZooKeeper serves a session's requests in order, so
             # the reads sent right behind the sync wait for it and see what it made visible.
-            return self._read_nodes(a, wanted, [functools.partial(self._sync_async, sync_path)])
+            return self._read_nodes(a, wanted, [functools.partial(self._sync_async, sync_path)])[1]
 
         return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
 
@@ -390,20 +407,29 @@ class ZooKeeperMetadataStore(MetadataStore):
                 )
                 return _node(data, stat)
             except kz.NodeExistsError:
-                if a.in_doubt:
-                    # Did our earlier attempt create it? Then it holds our data, unchanged since.
-                    # (If another writer created the same bytes, the outcome is the same to us.)
-                    node = self._get_in(a, path)
-                    if node is not None and node.version == 0 and node.data == data:
-                        return node
-                    # Ours may have landed and been changed since: nothing tells them apart.
-                    raise CommitOutcomeUnknown(
-                        f"create {path} on {self.uri}: retried after a lost reply and found the node "
-                        "already there; the first attempt may have created it: re-read"
-                    ) from None
-                raise
+                return self._created_before(a, path, data)
 
         return self._run(attempt, f"create {path}")
+
+    def create_and_get_many(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
+        path = check_writable(path)
+        check_size(data)
+        wanted = list(dict.fromkeys(validate_path(p) for p in paths))
+
+        def attempt(a: _Attempts) -> dict[str, Node | None]:
+            # One pipeline: the create is sent first and the reads right behind it, and every
+            # reply (the create's ack included) is awaited before this returns.
+            create = functools.partial(self._client.create_async, path, data)
+            try:
+                (created,), nodes = self._read_nodes(a, wanted, [create], write=True)
+            except kz.NodeExistsError:
+                self._created_before(a, path, data)
+                return self._read_nodes(a, wanted)[1]
+            if isinstance(created, kz.NoNodeError):
+                raise created  # the parent is missing: nothing was created
+            return nodes
+
+        return self._run(attempt, f"create {path} and get {len(wanted)} nodes")
 
     def set(self, path: str, data: bytes, *, version: int) -> Node:
         path = check_writable(path)
@@ -655,6 +681,22 @@ class ZooKeeperMetadataStore(MetadataStore):
             raise StoreUnavailable(f"{what}: metadata store {self.uri} is closed") from e
         except kz.KazooException as e:
             raise _translate(e, what) from e
+
+    def _created_before(self, a: _Attempts, path: str, data: bytes) -> Node:
+        """A create met ``NodeExists``: raise it, unless an earlier attempt whose reply was lost
+        may have made the node; then the node proves it (our data, unchanged since), or the
+        outcome is unknown."""
+        if not a.in_doubt:
+            raise kz.NodeExistsError()
+        # (If another writer created the same bytes, the outcome is the same to us.)
+        node = self._get_in(a, path)
+        if node is not None and node.version == 0 and node.data == data:
+            return node
+        # Ours may have landed and been changed since: nothing tells them apart.
+        raise CommitOutcomeUnknown(
+            f"create {path} on {self.uri}: retried after a lost reply and found the node "
+            "already there; the first attempt may have created it: re-read"
+        ) from None
 
     def _get_in(self, a: _Attempts, path: str) -> Node | None:
         try:
