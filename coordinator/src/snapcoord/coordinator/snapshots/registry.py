@@ -71,6 +71,7 @@ from snapcoord.coordinator.snapshots.layout import (
     task_path,
     tasks_path,
 )
+from snapcoord.coordinator.snapshots.read_ahead import read_ahead
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
@@ -82,6 +83,8 @@ _READS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="payload-r
 DEFAULT_PAGE_SIZE = 50
 #: The pieces ReadCheckpoint streams: large enough for throughput, small next to any budget.
 CHUNK_BYTES = 1024 * 1024
+#: Pieces of a ReadCheckpoint read from the blob store ahead of the one being sent.
+READ_AHEAD_PIECES = 2
 MAX_PAGE_SIZE = 1000
 #: Most bytes in one UploadCheckpoint message: the pieces the server holds while streaming.
 MAX_UPLOAD_CHUNK_BYTES = 1024 * 1024
@@ -247,10 +250,12 @@ class SnapshotRegistry:
     def read_checkpoint(
         self, app_id: str, generation: int, task_id: str, store: str
     ) -> tuple[CheckpointRef, Generator[bytes, None, None]]:
-        """One checkpoint payload as pieces of at most ``CHUNK_BYTES``, read from the blob store as
-        the caller consumes them; each piece is held from the payload budget while it is in
-        memory. The ref comes first (size, hash) so the caller can frame the stream. NOT_FOUND
-        only after a sync (the report may just have been made through another replica)."""
+        """One checkpoint payload as pieces of at most ``CHUNK_BYTES``, read from the blob store
+        ``READ_AHEAD_PIECES`` ahead of the caller (on a helper thread, so the store's latency
+        overlaps the send); the pieces that may be in memory are held from the payload budget from
+        the first piece to the last. The ref comes first (size, hash) so the caller can frame the
+        stream. NOT_FOUND only after a sync (the report may just have been made through another
+        replica)."""
         require_id("app_id", app_id)
         require_id("task_id", task_id)
         require_id("store", store)
@@ -277,14 +282,10 @@ class SnapshotRegistry:
         return ref, self._budgeted(pieces, f"ReadCheckpoint of {ref.object_key}")
 
     def _budgeted(self, pieces: Generator[bytes, None, None], what: str) -> Generator[bytes, None, None]:
-        """``pieces``, each held from the payload budget until the next is asked for."""
-        with contextlib.closing(pieces):
-            while True:
-                with self._budget.hold(CHUNK_BYTES, what):
-                    piece = next(pieces, None)
-                    if piece is None:
-                        return
-                    yield piece
+        """``pieces`` read ahead (``read_ahead``), holding from the payload budget the pieces that
+        may be in memory at once: the one the caller has and those read ahead."""
+        with contextlib.closing(pieces), self._budget.hold((READ_AHEAD_PIECES + 1) * CHUNK_BYTES, what):
+            yield from read_ahead(pieces, READ_AHEAD_PIECES, "read-ahead")
 
     def upload(
         self, app_id: str, generation: int, task_id: str, store: str, pieces: Iterable[bytes]
