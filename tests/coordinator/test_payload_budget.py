@@ -94,8 +94,15 @@ def test_a_streamed_read_holds_its_pieces_from_the_budget_until_it_ends(stores: 
     budget = PayloadBudget(16 * CHUNK_BYTES, wait_s=0)  # room for the 5 MiB report
     snapshots = registry_with(stores, budget)
     payload = bytes(range(256)) * (5 * CHUNK_BYTES // 256) + b"tail"
-    g = snapshots.create("app", ["a"], 0, 0, {}).record.generation
+    g = snapshots.create("app", ["a", "b"], 0, 0, {}).record.generation
     snapshots.report("app", g, "a", (), {"s": payload})
+    snapshots.report("app", g, "b", (), {"s": b"one piece"})
+    assert budget.in_flight == 0
+
+    _, small = snapshots.read_checkpoint("app", g, "b", "s")
+    assert next(small) == b"one piece"
+    assert budget.in_flight == CHUNK_BYTES  # nothing to read ahead
+    assert next(small, None) is None
     assert budget.in_flight == 0
 
     _, pieces = snapshots.read_checkpoint("app", g, "a", "s")
