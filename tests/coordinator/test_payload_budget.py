@@ -1,6 +1,7 @@
 """The server-wide budget of payload bytes in flight (#11 D8): calls that do not fit wait for room,
 then get RESOURCE_EXHAUSTED (reason OVERLOADED); a call larger than the budget is refused at once;
-the registry holds a report's and a GetSnapshot's payload bytes from it."""
+the registry holds a report's and a GetSnapshot's payload bytes from it, and a streamed read's
+pieces in memory (the one sent and those read ahead)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.errors import Reason, ResourceExhausted
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.payload_budget import PayloadBudget
-from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
+from snapcoord.coordinator.snapshots.registry import CHUNK_BYTES, READ_AHEAD_PIECES, SnapshotRegistry
 from snapcoord.coordinator.status import status_for
 
 
@@ -59,9 +60,8 @@ def test_a_call_that_never_fits_in_time_is_refused_with_resource_exhausted() -> 
         pass
 
 
-def test_the_registry_holds_payload_bytes_from_the_budget(stores: Stores) -> None:
-    budget = PayloadBudget(1000, wait_s=0)
-    snapshots = SnapshotRegistry(
+def registry_with(stores: Stores, budget: PayloadBudget) -> SnapshotRegistry:
+    return SnapshotRegistry(
         stores.metadata,
         stores.blobs,
         SystemClock(),
@@ -69,6 +69,11 @@ def test_the_registry_holds_payload_bytes_from_the_budget(stores: Stores) -> Non
         CoordinatorMetrics(new_registry()),
         payload_budget=budget,
     )
+
+
+def test_the_registry_holds_payload_bytes_from_the_budget(stores: Stores) -> None:
+    budget = PayloadBudget(1000, wait_s=0)
+    snapshots = registry_with(stores, budget)
     g = snapshots.create("app", ["a", "b"], 0, 0, {}).record.generation
     with pytest.raises(ResourceExhausted, match="ReportTaskSnapshot of task 'a' needs 1001"):
         snapshots.report("app", g, "a", (), {"s": b"x" * 1001})
@@ -81,4 +86,36 @@ def test_the_registry_holds_payload_bytes_from_the_budget(stores: Stores) -> Non
             snapshots.get("app", g, include_checkpoints=True)
         assert refused.value.metadata["requested"] == "900"
         assert snapshots.get("app", g, include_checkpoints=False).snapshot.record.reported == 2  # no payloads
+    assert budget.in_flight == 0
+
+
+def test_a_streamed_read_holds_its_pieces_from_the_budget_until_it_ends(stores: Stores) -> None:
+    held = (READ_AHEAD_PIECES + 1) * CHUNK_BYTES
+    budget = PayloadBudget(16 * CHUNK_BYTES, wait_s=0)  # room for the 5 MiB report
+    snapshots = registry_with(stores, budget)
+    payload = bytes(range(256)) * (5 * CHUNK_BYTES // 256) + b"tail"
+    g = snapshots.create("app", ["a", "b"], 0, 0, {}).record.generation
+    snapshots.report("app", g, "a", (), {"s": payload})
+    snapshots.report("app", g, "b", (), {"s": b"one piece"})
+    assert budget.in_flight == 0
+
+    _, small = snapshots.read_checkpoint("app", g, "b", "s")
+    assert next(small) == b"one piece"
+    assert budget.in_flight == CHUNK_BYTES  # nothing to read ahead
+    assert next(small, None) is None
+    assert budget.in_flight == 0
+
+    _, pieces = snapshots.read_checkpoint("app", g, "a", "s")
+    assert next(pieces) == payload[:CHUNK_BYTES]
+    assert budget.in_flight == held
+    with budget.hold(budget.max_bytes - held - 100, "another call"):  # no room for a second read
+        _, other = snapshots.read_checkpoint("app", g, "a", "s")
+        with pytest.raises(ResourceExhausted) as refused:
+            next(other)
+        assert refused.value.metadata["requested"] == str(held)
+    pieces.close()  # a reader that stops early gives its pieces back
+    assert budget.in_flight == 0
+
+    _, pieces = snapshots.read_checkpoint("app", g, "a", "s")
+    assert b"".join(pieces) == payload
     assert budget.in_flight == 0

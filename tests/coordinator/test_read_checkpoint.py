@@ -13,11 +13,23 @@ import pytest
 
 from harness.coordinator import InProcessCoordinator, serve_in_process
 from harness.stores import Stores
-from snapcoord.client import CoordinatorClient, InvalidArgument, NotFound, TaskSnapshot
+from snapcoord.client import CoordinatorClient, Internal, InvalidArgument, NotFound, TaskSnapshot
 from snapcoord.coordinator.services import Deps
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 MiB = 1024 * 1024
+
+
+def wire_chunks(
+    coordinator: InProcessCoordinator, app_id: str, generation: int, task_id: str, store: str
+) -> list[snapshot_pb2.CheckpointChunk]:
+    """The ReadCheckpoint messages as they arrive, through the generated stub (no client logic)."""
+    with coordinator.channel() as channel:
+        stub = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+        request = snapshot_pb2.ReadCheckpointRequest(
+            app_id=app_id, generation=generation, task_id=task_id, store=store
+        )
+        return list(stub.ReadCheckpoint(request, timeout=120))
 
 
 @pytest.fixture
@@ -77,3 +89,66 @@ def test_absent_things_are_not_found(client: CoordinatorClient) -> None:
             b"".join(client.read_checkpoint(*args))
     with pytest.raises(InvalidArgument):
         b"".join(client.read_checkpoint("app2", g, "t", ""))
+
+
+@pytest.mark.parametrize(
+    "size",
+    [0, 1, MiB - 1, MiB, MiB + 1, 3 * MiB, 3 * MiB + 5],
+    ids=[
+        "empty",
+        "one-byte",
+        "just-under-one-message",
+        "one-message",
+        "one-byte-over",
+        "three",
+        "three-and-5",
+    ],
+)
+def test_payloads_split_into_messages_at_1_mib_boundaries(
+    client: CoordinatorClient, coordinator: InProcessCoordinator, size: int
+) -> None:
+    payload = random.Random(size).randbytes(size)
+    g = client.create_snapshot("edges", ["t"]).generation
+    client.report_task_snapshot("edges", g, TaskSnapshot("t", (), {"s": payload}))
+
+    chunks = wire_chunks(coordinator, "edges", g, "t", "s")
+    full, rest = divmod(size, MiB)
+    expected = [MiB] * full + ([rest] if rest else []) or [0]  # an empty payload: one empty message
+    assert [len(c.data) for c in chunks] == expected
+    assert [c.offset for c in chunks] == [i * MiB for i in range(len(expected))]
+    assert {(c.total_size, c.sha256) for c in chunks} == {(size, hashlib.sha256(payload).hexdigest())}
+    assert b"".join(c.data for c in chunks) == payload
+    # The client checks size and SHA-256 end to end before it ends the stream.
+    assert b"".join(client.read_checkpoint("edges", g, "t", "s")) == payload
+
+
+def test_an_uploaded_payload_streams_back_whole(
+    client: CoordinatorClient, coordinator: InProcessCoordinator
+) -> None:
+    pieces = [random.Random(n).randbytes(n * 1000 + 1) for n in range(1, 40)]  # 0.8 MB in odd pieces
+    payload = b"".join(pieces)
+    g = client.create_snapshot("up", ["t"]).generation
+    up = client.upload_checkpoint("up", g, "t", "s", iter(pieces))
+    client.report_task_snapshot("up", g, TaskSnapshot("t", uploads={"s": up.upload_id}))
+    chunks = wire_chunks(coordinator, "up", g, "t", "s")
+    assert [len(c.data) for c in chunks] == [len(payload)]  # under 1 MiB: one message
+    assert b"".join(client.read_checkpoint("up", g, "t", "s")) == payload
+
+
+def test_a_payload_changed_behind_the_coordinator_fails_the_clients_check(
+    client: CoordinatorClient, stores: Stores
+) -> None:
+    payload = random.Random(7).randbytes(2 * MiB + 3)
+    g = client.create_snapshot("tamper", ["t"]).generation
+    client.report_task_snapshot("tamper", g, TaskSnapshot("t", (), {"s": payload}))
+    [blob] = [b for b in stores.blobs.list() if "tamper" in b.key and b.size == len(payload)]
+    flipped = bytearray(payload)
+    flipped[MiB] ^= 1  # the first byte of the second message
+    stores.blobs.put(blob.key, bytes(flipped))
+
+    received = []
+    with pytest.raises(Internal, match="SHA-256") as mismatch:
+        for piece in client.read_checkpoint("tamper", g, "t", "s"):
+            received.append(piece)
+    assert len(b"".join(received)) == len(payload)  # every piece arrived; the hash is what failed
+    assert hashlib.sha256(payload).hexdigest() in str(mismatch.value)  # what the server announced

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from snapcoord.coordinator.api.chunk_frames import PreEncodedChunks, encode_chunk
 from snapcoord.coordinator.api.convert import offsets_from_pb, snapshot_to_pb
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
@@ -28,7 +29,7 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
         self._snapshots = services.snapshots
 
     def add_to(self, server: grpc.Server) -> None:
-        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(self, server)
+        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(self, PreEncodedChunks(server))
 
     def CreateSnapshot(
         self, request: snapshot_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
@@ -53,19 +54,19 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     def ReadCheckpoint(
         self, request: snapshot_pb2.ReadCheckpointRequest, context: grpc.ServicerContext
-    ) -> Iterator[snapshot_pb2.CheckpointChunk]:
+    ) -> Iterator[bytes]:
+        # Each message is a CheckpointChunk encoded by hand (chunk_frames): add_to registers a
+        # serializer that passes the bytes through.
         ref, pieces = self._snapshots.read_checkpoint(
             request.app_id, request.generation, request.task_id, request.store
         )
         offset = 0
         with contextlib.closing(pieces):
             for piece in pieces:
-                yield snapshot_pb2.CheckpointChunk(
-                    data=piece, offset=offset, total_size=ref.size, sha256=ref.sha256
-                )
+                yield encode_chunk(piece, offset, ref.size, ref.sha256)
                 offset += len(piece)
         if offset == 0:  # an empty payload still answers with its size and hash
-            yield snapshot_pb2.CheckpointChunk(data=b"", offset=0, total_size=ref.size, sha256=ref.sha256)
+            yield encode_chunk(b"", 0, ref.size, ref.sha256)
 
     def ListSnapshots(
         self, request: snapshot_pb2.ListSnapshotsRequest, context: grpc.ServicerContext
