@@ -1090,6 +1090,7 @@ def summary(rows: list[Row]) -> None:
         "[ceiling: the raw operations plus bare gRPC round trips]"
     )
     columns = sorted({(r.clients, r.processes) for r in rows})
+    with_ceilings = any(r.ceiling == r.ceiling for r in rows)  # not NaN somewhere
     names = list(dict.fromkeys(r.name for r in rows))
     titles = [f"c={c}" + (f", {p} processes" if p > 1 else "") for c, p in columns]
     print(f"{'operation':<50} " + " ".join(f"{t:>24}" for t in titles))
@@ -1100,7 +1101,8 @@ def summary(rows: list[Row]) -> None:
             cell = "-"
             if row:
                 cell = f"{row.ratio:5.2f} ({min(row.ratios):.2f}-{max(row.ratios):.2f})"
-                cell += f" [{row.ceiling:.2f}]" if row.ceiling == row.ceiling else " [ -  ]"
+                if with_ceilings:
+                    cell += f" [{row.ceiling:.2f}]" if row.ceiling == row.ceiling else " [ -  ]"
             cells.append(cell)
         print(f"{name:<50} " + " ".join(f"{x:>24}" for x in cells))
 
