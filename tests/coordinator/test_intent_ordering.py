@@ -6,13 +6,12 @@ backends; the request counts on real ZooKeeper.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
-from kazoo.client import KazooClient
 
 from harness.stores import Stores
+from harness.zk_requests import count_requests
 from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
@@ -324,28 +323,6 @@ def test_a_report_whose_intent_the_sweep_takes_before_its_put_commits_nothing(
 # --- the request count on ZooKeeper --------------------------------------------------------------
 
 
-class RequestLog:
-    """The requests a kazoo client sends (``_call``), by type name."""
-
-    def __init__(self, client: KazooClient) -> None:
-        self._client = client
-        self._original = client._call
-        self._lock = threading.Lock()
-        self.sent: list[str] = []
-
-    def _counting(self, request: object, async_object: object) -> object:
-        with self._lock:
-            self.sent.append(type(request).__name__)
-        return self._original(request, async_object)
-
-    def __enter__(self) -> RequestLog:
-        self._client._call = self._counting
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self._client._call
-
-
 @pytest.fixture
 def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
     metadata = open_metadata_store(zk_uri)
@@ -365,36 +342,29 @@ def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_tw
     snapshots = snapshot_registry(zk_stores, zk_stores.blobs, clock)
     generation = snapshots.create("counted", ["t1", "t2", "t3", "t4", "t5"], 0, 0, {}).record.generation
     snapshots.report("counted", generation, "t1", (), {"s": b"warm"})  # the intent bucket exists now
-    pipelined: list[int] = []
-    real = metadata.create_and_get_many
+    log = count_requests(metadata, monkeypatch)
 
-    def spy(path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
-        pipelined.append(len(paths))
-        return real(path, data, paths)
-
-    monkeypatch.setattr(metadata, "create_and_get_many", spy)
-
-    with RequestLog(metadata.kazoo) as log:
-        snapshots.report("counted", generation, "t2", (Offset("s", 0, 1),), {"s": b"payload"})
+    log.reset()
+    snapshots.report("counted", generation, "t2", (Offset("s", 0, 1),), {"s": b"payload"})
 
     # The task's node is not read (absent on a first report: the multi's Create checks it).
-    assert log.sent == ["Create", "GetData", "Transaction"]
-    assert pipelined == [1]  # the create and the header's read were sent together: one round trip
+    assert log.log == ["Create", "GetData", "Transaction"]
+    assert log.rounds == 2  # the create and the header's read were sent together: one round trip
 
     # A report without a payload announces nothing: its reads and its commit. (None of these
     # completes the snapshot: the first completion of a minute makes its retention bucket.)
-    with RequestLog(metadata.kazoo) as log:
-        snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
-    assert log.sent == ["GetData", "Transaction"]
+    log.reset()
+    snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
+    assert log.log == ["GetData", "Transaction"]
     # A repeat (a retry after a lost reply) meets the stored node in the commit, reads it and
     # answers as the first call did.
-    with RequestLog(metadata.kazoo) as log:
-        again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
+    log.reset()
+    again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
     assert again.tasks[0].committed_offsets == (Offset("s", 0, 2),)
-    assert log.sent == ["GetData", "Transaction", "MultiRead"]  # then header and task node together
+    assert log.log == ["GetData", "Transaction", "MultiRead"]  # then header and task node together
 
     # UploadCheckpoint: its intent is created with the check's reads (header and pointer), then
     # completed once the stream is stored.
-    with RequestLog(metadata.kazoo) as log:
-        snapshots.upload("counted", generation, "t4", "big", [b"streamed"])
-    assert log.sent == ["Create", "MultiRead", "SetData"]
+    log.reset()
+    snapshots.upload("counted", generation, "t4", "big", [b"streamed"])
+    assert log.log == ["Create", "MultiRead", "SetData"]

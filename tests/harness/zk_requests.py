@@ -12,7 +12,18 @@ from snapcoord.coordinator.storage.metadata import MetadataStore
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 
 #: The store calls that each make one round trip.
-ROUND_TRIPS = ("get", "get_many", "synced_get_many", "children", "sync", "transaction")
+ROUND_TRIPS = (
+    "get",
+    "get_many",
+    "synced_get_many",
+    "create_and_get_many",
+    "children",
+    "sync",
+    "create",
+    "set",
+    "delete",
+    "transaction",
+)
 
 
 @dataclass

@@ -380,8 +380,7 @@ class CommitKernel:
         paths = [r.path for r in first if isinstance(r, ReadNode)]
         path, _, nodes = self.intents.announce_and_read(sorted(keys), now_ms, paths)
         announced[path] = frozenset(keys)
-        lists = {r.path: tuple(self._metadata.children(r.path)) for r in first if isinstance(r, ReadChildren)}
-        return Reads(nodes, lists)
+        return Reads(nodes, self._listings(first))
 
     def _withdraw(self, announced: Mapping[str, frozenset[str]]) -> None:
         """Remove intents whose objects were deleted (best effort: the sweep takes what is left)."""
@@ -433,10 +432,10 @@ class CommitKernel:
         wanted = list(reads)
         paths = [r.path for r in wanted if isinstance(r, ReadNode)]
         nodes = self._metadata.synced_get_many("/", paths) if sync else self._metadata.get_many(paths)
-        lists = {
-            r.path: tuple(self._metadata.children(r.path)) for r in wanted if isinstance(r, ReadChildren)
-        }
-        return Reads(nodes, lists)
+        return Reads(nodes, self._listings(wanted))
+
+    def _listings(self, reads: Iterable[Read]) -> dict[str, tuple[str, ...]]:
+        return {r.path: tuple(self._metadata.children(r.path)) for r in reads if isinstance(r, ReadChildren)}
 
     def delete_objects(self, keys: Iterable[str]) -> None:
         """Best effort: an object left behind is an orphan, which the janitor sweeps later."""

@@ -6,11 +6,10 @@ is harmless there) and for snapshot apps' pointers (``SnapshotRegistry.create``)
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from snapcoord.coordinator.commit import Commit
+from snapcoord.coordinator.lru import Lru
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 #: Records kept (least recently used go first): a few hundred bytes each.
@@ -37,20 +36,13 @@ class RecordCache:
     """Record path -> the node this process last committed (or read) there (thread-safe, bounded)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._capacity = capacity
-        self._nodes: OrderedDict[str, Node] = OrderedDict()
-        self._lock = threading.Lock()
+        self._nodes: Lru[str, Node] = Lru(capacity)
 
     def get(self, path: str) -> Node | None:
-        with self._lock:
-            node = self._nodes.get(path)
-            if node is not None:
-                self._nodes.move_to_end(path)
-            return node
+        return self._nodes.get(path)
 
     def forget(self, path: str) -> None:
-        with self._lock:
-            self._nodes.pop(path, None)
+        self._nodes.pop(path)
 
     def committed(self, path: str, decision: object) -> None:
         """Remember what the landed ``decision`` wrote at ``path``; forget the path when it was
@@ -64,14 +56,9 @@ class RecordCache:
 
     def remember(self, path: str, node: Node) -> None:
         """Keep ``node`` as the copy of ``path`` (as committed, or as read)."""
-        with self._lock:
-            # Two calls on one record may finish out of order, leaving the older copy here:
-            # harmless (its commit fails, and the call reads), only one round trip more.
-            self._nodes[path] = node
-            self._nodes.move_to_end(path)
-            while len(self._nodes) > self._capacity:
-                self._nodes.popitem(last=False)
+        # Two calls on one record may finish out of order, leaving the older copy here: harmless
+        # (its commit fails, and the call reads), only one round trip more.
+        self._nodes.put(path, node)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._nodes)
+        return len(self._nodes)

@@ -3,10 +3,8 @@ report reads no S3) and its copy of each job record (so a report reads no record
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord
+from snapcoord.coordinator.lru import Lru
 
 #: Boundaries kept in memory, counted in partitions (~200 bytes each with the index).
 CACHE_PARTITIONS = 200_000
@@ -19,33 +17,16 @@ class BoundariesCache:
     """An LRU of boundaries bounded by their total partition count (at least one entry stays)."""
 
     def __init__(self, max_partitions: int = CACHE_PARTITIONS) -> None:
-        self._max_partitions = max_partitions
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, Boundaries] = OrderedDict()
-        self._partitions = 0
+        self._entries: Lru[str, Boundaries] = Lru(max_partitions)
 
     def get(self, mark_id: str) -> Boundaries | None:
-        with self._lock:
-            cached = self._entries.get(mark_id)
-            if cached is not None:
-                self._entries.move_to_end(mark_id)
-            return cached
+        return self._entries.get(mark_id)
 
     def remember(self, boundaries: Boundaries) -> None:
-        with self._lock:
-            if boundaries.mark_id in self._entries:
-                return
-            self._entries[boundaries.mark_id] = boundaries
-            self._partitions += len(boundaries.items)
-            while self._partitions > self._max_partitions and len(self._entries) > 1:
-                _, evicted = self._entries.popitem(last=False)
-                self._partitions -= len(evicted.items)
+        self._entries.put(boundaries.mark_id, boundaries, len(boundaries.items))
 
     def forget(self, mark_id: str) -> None:
-        with self._lock:
-            evicted = self._entries.pop(mark_id, None)
-            if evicted is not None:
-                self._partitions -= len(evicted.items)
+        self._entries.pop(mark_id)
 
 
 class JobCopies:
@@ -59,34 +40,20 @@ class JobCopies:
     and marked again; mark ids are UUIDs and never come back)."""
 
     def __init__(self, capacity: int = JOB_COPIES) -> None:
-        self._capacity = capacity
-        self._lock = threading.Lock()
-        self._records: OrderedDict[str, JobRecord] = OrderedDict()
+        self._records: Lru[str, JobRecord] = Lru(capacity)
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._lock:
-            record = self._records.get(job_id)
-            if record is not None:
-                self._records.move_to_end(job_id)
-            return record
+        return self._records.get(job_id)
 
     def remember(self, record: JobRecord) -> None:
         # Two calls on one job may finish out of order and leave the older mark here: harmless
         # (its shards are gone, so the next call reads the record), one round trip more.
-        with self._lock:
-            self._records[record.job_id] = record
-            self._records.move_to_end(record.job_id)
-            while len(self._records) > self._capacity:
-                self._records.popitem(last=False)
+        self._records.put(record.job_id, record)
 
     def forget(self, job_id: str, mark_id: str | None = None) -> None:
         """Drop the copy of ``job_id`` (only if it is of ``mark_id``, when given: a newer copy
         another call remembered meanwhile stays)."""
-        with self._lock:
-            record = self._records.get(job_id)
-            if record is not None and (mark_id is None or record.mark_id == mark_id):
-                del self._records[job_id]
+        self._records.pop(job_id, None if mark_id is None else lambda record: record.mark_id == mark_id)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
+        return len(self._records)

@@ -2,7 +2,7 @@
 
 A snapshot header carries its whole task set, and every report reads, decodes, re-encodes and
 writes it back with one counter changed: at 1000 tasks that JSON work dominated a report's CPU.
-So large headers are memoised on both sides (``_Memo``), with the bytes unchanged: decoding
+So large headers are memoised on both sides (``Lru``), with the bytes unchanged: decoding
 bytes seen before (the header this process just wrote, read back by the next report) returns the
 record made then, and encoding reuses the task set's JSON array, spliced into the rest of the
 document exactly where ``json.dumps(sort_keys=True)`` puts it.
@@ -11,10 +11,7 @@ document exactly where ``json.dumps(sort_keys=True)`` puts it.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from snapcoord.coordinator.domain.codec import _dump, _load
 from snapcoord.coordinator.domain.offsets import Offset
@@ -26,6 +23,7 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.lru import Lru
 
 APP_VERSION = 1
 SNAPSHOT_VERSION = 1
@@ -49,9 +47,6 @@ def decode_app(data: bytes) -> int:
         raise _malformed("snapshot app record", e) from e
 
 
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
 #: Headers (and task-set arrays) smaller than this are coded directly: the memo only pays off
 #: where the task set dominates.
 MEMO_MIN_BYTES = 2048
@@ -60,37 +55,10 @@ MEMO_MIN_BYTES = 2048
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 
 
-class _Memo(Generic[K, V]):
-    """A thread-safe LRU of at most ``MEMO_MAX_BYTES`` (each entry's weight given on ``put``)."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
-
-    def put(self, key: K, value: V, weight: int) -> None:
-        with self._lock:
-            if key in self._entries:
-                return
-            self._entries[key] = (value, weight)
-            self._bytes += weight
-            while self._bytes > MEMO_MAX_BYTES and len(self._entries) > 1:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
-
-
 #: Encoded header -> its record (decoded once, or written by this process).
-_RECORDS: _Memo[bytes, SnapshotRecord] = _Memo()
+_RECORDS: Lru[bytes, SnapshotRecord] = Lru(MEMO_MAX_BYTES)
 #: Task set -> its JSON array, as ``_dump`` writes it.
-_TASK_ARRAYS: _Memo[tuple[str, ...], bytes] = _Memo()
+_TASK_ARRAYS: Lru[tuple[str, ...], bytes] = Lru(MEMO_MAX_BYTES)
 
 
 def _task_array(task_ids: tuple[str, ...]) -> bytes:

@@ -11,9 +11,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import logging
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -55,6 +53,7 @@ from snapcoord.coordinator.errors import (
     NotFound,
     Reason,
 )
+from snapcoord.coordinator.lru import Lru
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.record_copies import RecordCache
@@ -135,9 +134,7 @@ class SnapshotRegistry:
         self._budget = payload_budget or PayloadBudget(2**62, 0)
         #: app -> the current generation last seen, so that a read of the pointer can read that
         #: header in the same round trip (a wrong guess costs the round it would have cost anyway).
-        self._generations: OrderedDict[str, int] = OrderedDict()
-        self._generations_max = max(cache_size, 10_000)
-        self._generations_lock = threading.Lock()
+        self._generations: Lru[str, int] = Lru(max(cache_size, 10_000))
         self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
         #: app pointer path -> the node as this process last wrote or read it (CreateSnapshot).
         self._apps = RecordCache(max(cache_size, 10_000))
@@ -663,14 +660,9 @@ class SnapshotRegistry:
 
     def _present(self, app_id: str, current: int, header: Node | None) -> Snapshot:
         """GetCurrentSnapshot's answer from the pointer's generation and its header node."""
-        with self._generations_lock:
-            self._generations[app_id] = current
-            self._generations.move_to_end(app_id)
-            if len(self._generations) > self._generations_max:
-                self._generations.popitem(last=False)
+        self._generations.put(app_id, current)
         stored = decide.stored(header)
         return Snapshot(stored.record, ()) if stored is not None else empty_snapshot(app_id, current)
 
     def _guess(self, app_id: str) -> int:
-        with self._generations_lock:
-            return self._generations.get(app_id, 0)
+        return self._generations.get(app_id) or 0
