@@ -32,6 +32,8 @@ pass includes the orphan sweep, which walks the upload intents; the second is a 
 sweeps).
 
 ``--smoke`` runs every row once, briefly, to prove the benchmark still works (CI does this).
+``--only lease,progress`` runs only the rows whose names contain one of the words (``completion``
+and ``scale`` select those figures), to measure one change without the whole run.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from http.client import HTTPConnection
@@ -183,8 +185,10 @@ class Row:
 
 
 class Bench:
-    def __init__(self, seconds: float, rounds: int, warmup: int) -> None:
+    def __init__(self, seconds: float, rounds: int, warmup: int, only: Sequence[str] = ()) -> None:
         self.seconds = seconds
+        #: Lower-case parts of row names to run (``--only``); empty: every row.
+        self.only = [o.lower() for o in only]
         self.rounds = rounds
         self.warmup = warmup
         self.rows: list[Row] = []
@@ -209,9 +213,16 @@ class Bench:
         print(f"bare gRPC round trip (health RPC): {n / t:.0f}/s at c={clients}", flush=True)
         return n / t
 
-    def pair(self, name: str, clients: int, raw: Op, ours: Op, baseline: str, *, rpcs: int = 1) -> Row:
-        """Alternate raw and ours, ``rounds`` slices each, and record the row. ``rpcs``: our RPCs
-        per op, for the ceiling (0: the raw side is not a storage bound, no ceiling)."""
+    def wants(self, name: str) -> bool:
+        """True when ``--only`` selects the row (or figure) named ``name``."""
+        return not self.only or any(o in name.lower() for o in self.only)
+
+    def pair(self, name: str, clients: int, raw: Op, ours: Op, baseline: str, *, rpcs: int = 1) -> Row | None:
+        """Alternate raw and ours, ``rounds`` slices each, and record the row (None: not selected
+        by ``--only``). ``rpcs``: our RPCs per op, for the ceiling (0: the raw side is not a
+        storage bound, no ceiling)."""
+        if not self.wants(name):
+            return None
         raw_at, ours_at = [0] * clients, [0] * clients
         for c in range(clients):  # warm-up calls, unrecorded (connections, caches, JIT of paths)
             for _ in range(self.warmup):
@@ -1131,12 +1142,18 @@ def main() -> None:
         help="run the hot RPCs' coordinator in the benchmark's own process (default: its own process)",
     )
     parser.add_argument("--smoke", action="store_true", help="every row once, briefly (CI)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated parts of row names to run (case-insensitive, e.g. 'lease,progress'); "
+        "'completion' and 'scale' select those figures. Default: everything",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.seconds, args.rounds, args.clients, args.tasks, args.scale = 0.2, 1, "1,2", "10", 1000
     warmup = 1 if args.smoke else 5
     _install_request_counter()
-    bench = Bench(args.seconds, args.rounds, warmup)
+    bench = Bench(args.seconds, args.rounds, warmup, [o.strip() for o in args.only.split(",") if o.strip()])
     with real_servers() as (zk, s3):
         os.environ.update(s3.env())
         print(
@@ -1149,8 +1166,9 @@ def main() -> None:
             run(bench, zk.hosts, s3.client(), s3.bucket, counts, etcd, args.in_process, args.processes)
             if args.processes > 1:
                 cores(bench, zk.hosts, s3.bucket, max(counts), etcd, args.processes)
-        completion(bench, zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")], args.in_process)
-        if args.scale:
+        if bench.wants("completion"):
+            completion(bench, zk.hosts, s3.bucket, [int(x) for x in args.tasks.split(",")], args.in_process)
+        if args.scale and bench.wants("scale"):
             scale(zk.hosts, s3.bucket, args.scale)
     summary(bench.rows)
 

@@ -66,3 +66,19 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         assert figure in scale, f"{figure!r} missing:\n{scale}"
     completion = done.stdout.split("## completing one snapshot", 1)[1]
     assert any(x.split()[:1] == ["10"] for x in completion.splitlines()), completion
+
+
+def test_hot_rpcs_only_runs_the_rows_it_names() -> None:
+    done = subprocess.run(
+        [sys.executable, "hot_rpcs.py", "--smoke", "--only", "PROGRESS", "--processes", "1", "--no-etcd"],
+        cwd=ROOT / "bench",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = done.stdout.split("## summary", 1)[1].splitlines()[2:]
+    assert [x.split(",")[0] for x in summary if x.strip()] == ["ReportProgress"], summary
+    assert "## scale:" not in done.stdout and "## completing one snapshot" not in done.stdout
