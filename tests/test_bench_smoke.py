@@ -31,9 +31,10 @@ ROWS = (
 )
 
 
-def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
+def _hot_rpcs(*args: str) -> str:
+    """Run ``bench/hot_rpcs.py --smoke *args``; its output, once it exited with 0."""
     done = subprocess.run(
-        [sys.executable, "hot_rpcs.py", "--smoke"],
+        [sys.executable, "hot_rpcs.py", "--smoke", *args],
         cwd=ROOT / "bench",
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         capture_output=True,
@@ -42,7 +43,12 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = done.stdout.split("## summary", 1)[1]
+    return done.stdout
+
+
+def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
+    stdout = _hot_rpcs()
+    summary = stdout.split("## summary", 1)[1]
     for row in ROWS:
         line = next((x for x in summary.splitlines() if x.startswith(row + " ")), None)
         assert line is not None, f"{row!r} missing from the summary:\n{summary}"
@@ -50,7 +56,7 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         assert line[len(row) :].count("(") == 3, f"{row!r} lacks a ratio in a column: {line}"
     # The coordinator runs in its own process: its ZooKeeper requests are counted by ZooKeeper,
     # and a row with a storage bound has a ceiling (raw bound plus gRPC round trips) below 1.
-    measured = done.stdout.split("## summary", 1)[0]
+    measured = stdout.split("## summary", 1)[0]
     line = next(x for x in measured.splitlines() if x.startswith("GetProducerOffsets "))
     ceiling, ours_req, raw_req = re.search(r" (\d\.\d\d) +(\d+\.\d)/(\d+\.\d) ", line).groups()  # type: ignore[union-attr]
     assert float(ours_req) >= 1.0 and float(raw_req) == 1.0, line
@@ -61,24 +67,15 @@ def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:
         "lease acquire + renew, 2 processes vs etcd",
     ):
         assert any(x.startswith(row + " ") for x in summary.splitlines()), f"{row!r} missing:\n{summary}"
-    scale = done.stdout.split("## scale:", 1)[1]
+    scale = stdout.split("## scale:", 1)[1]
     for figure in ("janitor pass 1:", "janitor pass 2:", "server start to SERVING:"):
         assert figure in scale, f"{figure!r} missing:\n{scale}"
-    completion = done.stdout.split("## completing one snapshot", 1)[1]
+    completion = stdout.split("## completing one snapshot", 1)[1]
     assert any(x.split()[:1] == ["10"] for x in completion.splitlines()), completion
 
 
 def test_hot_rpcs_only_runs_the_rows_it_names() -> None:
-    done = subprocess.run(
-        [sys.executable, "hot_rpcs.py", "--smoke", "--only", "PROGRESS", "--processes", "1", "--no-etcd"],
-        cwd=ROOT / "bench",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = done.stdout.split("## summary", 1)[1].splitlines()[2:]
+    stdout = _hot_rpcs("--only", "PROGRESS", "--processes", "1", "--no-etcd")
+    summary = stdout.split("## summary", 1)[1].splitlines()[2:]
     assert [x.split(",")[0] for x in summary if x.strip()] == ["ReportProgress"], summary
-    assert "## scale:" not in done.stdout and "## completing one snapshot" not in done.stdout
+    assert "## scale:" not in stdout and "## completing one snapshot" not in stdout
