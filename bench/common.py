@@ -67,12 +67,16 @@ def measure_pair(
     n: int,
     *,
     warmup: int = 20,
+    undo: Callable[[int], object] | None = None,
 ) -> tuple[Sample, Sample]:
     """Like ``measure`` for a baseline and ours, interleaved call by call, so that drift in the
-    servers (JIT warm-up, compaction, a noisy neighbour) hits both sides alike."""
+    servers (JIT warm-up, compaction, a noisy neighbour) hits both sides alike. ``undo(i)``, when
+    given, runs untimed after each ``our_op(i)`` (e.g. to drop what it made)."""
     for i in range(warmup):
         raw_op(-1 - i)
         our_op(-1 - i)
+        if undo is not None:
+            undo(-1 - i)
     raw: list[float] = []
     ours: list[float] = []
     for i in range(n):
@@ -80,6 +84,8 @@ def measure_pair(
             start = time.perf_counter()
             op(i)
             out.append(time.perf_counter() - start)
+        if undo is not None:
+            undo(i)
     return Sample(raw_name, raw), Sample(our_name, ours)
 
 

@@ -59,6 +59,13 @@ def acquire_latency(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sa
                     )
                     assert not leases.AcquireSnapshots(request, timeout=60).unavailable
 
+                def drop(i: int, prefix: str = prefix) -> None:
+                    # Each call is a new lease on the same snapshots: drop it (untimed), so that
+                    # the snapshots' holders stay within --lease-max-holders.
+                    assert leases.DropLease(
+                        lease_pb2.DropLeaseRequest(lease_id=f"{prefix}-{i}"), timeout=60
+                    ).dropped
+
                 def baseline(i: int, count: int = count, prefix: str = prefix) -> None:
                     for _ in range(count):
                         raw.exists(f"{chroot}/raw")
@@ -75,6 +82,7 @@ def acquire_latency(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sa
                     ours,
                     n,
                     warmup=5,
+                    undo=drop,
                 )
                 rows += [(base, None), (mine, base)]
     finally:

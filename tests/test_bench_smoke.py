@@ -6,13 +6,9 @@ table was measured and printed, against its raw bound and against etcd.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness.benchmarks import run_bench
 
 ROWS = (
     "RegisterProducerOffsets (10 offsets)",
@@ -32,18 +28,7 @@ ROWS = (
 
 
 def _hot_rpcs(*args: str) -> str:
-    """Run ``bench/hot_rpcs.py --smoke *args``; its output, once it exited with 0."""
-    done = subprocess.run(
-        [sys.executable, "hot_rpcs.py", "--smoke", *args],
-        cwd=ROOT / "bench",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return done.stdout
+    return run_bench("hot_rpcs", "--smoke", *args)
 
 
 def test_hot_rpcs_benchmark_smoke_prints_every_figure() -> None:

@@ -7,25 +7,11 @@ and printed, and that the bounded-memory figure came out (the RSS test proper is
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from harness.benchmarks import run_bench
 
 
 def test_upload_checkpoint_benchmark_smoke_prints_every_figure() -> None:
-    done = subprocess.run(
-        [sys.executable, "upload_checkpoint.py", "--smoke"],
-        cwd=ROOT / "bench",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    stdout = run_bench("upload_checkpoint", "--smoke", timeout_s=900)
     for figure in (
         "raw S3 multipart put",
         "raw S3 get",
@@ -36,4 +22,4 @@ def test_upload_checkpoint_benchmark_smoke_prints_every_figure() -> None:
         "2 clients at once:",
         "peak ",
     ):
-        assert figure in done.stdout, f"{figure!r} missing:\n{done.stdout}"
+        assert figure in stdout, f"{figure!r} missing:\n{stdout}"
