@@ -3,6 +3,8 @@ what the bytes say, whatever was encoded or decoded before, and never hand out s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from snapcoord.coordinator.domain.leases import (
@@ -58,3 +60,20 @@ def test_a_malformed_pin_index_fails_every_time(data: bytes) -> None:
     for _ in range(2):  # a failure is not memoised as anything
         with pytest.raises(Internal):
             decode_pins(data)
+
+
+@pytest.mark.parametrize(
+    "holders",
+    [
+        {},
+        {"b": 2, "a": 1_763_960_000_000, "A.b:c-d_e": 0},
+        {f"lease-{i}": 1_700_000_000_000 + i for i in range(300)},
+        {'q"uote': 1, "back\\slash": 2, "é": 3},  # not ids: encoded by json
+        {"flag": True},  # not an int: json writes true
+    ],
+)
+def test_pins_are_encoded_as_sorted_compact_json(holders: dict[str, int]) -> None:
+    data = encode_pins(holders)
+    expected = {"version": 1, "leases": holders}
+    assert data == json.dumps(expected, sort_keys=True, separators=(",", ":")).encode()
+    assert json.loads(data) == expected

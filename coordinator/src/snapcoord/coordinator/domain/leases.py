@@ -8,6 +8,7 @@ expiry plus the configured clock-skew margin.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -146,10 +147,20 @@ def _decode_lease(data: bytes) -> Lease:
         raise Internal(f"stored lease is malformed: {e!r}") from e
 
 
+#: Lease ids as ``require_id`` admits them: JSON strings that need no escaping.
+_PLAIN_IDS = re.compile(r"[A-Za-z0-9._:-]*")
+
+
 def encode_pins(holders: Mapping[str, int]) -> bytes:
     """A snapshot's pin index: which leases hold it, with their expiry (so one read answers)."""
     leases = dict(sorted(holders.items()))
-    data = _dump({"version": PINS_VERSION, "leases": leases})
+    if _PLAIN_IDS.fullmatch("".join(leases)) and all(type(v) is int for v in leases.values()):
+        # ``_dump``'s bytes, written directly: an index may list hundreds of leases, and the
+        # JSON encoder takes three times as long over them (rewritten on every renew).
+        entries = ",".join([f'"{k}":{v}' for k, v in leases.items()])
+        data = f'{{"leases":{{{entries}}},"version":{PINS_VERSION}}}'.encode()
+    else:
+        data = _dump({"version": PINS_VERSION, "leases": leases})
     _PINS.put(data, leases, 2 * len(data))
     return data
 
