@@ -115,6 +115,7 @@ def main() -> None:
                 leases.AcquireSnapshots(
                     lease_pb2.AcquireSnapshotsRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
                 )
+            held = [common_pb2.SnapshotRef(app_id="app", generation=1)]
             rows: dict[str, Callable[[int, int], object]] = {
                 "health": lambda c, k: health.Check(health_pb2.HealthCheckRequest(), timeout=60),
                 "GetCurrentSnapshot consistent=true": lambda c, k: snaps.GetCurrentSnapshot(
@@ -125,6 +126,19 @@ def main() -> None:
                 ),
                 "RenewLease": lambda c, k: leases.RenewLease(
                     lease_pb2.RenewLeaseRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
+                ),
+                # One call = AcquireSnapshots of one snapshot (the lease's own, held already after
+                # the first) + RenewLease: the two RPCs of the hot_rpcs row, each rewriting a pin.
+                "AcquireSnapshots(1) + RenewLease": lambda c, k: (
+                    leases.AcquireSnapshots(
+                        lease_pb2.AcquireSnapshotsRequest(
+                            lease_id=f"cpu-pin-{c}", duration_ms=600_000, snapshots=held
+                        ),
+                        timeout=60,
+                    ),
+                    leases.RenewLease(
+                        lease_pb2.RenewLeaseRequest(lease_id=f"cpu-pin-{c}", duration_ms=600_000), timeout=60
+                    ),
                 ),
             }
             results: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}

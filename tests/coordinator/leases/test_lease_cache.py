@@ -16,12 +16,14 @@ from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, decode_pins, encode_lease
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
-from snapcoord.coordinator.errors import NotFound, Reason
+from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
+from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import PINS, pin_path
+from snapcoord.coordinator.snapshots.layout import gen_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -280,3 +282,42 @@ def test_racing_renews_drops_and_reacquires_keep_record_pins_and_incarnation_in_
     lease, _ = current
     assert set(lease.snapshots) == pinned
     assert lease.incarnation and stores.metadata.children(record_path("job")) == [lease.incarnation]
+
+
+def test_a_pin_index_comes_back_at_the_version_a_holder_saw_while_its_record_is_unchanged(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """Why pin indexes are not cached (``leases.cache``): a lease's write drops holders expired by
+    its clock from the pin indexes it rewrites, without touching their records. A process whose
+    clock is 1 ms ahead drops "b" as expired while b's own process still sees it alive; the index
+    then empties, is deleted and created again, back at the version b's process last saw. b's
+    record check alone would pass, so a renew writing from a copy of the index would erase "d".
+    Reading the index, the renew keeps d and pins b again; the snapshot stays undeletable."""
+    ref = completed(snapshots, "app")
+    completed(snapshots, "app")  # retention (keep the last 1) would delete ref if nothing pinned it
+    ahead = ManualClock(clock.now_ms())
+    other = LeaseRegistry(stores.metadata, ahead, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    b = here.acquire("b", 10_000, [ref]).lease
+    path = pin_path(ref.app_id, ref.generation)
+    seen = stores.metadata.get(path)
+    assert seen is not None and decode_pins(seen.data) == {"b": b.expires_at_ms}
+
+    clock.advance(10_000 + SKEW_MS - 1)  # b is alive here for 1 ms more...
+    ahead.advance(10_000 + SKEW_MS)  # ...and expired by the other process's clock
+    other.acquire("c", HOUR_MS, [ref])
+    assert set(holders(stores, ref)) == {"c"}, "the other process's write dropped the expired b"
+    assert other.drop("c") is True
+    d = other.acquire("d", HOUR_MS, [ref]).lease
+    again = stores.metadata.get(path)
+    assert again is not None and again.version == seen.version, "the index came back at b's version"
+    assert stored(stores, "b") == (b, 0), "b's record (and incarnation) never changed"
+
+    renewed = here.renew("b", HOUR_MS)
+    assert holders(stores, ref) == {"b": renewed.expires_at_ms, "d": d.expires_at_ms}
+    with pytest.raises(FailedPrecondition) as refused:
+        snapshots.delete(ref.app_id, ref.generation)
+    assert refused.value.reason is Reason.LEASE_HELD
+    clock.advance(60_000)
+    snapshots.apply_retention(100)
+    header = stores.metadata.get(gen_path(ref.app_id, ref.generation))
+    assert header is not None and decode_snapshot(header.data).state is not State.DELETING

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
-from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
+from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_pins, encode_lease, encode_pins
 from snapcoord.coordinator.domain.snapshot_codec import encode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.leases import decide
 from snapcoord.coordinator.leases.decide import Acquired, Clocks, Released
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS
-from snapcoord.coordinator.pins import PINS, pin_path, snapshot_path
+from snapcoord.coordinator.pins import PINS, pin_change, pin_path, snapshot_path
 from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, SetData
 
@@ -296,3 +296,25 @@ def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots(
     both = with_nodes(ok, {snapshot_path("b", 2): node(HEADER, 1), pin_path("b", 2): None})
     with pytest.raises(InvalidArgument, match="would hold 2 snapshots"):
         decide.acquire("job", 1_000, (A, B), both, None, two)
+
+
+@pytest.mark.parametrize(
+    ("stored", "written"),
+    [
+        ({"a": 200, "b": 300}, {"a": 200, "b": 300, "me": 900}),  # none expired: all kept
+        ({"a": 100, "b": 300}, {"b": 300, "me": 900}),  # a expired at 100 (live after 100)
+        ({"a": 50, "b": 100, "me": 10}, {"me": 900}),  # all others expired; mine is rewritten
+    ],
+)
+def test_a_pin_change_drops_the_holders_expired_by_then(
+    stored: dict[str, int], written: dict[str, int]
+) -> None:
+    op = pin_change(
+        "/p", Node(encode_pins(stored), 4, 0, 0), "me", holding=True, expires_at_ms=900, live_after_ms=100
+    )
+    assert isinstance(op, SetData) and op.version == 4 and decode_pins(op.data) == written
+
+
+def test_a_pin_change_deletes_an_index_left_with_only_expired_holders() -> None:
+    node = Node(encode_pins({"old": 100, "me": 900}), 7, 0, 0)
+    assert pin_change("/p", node, "me", holding=False, expires_at_ms=0, live_after_ms=100) == Delete("/p", 7)

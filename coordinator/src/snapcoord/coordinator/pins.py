@@ -77,7 +77,8 @@ def pin_change(
     what is written: they pin nothing, and so an index never lists more than the live leases a
     pin admitted (``LeasePolicy.max_holders``), which bounds its size."""
     holders = decode_pins(node.data) if node is not None and node.data else {}
-    if live_after_ms is not None:
+    # (Usually none has expired: one pass over the expiries tells, before building a new dict.)
+    if live_after_ms is not None and holders and min(holders.values()) <= live_after_ms:
         holders = {k: v for k, v in holders.items() if v > live_after_ms or k == lease_id}
     if holding:
         holders[lease_id] = expires_at_ms

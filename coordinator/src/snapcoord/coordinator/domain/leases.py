@@ -8,12 +8,14 @@ expiry plus the configured clock-skew margin.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from snapcoord.coordinator.domain.codec import _dump, _load
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.errors import Internal, InvalidArgument
+from snapcoord.coordinator.lru import Lru
 
 LEASE_VERSION = 1
 PINS_VERSION = 1
@@ -92,6 +94,19 @@ def pinned_by_live_lease(holders: Mapping[str, int], now_ms: int, skew_ms: int) 
     return any(now_ms < expires + skew_ms for expires in holders.values())
 
 
+#: The most bytes each decoding memo below keeps (keys and values are about the same size).
+MEMO_MAX_BYTES = 8 * 1024 * 1024
+
+#: Encoded lease record -> the lease, decoded once or written by this process. A holder's next
+#: call finds the record its last call wrote (the record copy, or a read of it), and the commit
+#: kernel's rounds decode it again (a renew of a lease with snapshots decides twice): lookups.
+_LEASES: Lru[bytes, Lease] = Lru(MEMO_MAX_BYTES)
+#: Encoded pin index -> its holders, the same way: every lease write rewrites the index of each of
+#: its snapshots, and the next call on one (here) reads those bytes back. An index lists up to
+#: ``LeasePolicy.max_holders`` leases, so decoding one can cost more than the rest of the call.
+_PINS: Lru[bytes, dict[str, int]] = Lru(MEMO_MAX_BYTES)
+
+
 def encode_lease(lease: Lease) -> bytes:
     doc: dict[str, object] = {
         "version": LEASE_VERSION,
@@ -102,10 +117,23 @@ def encode_lease(lease: Lease) -> bytes:
     }
     if lease.incarnation:
         doc["incarnation"] = lease.incarnation
-    return _dump(doc)
+    data = _dump(doc)
+    # Decoding these bytes gives the lease back exactly when its snapshots are in stored order.
+    if list(lease.snapshots) == sorted(lease.snapshots):
+        _LEASES.put(data, lease, 2 * len(data))
+    return data
 
 
 def decode_lease(data: bytes) -> Lease:
+    known = _LEASES.get(data)
+    if known is not None:
+        return known  # frozen: shared safely
+    lease = _decode_lease(data)
+    _LEASES.put(data, lease, 2 * len(data))
+    return lease
+
+
+def _decode_lease(data: bytes) -> Lease:
     doc = _load(data, "lease", LEASE_VERSION)
     try:
         return Lease(
@@ -119,12 +147,35 @@ def decode_lease(data: bytes) -> Lease:
         raise Internal(f"stored lease is malformed: {e!r}") from e
 
 
+#: Lease ids as ``require_id`` admits them: JSON strings that need no escaping.
+_PLAIN_IDS = re.compile(r"[A-Za-z0-9._:-]*")
+
+
 def encode_pins(holders: Mapping[str, int]) -> bytes:
     """A snapshot's pin index: which leases hold it, with their expiry (so one read answers)."""
-    return _dump({"version": PINS_VERSION, "leases": dict(sorted(holders.items()))})
+    leases = dict(sorted(holders.items()))
+    if _PLAIN_IDS.fullmatch("".join(leases)) and all(type(v) is int for v in leases.values()):
+        # ``_dump``'s bytes, written directly: an index may list hundreds of leases, and the
+        # JSON encoder takes three times as long over them (rewritten on every renew).
+        entries = ",".join([f'"{k}":{v}' for k, v in leases.items()])
+        data = f'{{"leases":{{{entries}}},"version":{PINS_VERSION}}}'.encode()
+    else:
+        data = _dump({"version": PINS_VERSION, "leases": leases})
+    _PINS.put(data, leases, 2 * len(data))
+    return data
 
 
 def decode_pins(data: bytes) -> dict[str, int]:
+    """The holders (a new dict each time: callers change it to write the next index)."""
+    known = _PINS.get(data)
+    if known is not None:
+        return dict(known)
+    holders = _decode_pins(data)
+    _PINS.put(data, dict(holders), 2 * len(data))
+    return holders
+
+
+def _decode_pins(data: bytes) -> dict[str, int]:
     doc = _load(data, "pin index", PINS_VERSION)
     try:
         return {str(k): int(v) for k, v in doc["leases"].items()}

@@ -14,8 +14,14 @@ that is exactly the stored record commits. A copy never answers a refusal on its
 registry uses it only where ``decide`` refuses nothing on it (see ``LeaseRegistry._assumed``).
 
 Pin indexes are not cached: one is shared by every lease holding its snapshot, and it is deleted
-when empty and created again, so its version alone could match another life of it. They are read
-(together, in one round) on every call that changes them.
+when empty and created again, so its version alone could match another life of it. A holder's
+record check does not rule that out either: a lease's write drops the holders that *its* clock
+shows expired from the pin indexes it rewrites (``pins.pin_change``, which bounds an index's
+size) without touching their records. So a holder still alive by its own process's clock can lose
+its entry elsewhere, the index can empty, be deleted and be created again at the very version that
+process last saw, and a renew writing from its copy would pass both checks and erase the other
+holders (test_lease_cache's ``comes_back`` test plays this out). They are read (together, in one
+round) on every call that changes them.
 """
 
 from __future__ import annotations

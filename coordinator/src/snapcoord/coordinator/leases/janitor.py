@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import uuid
 
 from snapcoord.coordinator import pins
 from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.leases import decide
-from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, record_path
+from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, new_nonce, record_path
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -43,7 +42,7 @@ class LeaseJanitor:
             # A nonce per lease, as per RPC: it names the retention trigger of the lease's app, and
             # a second lease of the same app in this pass would otherwise create the same node,
             # failing its commit every round (one lease per app per pass, the rest left behind).
-            clocks = decide.Clocks(now, self._policy.max_clock_skew_ms, uuid.uuid4().hex[:12])
+            clocks = decide.Clocks(now, self._policy.max_clock_skew_ms, new_nonce())
             outcome = self._kernel.run(
                 "lease_expire",
                 {"lease_id": lease_id},

@@ -9,7 +9,6 @@ its pin index: of an acquire and a delete racing on one snapshot, exactly one co
 from __future__ import annotations
 
 import bisect
-import uuid
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
@@ -29,7 +28,7 @@ from snapcoord.coordinator.leases import decide
 from snapcoord.coordinator.leases.cache import RecordCache
 from snapcoord.coordinator.leases.decide import Acquired
 from snapcoord.coordinator.leases.janitor import LeaseJanitor
-from snapcoord.coordinator.leases.layout import RECORDS, record_path
+from snapcoord.coordinator.leases.layout import RECORDS, new_nonce, record_path
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -76,7 +75,7 @@ class LeaseRegistry:
         require_id("lease_id", lease_id)
         validate_duration(duration_ms, self._policy)
         wanted = tuple(validate_refs(refs, self._policy))
-        nonce = uuid.uuid4().hex[:12]
+        nonce = new_nonce()
         acquired = self._run(
             "lease_acquire",
             lease_id,
@@ -92,7 +91,7 @@ class LeaseRegistry:
         """Unpin the given snapshots (those not held are ignored); NOT_FOUND for no live lease."""
         require_id("lease_id", lease_id)
         releasing = frozenset(validate_refs(refs, self._policy))
-        nonce = uuid.uuid4().hex[:12]
+        nonce = new_nonce()
         released = self._run(
             "lease_release",
             lease_id,
@@ -116,7 +115,7 @@ class LeaseRegistry:
     def drop(self, lease_id: str) -> bool:
         """Release everything and delete the lease; True when a live lease was dropped."""
         require_id("lease_id", lease_id)
-        nonce = uuid.uuid4().hex[:12]
+        nonce = new_nonce()
         outcome = self._run(
             "lease_drop",
             lease_id,
