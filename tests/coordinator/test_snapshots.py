@@ -414,3 +414,42 @@ def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
         lambda: reader.current("app", consistent=False).record.reported == 1, timeout=30, what="refresh"
     )
     assert calls == [], "cached reads after the first read nothing"
+
+
+def test_a_consistent_read_guesses_the_generation_this_process_created(
+    stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first consistent read after a create here reads the pointer and the header together
+    (one store call); a guess outrun by a create through another replica costs one more read and
+    still answers the generation the pointer names."""
+    metrics = CoordinatorMetrics(new_registry())
+    here = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    elsewhere = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    calls: list[str] = []
+    depth = threading.local()  # the embedded store's synced_get_many calls get_many
+    for name in ("get", "get_many", "synced_get_many"):
+        inner = getattr(stores.metadata, name)
+
+        def counted(*args: object, _inner: Any = inner, _name: str = name, **kwargs: object) -> object:
+            if getattr(depth, "n", 0) == 0:
+                calls.append(_name)
+            depth.n = getattr(depth, "n", 0) + 1
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                depth.n -= 1
+
+        monkeypatch.setattr(stores.metadata, name, counted)
+    here.create("app", ["q1"], 0, 0, {})
+    calls.clear()
+    first = here.current("app", consistent=True)
+    assert (first.record.generation, first.record.state, calls) == (1, State.CREATED, ["synced_get_many"])
+    elsewhere.abort("app", 1, "")
+    elsewhere.create("app", ["q2"], 0, 0, {})
+    calls.clear()
+    moved = here.current("app", consistent=True)  # guessed 1, the pointer names 2
+    assert (moved.record.generation, moved.record.task_ids) == (2, ("q2",))
+    assert calls == ["synced_get_many", "get_many"]
+    calls.clear()
+    assert here.current("app", consistent=True) == moved
+    assert calls == ["synced_get_many"]

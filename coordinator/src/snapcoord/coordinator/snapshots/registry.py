@@ -187,6 +187,10 @@ class SnapshotRegistry:
             self._apps.remember(path, pointer)
         if outcome.changed:
             self._metrics.snapshots_created.inc()
+        # The pointer is at this generation now (or was, when the answer was found CREATED): the
+        # app's first consistent or cold cached read here guesses its header and needs one round
+        # instead of two. A guess outrun by a create elsewhere costs only the round it saved.
+        self._generations.put(app_id, outcome.snapshot.record.generation)
         return outcome.snapshot
 
     def current(self, app_id: str, *, consistent: bool) -> Snapshot:
