@@ -55,8 +55,25 @@ MEMO_MIN_BYTES = 2048
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 
 
-#: Encoded header -> its record (decoded once, or written by this process).
-_RECORDS: Lru[bytes, SnapshotRecord] = Lru(MEMO_MAX_BYTES)
+#: A header's key (``_record_key``) -> its bytes and its record (decoded once, or written by this
+#: process).
+_RECORDS: Lru[tuple[int, bytes], tuple[bytes, SnapshotRecord]] = Lru(MEMO_MAX_BYTES)
+#: Bytes of a header's start in its memo key: the fields a report or an end changes (reported,
+#: state, times, reason) come before the task set, unless labels push them further.
+KEY_PREFIX_BYTES = 1024
+
+
+def _record_key(data: bytes) -> tuple[int, bytes]:
+    """The memo key of an encoded header: its length and start, not the whole bytes (hashing
+    15 KB twice per report cost more than the rest of the lookup). Headers that share a key
+    replace each other in the memo; a hit is always checked against the whole bytes."""
+    return len(data), data[:KEY_PREFIX_BYTES]
+
+
+def _remember(data: bytes, record: SnapshotRecord) -> None:
+    _RECORDS.put(_record_key(data), (data, record), 2 * len(data))
+
+
 #: Task set -> its JSON array, as ``_dump`` writes it.
 _TASK_ARRAYS: Lru[tuple[str, ...], bytes] = Lru(MEMO_MAX_BYTES)
 
@@ -92,17 +109,17 @@ def encode_snapshot(record: SnapshotRecord) -> bytes:
     # The next report (here, on this replica) reads these bytes back: decoding them is then a
     # lookup. Only a record that decoding would give back equal (labels sorted, as stored).
     if len(data) >= MEMO_MIN_BYTES and list(record.labels) == sorted(record.labels):
-        _RECORDS.put(data, record, 2 * len(data))
+        _remember(data, record)
     return data
 
 
 def decode_snapshot(data: bytes) -> SnapshotRecord:
     if len(data) >= MEMO_MIN_BYTES:
-        known = _RECORDS.get(data)
-        if known is not None:
-            return known
+        known = _RECORDS.get(_record_key(data))
+        if known is not None and known[0] == data:
+            return known[1]
         record = _decode_snapshot(data)
-        _RECORDS.put(data, record, 2 * len(data))
+        _remember(data, record)
         return record
     return _decode_snapshot(data)
 
