@@ -156,3 +156,13 @@ def test_headers_sharing_a_memo_key_decode_to_their_own_records() -> None:
     assert (len(first), first[:KEY_PREFIX_BYTES]) == (len(second), second[:KEY_PREFIX_BYTES])
     for data, record in ((first, at_40), (second, at_41), (bytes(first), at_40), (second, at_41)):
         assert decode_snapshot(data) == record
+
+
+def test_small_headers_are_memoised_and_still_decode_to_their_own_records() -> None:
+    small = replace(RECORD, state=State.CREATED, reported=1)
+    written = encode_snapshot(small)
+    assert len(written) < 2048 and decode_snapshot(bytes(written)) == small
+    for reported in (2, 3, 2, 1):  # the same length, one counter apart: each its own record
+        record = replace(small, reported=reported)
+        assert decode_snapshot(plain_dump(record)) == record
+        assert decode_snapshot(encode_snapshot(record)) == record

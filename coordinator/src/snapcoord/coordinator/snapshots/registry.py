@@ -138,6 +138,11 @@ class SnapshotRegistry:
         self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
         #: app pointer path -> the node as this process last wrote or read it (CreateSnapshot).
         self._apps = RecordCache(max(cache_size, 10_000))
+        #: (app, task set, labels) -> the largest header they can make (``_check_header_size``);
+        #: at most a few MiB of keys.
+        self._header_sizes: Lru[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], int] = Lru(
+            4 * 1024 * 1024
+        )
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
         )
@@ -607,7 +612,26 @@ class SnapshotRegistry:
         self, app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
     ) -> None:
         """Refuse a task set whose header could outgrow its share of a ZooKeeper request: sized at
-        its largest, as an aborted snapshot with the longest reason and the widest numbers."""
+        its largest, as an aborted snapshot with the longest reason and the widest numbers (once
+        per request shape: an app's creates repeat theirs)."""
+        shape = (app_id, tasks, labels)
+        size = self._header_sizes.get(shape)
+        if size is None:
+            size = self._largest_header_bytes(app_id, tasks, labels)
+            self._header_sizes.put(shape, size, size)  # weighed by what its key holds
+        if size > self._policy.header_budget_bytes:
+            raise InvalidArgument(
+                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
+                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): use fewer or shorter task ids",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
+            )
+
+    @staticmethod
+    def _largest_header_bytes(
+        app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
+    ) -> int:
         widest = 2**63 - 1
         largest = SnapshotRecord(
             app_id,
@@ -623,15 +647,7 @@ class SnapshotRegistry:
             labels,
             "r" * MAX_REASON_CHARS,
         )
-        size = len(encode_snapshot(largest))
-        if size > self._policy.header_budget_bytes:
-            raise InvalidArgument(
-                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
-                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
-                "less a reserve): use fewer or shorter task ids",
-                reason=Reason.TOO_LARGE,
-                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
-            )
+        return len(encode_snapshot(largest))
 
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
         return decide.stored(self._metadata.get(gen_path(app_id, generation)))
