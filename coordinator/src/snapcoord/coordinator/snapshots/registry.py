@@ -473,7 +473,8 @@ class SnapshotRegistry:
             CheckpointRef(s, checkpoint_key(app_id, generation, task_id, "0" * 32), 2**63 - 1, "0" * 64)
             for s, _, _ in uploaded
         ]
-        stored_size = len(encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest)))
+        encoded = encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest))
+        stored_size = len(encoded)
         # Each upload also retires its intent in the report's transaction: a Delete op, counted
         # against the report's half of the request (the header has the other half).
         stored_size += len(uploaded) * intents.RETIRE_OP_BYTES
@@ -486,7 +487,16 @@ class SnapshotRegistry:
                 metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
             )
         request = decide.ReportRequest(
-            app_id, generation, task_id, items, digest, tuple(refs), payloads, tuple(uploaded)
+            app_id,
+            generation,
+            task_id,
+            items,
+            digest,
+            tuple(refs),
+            payloads,
+            tuple(uploaded),
+            # Without uploads, the report sized above is the one stored: encoded once.
+            encoded=None if uploaded else encoded,
         )
         size = sum(len(p) for p in payloads.values())
         with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
