@@ -116,6 +116,36 @@ def main() -> None:
                     lease_pb2.AcquireSnapshotsRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
                 )
             held = [common_pb2.SnapshotRef(app_id="app", generation=1)]
+            tasks = [f"t{i}" for i in range(2000)]  # as hot_rpcs: a header with a large task set
+            payload = os.urandom(1024)
+            reported: collections.Counter[int] = collections.Counter()
+
+            def report(c: int, k: int) -> None:
+                """A 1 KiB report of the next task of client ``c``'s snapshot (a new one when all
+                reported: its CreateSnapshot is one call in 2,000)."""
+                generation, task = divmod(reported[c], len(tasks))
+                reported[c] += 1
+                app = f"rep-{c}"
+                if task == 0:
+                    snaps.CreateSnapshot(
+                        snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=tasks), timeout=60
+                    )
+                snaps.ReportTaskSnapshot(
+                    snapshot_pb2.ReportTaskSnapshotRequest(
+                        app_id=app,
+                        generation=generation + 1,
+                        task=snapshot_pb2.TaskSnapshot(
+                            task_id=tasks[task],
+                            committed_offsets=[
+                                common_pb2.Offset(stream="events", partition=p, offset=10**6 + p)
+                                for p in range(4)
+                            ],
+                            checkpoints={"state": payload},
+                        ),
+                    ),
+                    timeout=60,
+                )
+
             rows: dict[str, Callable[[int, int], object]] = {
                 "health": lambda c, k: health.Check(health_pb2.HealthCheckRequest(), timeout=60),
                 "GetCurrentSnapshot consistent=true": lambda c, k: snaps.GetCurrentSnapshot(
@@ -124,6 +154,12 @@ def main() -> None:
                 "GetCurrentSnapshot cached": lambda c, k: snaps.GetCurrentSnapshot(
                     snapshot_pb2.GetCurrentSnapshotRequest(app_id="app"), timeout=60
                 ),
+                # As hot_rpcs: the client's snapshot is CREATED, so each call answers it (a read).
+                "CreateSnapshot (4 tasks)": lambda c, k: snaps.CreateSnapshot(
+                    snapshot_pb2.CreateSnapshotRequest(app_id=f"cr-{c}", task_ids=["a", "b", "c", "d"]),
+                    timeout=60,
+                ),
+                "ReportTaskSnapshot, 1 KiB checkpoint": report,
                 "RenewLease": lambda c, k: leases.RenewLease(
                     lease_pb2.RenewLeaseRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
                 ),

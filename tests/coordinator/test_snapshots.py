@@ -377,22 +377,12 @@ def test_reports_refresh_the_cache_instead_of_emptying_it(stores: Stores, clock:
     assert [name for name in loads if name != "snapshot-cache-refresh"] == by_readers
 
 
-@pytest.mark.parametrize("known", [False, True], ids=["app never seen", "generation known"])
-def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
-    stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, known: bool
-) -> None:
-    """A cold cache read arms its watches and reads in one call to the store (one ZooKeeper round
-    trip), a second only when the pointer names a header it did not guess; and the entry then
-    follows a report made elsewhere."""
-    metrics = CoordinatorMetrics(new_registry())
-    writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
-    reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
-    writer.create("app", ["q1", "q2"], 0, 0, {})
-    if known:
-        assert reader.current("app", consistent=True).record.generation == 1  # remembers it
+def store_calls(stores: Stores, monkeypatch: pytest.MonkeyPatch, names: Sequence[str]) -> list[str]:
+    """The list the metadata store's ``names`` calls are appended to from now on: outer calls only
+    (the embedded store's composite reads call its simple ones), not the cache's refresher's."""
     calls: list[str] = []
-    depth = threading.local()  # the embedded store's watch_and_get_many calls watch and get_many
-    for name in ("get", "get_many", "synced_get_many", "children", "watch", "watch_and_get_many"):
+    depth = threading.local()
+    for name in names:
         inner = getattr(stores.metadata, name)
 
         def counted(*args: object, _inner: Any = inner, _name: str = name, **kwargs: object) -> object:
@@ -406,6 +396,24 @@ def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
                 depth.n -= 1
 
         monkeypatch.setattr(stores.metadata, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("known", [False, True], ids=["app never seen", "generation known"])
+def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
+    stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, known: bool
+) -> None:
+    """A cold cache read arms its watches and reads in one call to the store (one ZooKeeper round
+    trip), a second only when the pointer names a header it did not guess; and the entry then
+    follows a report made elsewhere."""
+    metrics = CoordinatorMetrics(new_registry())
+    writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    writer.create("app", ["q1", "q2"], 0, 0, {})
+    if known:
+        assert reader.current("app", consistent=True).record.generation == 1  # remembers it
+    reads = ("get", "get_many", "synced_get_many", "children", "watch", "watch_and_get_many")
+    calls = store_calls(stores, monkeypatch, reads)
     assert reader.current("app", consistent=False).record.generation == 1
     assert calls == ["watch_and_get_many"] * (1 if known else 2)
     writer.report("app", 1, "q1", OFFSETS, {})
@@ -414,3 +422,28 @@ def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
         lambda: reader.current("app", consistent=False).record.reported == 1, timeout=30, what="refresh"
     )
     assert calls == [], "cached reads after the first read nothing"
+
+
+def test_a_consistent_read_guesses_the_generation_this_process_created(
+    stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first consistent read after a create here reads the pointer and the header together
+    (one store call); a guess outrun by a create through another replica costs one more read and
+    still answers the generation the pointer names."""
+    metrics = CoordinatorMetrics(new_registry())
+    here = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    elsewhere = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
+    calls = store_calls(stores, monkeypatch, ("get", "get_many", "synced_get_many"))
+    here.create("app", ["q1"], 0, 0, {})
+    calls.clear()
+    first = here.current("app", consistent=True)
+    assert (first.record.generation, first.record.state, calls) == (1, State.CREATED, ["synced_get_many"])
+    elsewhere.abort("app", 1, "")
+    elsewhere.create("app", ["q2"], 0, 0, {})
+    calls.clear()
+    moved = here.current("app", consistent=True)  # guessed 1, the pointer names 2
+    assert (moved.record.generation, moved.record.task_ids) == (2, ("q2",))
+    assert calls == ["synced_get_many", "get_many"]
+    calls.clear()
+    assert here.current("app", consistent=True) == moved
+    assert calls == ["synced_get_many"]

@@ -10,6 +10,7 @@ import pytest
 
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
+    KEY_PREFIX_BYTES,
     decode_snapshot,
     decode_task_report,
     encode_snapshot,
@@ -143,3 +144,25 @@ def test_a_memoised_header_decodes_to_what_its_bytes_say() -> None:
     # An unsorted label order is stored sorted: what is read back is the sorted record.
     unsorted = replace(LARGE, labels=(("z", "1"), ("a", "2")))
     assert decode_snapshot(encode_snapshot(unsorted)) == replace(LARGE, labels=(("a", "2"), ("z", "1")))
+
+
+def test_headers_sharing_a_memo_key_decode_to_their_own_records() -> None:
+    """The memo keys a header by its length and start: labels long enough push the counters past
+    that start, so two versions of one header share a key. Each still decodes to its own record,
+    whichever the memo holds."""
+    long_labels = replace(LARGE, labels=(("a", "x" * (2 * KEY_PREFIX_BYTES)),))
+    at_40, at_41 = replace(long_labels, reported=40), replace(long_labels, reported=41, state=State.ABORTED)
+    first, second = encode_snapshot(at_40), plain_dump(at_41)  # written here; read from elsewhere
+    assert (len(first), first[:KEY_PREFIX_BYTES]) == (len(second), second[:KEY_PREFIX_BYTES])
+    for data, record in ((first, at_40), (second, at_41), (bytes(first), at_40), (second, at_41)):
+        assert decode_snapshot(data) == record
+
+
+def test_small_headers_are_memoised_and_still_decode_to_their_own_records() -> None:
+    small = replace(RECORD, state=State.CREATED, reported=1)
+    written = encode_snapshot(small)
+    assert len(written) < 2048 and decode_snapshot(bytes(written)) == small
+    for reported in (2, 3, 2, 1):  # the same length, one counter apart: each its own record
+        record = replace(small, reported=reported)
+        assert decode_snapshot(plain_dump(record)) == record
+        assert decode_snapshot(encode_snapshot(record)) == record

@@ -112,3 +112,22 @@ def test_a_failed_put_leaves_no_object_and_no_report(
     blobs.fail_on = ""
     assert snapshots.report("app", g, "t", (), payloads).record.state is State.COMPLETED
     assert len(objects(stores)) == 16
+
+
+def test_an_oversized_task_set_is_refused_every_time_even_with_a_snapshot_open(stores: Stores) -> None:
+    """The largest header a request shape can make is remembered (an app's creates repeat their
+    shape), and the refusal it causes with it: again, and also while the app has a CREATED
+    snapshot that a fitting create would just return."""
+    policy = SnapshotPolicy(max_request_bytes=64 * 1024 + 16 * 1024)  # a 32 KiB header budget
+    snapshots = SnapshotRegistry(
+        stores.metadata, stores.blobs, SystemClock(), policy, CoordinatorMetrics(new_registry())
+    )
+    fits = [f"t{i}" for i in range(100)]
+    too_many = [f"task-{i:04d}-{'x' * 40}" for i in range(1000)]
+    created = snapshots.create("app", fits, 0, 0, {})
+    for _ in range(3):
+        with pytest.raises(InvalidArgument, match="make a snapshot header of up to") as refused:
+            snapshots.create("app", too_many, 0, 0, {})
+        assert refused.value.reason is Reason.TOO_LARGE
+    assert snapshots.create("app", fits, 0, 0, {}) == created
+    assert snapshots.current("app", consistent=True).record.task_ids == tuple(fits)

@@ -458,3 +458,14 @@ def test_set_retention_table() -> None:
         buckets=((RETENTION, NOW),),
         ensure=(APPS,),
     )
+
+
+def test_a_report_encoded_by_the_caller_is_stored_as_it_is_unless_uploads_join_it() -> None:
+    """The registry encodes the report to size it; without uploads those are the stored bytes.
+    Refs the reads add (uploads) make another report: then it is encoded here."""
+    given = b'{"given":1}'
+    decision = decide.report(replace(REPORT, encoded=given), report_reads(header(2), 2), None, NOW)
+    assert isinstance(decision, Commit) and decision.ops[0] == Create(TASK, given)
+    plain = decide.report(REPORT, report_reads(header(2), 2), None, NOW)
+    assert isinstance(plain, Commit) and plain.ops[0] == Create(TASK, encode_task_report(MINE))
+    assert decision.ops[1:] == plain.ops[1:]

@@ -5,7 +5,8 @@ again by gRPC into its own buffer; each copy lands in a freshly mmapped block (`
 so it also pays a page fault per 4 KiB. Profiled, building and serialising the messages was
 about 40% of the sending thread's time. ``encode_chunk`` writes the same wire bytes with a single
 join, and ``PreEncodedChunks`` registers a serializer for ReadCheckpoint that passes such bytes
-through (and still serialises a ``CheckpointChunk``, so either may be yielded).
+through (and still serialises a ``CheckpointChunk``, so either may be yielded); likewise for the
+methods answering a ``Snapshot``, whose task set ``snapshot_frames`` encodes once.
 
 The bytes are what protobuf itself writes for the message (fields in number order, proto3
 defaults left out), so any client parses them as an ordinary ``CheckpointChunk``.
@@ -20,6 +21,15 @@ import grpc
 from snapcoord.v1 import snapshot_pb2
 
 READ_CHECKPOINT = "snapcoord.v1.SnapshotService/ReadCheckpoint"
+#: Every method whose responses may be pre-encoded bytes (``serialize_chunk`` passes them through).
+_ANSWER_SNAPSHOTS = (
+    "CreateSnapshot",
+    "GetCurrentSnapshot",
+    "GetSnapshot",
+    "ReportTaskSnapshot",
+    "AbortSnapshot",
+)
+PRE_ENCODED = frozenset({READ_CHECKPOINT} | {f"snapcoord.v1.SnapshotService/{n}" for n in _ANSWER_SNAPSHOTS})
 #: Field 1 (``data``), wire type 2 (length-delimited).
 _DATA_TAG = b"\x0a"
 
@@ -43,14 +53,19 @@ def encode_chunk(data: bytes, offset: int, total_size: int, sha256: str) -> byte
     return b"".join((_DATA_TAG, _varint(len(data)), data, rest))
 
 
-def serialize_chunk(message: bytes | snapshot_pb2.CheckpointChunk) -> bytes:
-    """ReadCheckpoint's response serializer: pre-encoded bytes as they are, a message serialized."""
+def serialize_chunk(message: bytes | snapshot_pb2.CheckpointChunk | snapshot_pb2.Snapshot) -> bytes:
+    """The ``PRE_ENCODED`` methods' response serializer: pre-encoded bytes as they are, a message
+    serialized."""
     if isinstance(message, bytes):
         return message
     return message.SerializeToString()
 
 
 def _with_chunk_serializer(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            handler.unary_unary, handler.request_deserializer, serialize_chunk
+        )
     return grpc.unary_stream_rpc_method_handler(
         handler.unary_stream, handler.request_deserializer, serialize_chunk
     )
@@ -62,14 +77,15 @@ class _GenericHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = self._inner.service(handler_call_details)
-        if handler is not None and str(handler_call_details.method).lstrip("/") == READ_CHECKPOINT:
+        if handler is not None and str(handler_call_details.method).lstrip("/") in PRE_ENCODED:
             return _with_chunk_serializer(handler)
         return handler
 
 
 class PreEncodedChunks:
     """Pass to ``add_SnapshotServiceServicer_to_server`` in place of the server (or of another
-    such stand-in): registers ReadCheckpoint with ``serialize_chunk``, every other method as is."""
+    such stand-in): registers the ``PRE_ENCODED`` methods with ``serialize_chunk``, every other
+    method as is."""
 
     def __init__(self, server: grpc.Server) -> None:
         self._server = server
@@ -81,7 +97,7 @@ class PreEncodedChunks:
         self, service_name: str, method_handlers: Mapping[str, grpc.RpcMethodHandler]
     ) -> None:
         replaced = {
-            name: _with_chunk_serializer(h) if f"{service_name}/{name}" == READ_CHECKPOINT else h
+            name: _with_chunk_serializer(h) if f"{service_name}/{name}" in PRE_ENCODED else h
             for name, h in method_handlers.items()
         }
         self._server.add_registered_method_handlers(service_name, replaced)

@@ -55,16 +55,17 @@ _STATES = {
 
 
 def snapshot_to_pb(
-    snapshot: Snapshot, payloads: Mapping[tuple[str, str], bytes] | None = None
+    snapshot: Snapshot, payloads: Mapping[tuple[str, str], bytes] | None = None, *, with_task_ids: bool = True
 ) -> snapshot_pb2.Snapshot:
     """A snapshot as the API shows it; without ``payloads`` the checkpoint values are empty
-    (the keys still name each task's state stores)."""
+    (the keys still name each task's state stores). ``with_task_ids=False`` leaves the task set
+    out (``snapshot_frames`` encodes it apart)."""
     record = snapshot.record
     return snapshot_pb2.Snapshot(
         app_id=record.app_id,
         generation=record.generation,
         state=_STATES[record.state],
-        task_ids=list(record.task_ids),
+        task_ids=record.task_ids if with_task_ids else (),
         tasks=[
             snapshot_pb2.TaskSnapshot(
                 task_id=t.task_id,

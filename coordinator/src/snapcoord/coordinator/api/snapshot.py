@@ -10,6 +10,7 @@ import grpc
 
 from snapcoord.coordinator.api.chunk_frames import PreEncodedChunks, encode_chunk
 from snapcoord.coordinator.api.convert import offsets_from_pb, snapshot_to_pb
+from snapcoord.coordinator.api.snapshot_frames import encode_snapshot
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
@@ -33,24 +34,24 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     def CreateSnapshot(
         self, request: snapshot_pb2.CreateSnapshotRequest, context: grpc.ServicerContext
-    ) -> snapshot_pb2.Snapshot:
+    ) -> bytes | snapshot_pb2.Snapshot:
         snapshot = self._snapshots.create(
             request.app_id, list(request.task_ids), request.ttl_ms, request.timeout_ms, dict(request.labels)
         )
-        return snapshot_to_pb(snapshot)
+        return encode_snapshot(snapshot)
 
     def GetCurrentSnapshot(
         self, request: snapshot_pb2.GetCurrentSnapshotRequest, context: grpc.ServicerContext
-    ) -> snapshot_pb2.Snapshot:
-        return snapshot_to_pb(self._snapshots.current(request.app_id, consistent=request.consistent))
+    ) -> bytes | snapshot_pb2.Snapshot:
+        return encode_snapshot(self._snapshots.current(request.app_id, consistent=request.consistent))
 
     def GetSnapshot(
         self, request: snapshot_pb2.GetSnapshotRequest, context: grpc.ServicerContext
-    ) -> snapshot_pb2.Snapshot:
+    ) -> bytes | snapshot_pb2.Snapshot:
         found = self._snapshots.get(
             request.app_id, request.generation, include_checkpoints=request.include_checkpoints
         )
-        return snapshot_to_pb(found.snapshot, found.payloads)
+        return encode_snapshot(found.snapshot, found.payloads)
 
     def ReadCheckpoint(
         self, request: snapshot_pb2.ReadCheckpointRequest, context: grpc.ServicerContext
@@ -78,7 +79,7 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     def ReportTaskSnapshot(
         self, request: snapshot_pb2.ReportTaskSnapshotRequest, context: grpc.ServicerContext
-    ) -> snapshot_pb2.Snapshot:
+    ) -> bytes | snapshot_pb2.Snapshot:
         task = request.task
         snapshot = self._snapshots.report(
             request.app_id,
@@ -88,7 +89,7 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
             dict(task.checkpoints),
             dict(task.uploaded_checkpoints),
         )
-        return snapshot_to_pb(snapshot)
+        return encode_snapshot(snapshot)
 
     def UploadCheckpoint(
         self, request_iterator: Iterator[snapshot_pb2.UploadCheckpointRequest], context: grpc.ServicerContext
@@ -118,8 +119,8 @@ class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     def AbortSnapshot(
         self, request: snapshot_pb2.AbortSnapshotRequest, context: grpc.ServicerContext
-    ) -> snapshot_pb2.Snapshot:
-        return snapshot_to_pb(self._snapshots.abort(request.app_id, request.generation, request.reason))
+    ) -> bytes | snapshot_pb2.Snapshot:
+        return encode_snapshot(self._snapshots.abort(request.app_id, request.generation, request.reason))
 
     def DeleteSnapshot(
         self, request: snapshot_pb2.DeleteSnapshotRequest, context: grpc.ServicerContext

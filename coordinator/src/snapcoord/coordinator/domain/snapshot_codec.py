@@ -2,10 +2,11 @@
 
 A snapshot header carries its whole task set, and every report reads, decodes, re-encodes and
 writes it back with one counter changed: at 1000 tasks that JSON work dominated a report's CPU.
-So large headers are memoised on both sides (``Lru``), with the bytes unchanged: decoding
-bytes seen before (the header this process just wrote, read back by the next report) returns the
-record made then, and encoding reuses the task set's JSON array, spliced into the rest of the
-document exactly where ``json.dumps(sort_keys=True)`` puts it.
+So headers are memoised on both sides (``Lru``), with the bytes unchanged: decoding bytes seen
+before (the header this process just wrote, read back by the next report; the header a
+consistent read or a repeated create reads again) returns the record made then, and encoding
+reuses a large task set's JSON array, spliced into the rest of the document exactly where
+``json.dumps(sort_keys=True)`` puts it.
 """
 
 from __future__ import annotations
@@ -47,16 +48,37 @@ def decode_app(data: bytes) -> int:
         raise _malformed("snapshot app record", e) from e
 
 
-#: Headers (and task-set arrays) smaller than this are coded directly: the memo only pays off
-#: where the task set dominates.
+#: Task-set arrays smaller than this are encoded directly: that memo only pays off where the task
+#: set dominates. (Headers of every size are memoised: a small one's decode costs ~10 us, a hit
+#: ~1.5 us.)
 MEMO_MIN_BYTES = 2048
+#: What a memoised header weighs beyond twice its bytes (its record and the memo's entry), so
+#: that small headers are not kept by the hundred thousand.
+RECORD_OVERHEAD_BYTES = 1024
 #: The most bytes a memo keeps (keys and values are about the same size): a few hundred large
 #: headers, whatever their count.
 MEMO_MAX_BYTES = 16 * 1024 * 1024
 
 
-#: Encoded header -> its record (decoded once, or written by this process).
-_RECORDS: Lru[bytes, SnapshotRecord] = Lru(MEMO_MAX_BYTES)
+#: A header's key (``_record_key``) -> its bytes and its record (decoded once, or written by this
+#: process).
+_RECORDS: Lru[tuple[int, bytes], tuple[bytes, SnapshotRecord]] = Lru(MEMO_MAX_BYTES)
+#: Bytes of a header's start in its memo key: the fields a report or an end changes (reported,
+#: state, times, reason) come before the task set, unless labels push them further.
+KEY_PREFIX_BYTES = 1024
+
+
+def _record_key(data: bytes) -> tuple[int, bytes]:
+    """The memo key of an encoded header: its length and start, not the whole bytes (hashing
+    15 KB twice per report cost more than the rest of the lookup). Headers that share a key
+    replace each other in the memo; a hit is always checked against the whole bytes."""
+    return len(data), data[:KEY_PREFIX_BYTES]
+
+
+def _remember(data: bytes, record: SnapshotRecord) -> None:
+    _RECORDS.put(_record_key(data), (data, record), 2 * len(data) + RECORD_OVERHEAD_BYTES)
+
+
 #: Task set -> its JSON array, as ``_dump`` writes it.
 _TASK_ARRAYS: Lru[tuple[str, ...], bytes] = Lru(MEMO_MAX_BYTES)
 
@@ -87,24 +109,23 @@ def encode_snapshot(record: SnapshotRecord) -> bytes:
             "state": record.state.value,
         }
     )
-    after = _dump({"ttl_ms": record.ttl_ms, "version": SNAPSHOT_VERSION})
-    data = b"".join((before[:-1], b',"task_ids":', _task_array(record.task_ids), b",", after[1:]))
+    # The keys after "task_ids" hold integers, which ``_dump`` writes as ``%d`` does.
+    after = b'"ttl_ms":%d,"version":%d}' % (record.ttl_ms, SNAPSHOT_VERSION)
+    data = b"".join((before[:-1], b',"task_ids":', _task_array(record.task_ids), b",", after))
     # The next report (here, on this replica) reads these bytes back: decoding them is then a
     # lookup. Only a record that decoding would give back equal (labels sorted, as stored).
-    if len(data) >= MEMO_MIN_BYTES and list(record.labels) == sorted(record.labels):
-        _RECORDS.put(data, record, 2 * len(data))
+    if list(record.labels) == sorted(record.labels):
+        _remember(data, record)
     return data
 
 
 def decode_snapshot(data: bytes) -> SnapshotRecord:
-    if len(data) >= MEMO_MIN_BYTES:
-        known = _RECORDS.get(data)
-        if known is not None:
-            return known
-        record = _decode_snapshot(data)
-        _RECORDS.put(data, record, 2 * len(data))
-        return record
-    return _decode_snapshot(data)
+    known = _RECORDS.get(_record_key(data))
+    if known is not None and known[0] == data:
+        return known[1]
+    record = _decode_snapshot(data)
+    _remember(data, record)
+    return record
 
 
 def _decode_snapshot(data: bytes) -> SnapshotRecord:

@@ -176,6 +176,8 @@ class ReportRequest:
     payloads: Mapping[str, bytes] = field(default_factory=dict)
     #: Uploaded checkpoints: (store, upload_id, intent path), by store name.
     uploads: tuple[tuple[str, str, str], ...] = ()
+    #: The stored report's bytes when the caller encoded it already (``refs`` all its refs).
+    encoded: bytes | None = None
 
     def reads(self) -> list[ReadNode]:
         """The header, the task's node and the intents of the uploads it references, read
@@ -246,8 +248,12 @@ def report(
     refs = tuple(sorted((*request.refs, *uploaded), key=lambda r: r.store))
     task_report = TaskReport(task_id, request.offsets, refs, request.digest)
     after = after_report(header.record, now)
+    data = request.encoded if request.encoded is not None and refs == request.refs else None
     ops: list[Op] = [
-        Create(task_path(app_id, generation, task_id), encode_task_report(task_report)),
+        Create(
+            task_path(app_id, generation, task_id),
+            data if data is not None else encode_task_report(task_report),
+        ),
         SetData(gen_path(app_id, generation), encode_snapshot(after), header.version),
         *retire,
     ]

@@ -138,6 +138,11 @@ class SnapshotRegistry:
         self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
         #: app pointer path -> the node as this process last wrote or read it (CreateSnapshot).
         self._apps = RecordCache(max(cache_size, 10_000))
+        #: (app, task set, labels) -> the largest header they can make (``_check_header_size``);
+        #: at most a few MiB of keys.
+        self._header_sizes: Lru[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], int] = Lru(
+            4 * 1024 * 1024
+        )
         self._janitor = SnapshotJanitor(
             self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
         )
@@ -187,6 +192,10 @@ class SnapshotRegistry:
             self._apps.remember(path, pointer)
         if outcome.changed:
             self._metrics.snapshots_created.inc()
+        # The pointer is at this generation now (or was, when the answer was found CREATED): the
+        # app's first consistent or cold cached read here guesses its header and needs one round
+        # instead of two. A guess outrun by a create elsewhere costs only the round it saved.
+        self._generations.put(app_id, outcome.snapshot.record.generation)
         return outcome.snapshot
 
     def current(self, app_id: str, *, consistent: bool) -> Snapshot:
@@ -464,7 +473,8 @@ class SnapshotRegistry:
             CheckpointRef(s, checkpoint_key(app_id, generation, task_id, "0" * 32), 2**63 - 1, "0" * 64)
             for s, _, _ in uploaded
         ]
-        stored_size = len(encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest)))
+        encoded = encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest))
+        stored_size = len(encoded)
         # Each upload also retires its intent in the report's transaction: a Delete op, counted
         # against the report's half of the request (the header has the other half).
         stored_size += len(uploaded) * intents.RETIRE_OP_BYTES
@@ -477,7 +487,16 @@ class SnapshotRegistry:
                 metadata={"field": "task", "limit": self._policy.report_budget_bytes, "size": stored_size},
             )
         request = decide.ReportRequest(
-            app_id, generation, task_id, items, digest, tuple(refs), payloads, tuple(uploaded)
+            app_id,
+            generation,
+            task_id,
+            items,
+            digest,
+            tuple(refs),
+            payloads,
+            tuple(uploaded),
+            # Without uploads, the report sized above is the one stored: encoded once.
+            encoded=None if uploaded else encoded,
         )
         size = sum(len(p) for p in payloads.values())
         with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
@@ -603,7 +622,26 @@ class SnapshotRegistry:
         self, app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
     ) -> None:
         """Refuse a task set whose header could outgrow its share of a ZooKeeper request: sized at
-        its largest, as an aborted snapshot with the longest reason and the widest numbers."""
+        its largest, as an aborted snapshot with the longest reason and the widest numbers (once
+        per request shape: an app's creates repeat theirs)."""
+        shape = (app_id, tasks, labels)
+        size = self._header_sizes.get(shape)
+        if size is None:
+            size = self._largest_header_bytes(app_id, tasks, labels)
+            self._header_sizes.put(shape, size, size)  # weighed by what its key holds
+        if size > self._policy.header_budget_bytes:
+            raise InvalidArgument(
+                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
+                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
+                "less a reserve): use fewer or shorter task ids",
+                reason=Reason.TOO_LARGE,
+                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
+            )
+
+    @staticmethod
+    def _largest_header_bytes(
+        app_id: str, tasks: tuple[str, ...], labels: tuple[tuple[str, str], ...]
+    ) -> int:
         widest = 2**63 - 1
         largest = SnapshotRecord(
             app_id,
@@ -619,15 +657,7 @@ class SnapshotRegistry:
             labels,
             "r" * MAX_REASON_CHARS,
         )
-        size = len(encode_snapshot(largest))
-        if size > self._policy.header_budget_bytes:
-            raise InvalidArgument(
-                f"task_ids ({len(tasks)}) and labels make a snapshot header of up to {size} bytes; the "
-                f"limit is {self._policy.header_budget_bytes} bytes (half of --zk-max-request-bytes, "
-                "less a reserve): use fewer or shorter task ids",
-                reason=Reason.TOO_LARGE,
-                metadata={"field": "task_ids", "limit": self._policy.header_budget_bytes, "size": size},
-            )
+        return len(encode_snapshot(largest))
 
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
         return decide.stored(self._metadata.get(gen_path(app_id, generation)))
