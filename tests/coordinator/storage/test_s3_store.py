@@ -196,3 +196,32 @@ def test_server_outage_then_recovery(
     store.put("after", b"new")
     assert [info.key for info in store.list()] == ["after", "before"]
     store.close()
+
+
+def test_small_bodies_go_without_expect_continue_large_ones_with_it(s3_uri: str) -> None:
+    """botocore asks for ``Expect: 100-continue`` on every put; a small body is sent at once (the
+    wait costs a round trip), a large part still waits for the server's go-ahead."""
+    from snapcoord.coordinator.storage.s3 import EXPECT_CONTINUE_MIN_BYTES
+
+    store = S3BlobStore.from_uri(s3_uri)
+    sent: list[tuple[int, str | None]] = []
+
+    def observe(request: object, **_: object) -> None:  # runs after the store's own handler
+        headers = request.headers  # type: ignore[attr-defined]
+        expect = headers.get("Expect")
+        sent.append(
+            (int(headers.get("Content-Length", -1)), expect.decode() if isinstance(expect, bytes) else expect)
+        )
+
+    try:
+        # Same event as the store's handler, last: botocore runs a more specific event's handlers
+        # before a less specific one's, whatever their tier.
+        store._s3().meta.events.register_last("before-send.s3", observe)
+        small, large = b"x" * 1024, b"y" * EXPECT_CONTINUE_MIN_BYTES
+        store.put("small", small)
+        store.put("large", large)
+        assert sent == [(len(small), None), (len(large), "100-continue")]
+        # Both arrive whole.
+        assert store.get("small") == small and store.get("large") == large
+    finally:
+        store.close()

@@ -80,6 +80,22 @@ def is_aws_endpoint(endpoint_url: str) -> bool:
 #: enough that concurrent uploads hold little (a part and its joined copy at most).
 PART_BYTES = 8 * 1024 * 1024
 
+#: Bodies smaller than this are sent without ``Expect: 100-continue`` (botocore asks for it on every
+#: PutObject and UploadPart): waiting for the server's go-ahead costs a round trip, and what it
+#: spares (sending a body the server would refuse) is worth it only for large bodies. Measured on
+#: a 1 KiB put against SeaweedFS: 2.19 -> 2.05 ms wall and 1.09 -> 1.03 ms of CPU.
+EXPECT_CONTINUE_MIN_BYTES = 1024 * 1024
+
+
+def _no_expect_for_small_bodies(request: Any, **_: Any) -> None:
+    """``before-send`` handler: drop ``Expect: 100-continue`` from requests with small bodies.
+    The header is not signed (SigV4 leaves ``expect`` out), so removing it after signing is safe."""
+    if "Expect" not in request.headers:
+        return
+    length = request.headers.get("Content-Length")
+    if length is not None and int(length) < EXPECT_CONTINUE_MIN_BYTES:
+        del request.headers["Expect"]
+
 
 class _PartReader(io.RawIOBase):
     """A seekable file over the pieces of one part (botocore seeks to hash and to retry), so a
@@ -375,6 +391,7 @@ class S3BlobStore(BlobStore):
                 # The endpoint is only known once a client resolved it; build the final one.
                 client.close()
                 client = self._session.client("s3", config=base.merge(Config(s3={"addressing_style": style})))
+            client.meta.events.register_first("before-send.s3", _no_expect_for_small_bodies)
         except (NoCredentialsError, PartialCredentialsError) as e:
             raise StoreUnavailable(
                 f"no usable S3 credentials for bucket {self._bucket}: {e}; set AWS_ACCESS_KEY_ID and "
