@@ -8,7 +8,7 @@ mark a call was working on was reset or cleared meanwhile: the caller starts aga
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
@@ -184,10 +184,14 @@ class ChunkRequest:
 
 @dataclass(frozen=True)
 class Written:
-    """The shards as stored after the commit (or as read), and those left for the next chunk."""
+    """The shards as stored after the commit (or as read), and those left for the next chunk.
+
+    ``remaining`` counts the unfinished partitions of the shards this commit wrote (known from
+    their markers): derived from ``shards``, so the caller need not count them over again."""
 
     shards: Mapping[int, StoredShard]
     rest: tuple[int, ...]
+    remaining: Mapping[int, int] = field(default_factory=dict, compare=False)
 
 
 def write_chunk(
@@ -200,6 +204,7 @@ def write_chunk(
     record = request.record
     ops: list[Op] = []
     shards: dict[int, StoredShard] = {}
+    counts: dict[int, int] = {}
     chunk = 0
     size = 0
     rest: list[int] = []
@@ -227,10 +232,11 @@ def write_chunk(
         # Only this merge's flips change the count: each adds one tag.
         before = remaining(stored.progress, values)
         after = before - (len(merged.finished_by) - len(stored.progress.finished_by))
+        counts[shard] = after
         if after != before:  # renamed with the shard: the marker always matches its shard
             ops.append(Delete(marker_path(record.job_id, record.mark_id, shard, before), None))
             if after:
                 ops.append(Create(marker_path(record.job_id, record.mark_id, shard, after), b""))
     if not chunk:
         return Done(Written(shards, ()))
-    return Commit(ops, Written(shards, tuple(rest)))
+    return Commit(ops, Written(shards, tuple(rest), counts))

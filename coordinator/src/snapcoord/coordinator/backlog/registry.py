@@ -27,6 +27,7 @@ from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
     PartitionBacklog,
+    Positions,
     Progress,
     boundaries_key,
     new_mark_id,
@@ -129,11 +130,13 @@ class BacklogRegistry:
             )
         return status
 
-    def report(self, job_id: str, positions: Iterable[Offset], report_id: str = "") -> Progress:
+    def report(self, job_id: str, positions: Positions | Iterable[Offset], report_id: str = "") -> Progress:
         """Record positions (each only forward) and return the partitions this report finished.
 
         A retry with the same ``report_id`` (after a lost reply) returns the same partitions: they
         carry the report's tag. Without one, the tag is fresh and a retry lists nothing."""
+        if not isinstance(positions, Positions):
+            positions = Positions.of(positions)
         items = validate_report(job_id, positions, self._policy)
         report_id = report_tag(validate_report_id(report_id))
 
@@ -254,11 +257,12 @@ class BacklogRegistry:
             partitions=tuple(partitions),
         )
 
-    def _report_on(self, record: JobRecord, items: tuple[Offset, ...], report_id: str) -> Progress:
+    def _report_on(self, record: JobRecord, items: Positions, report_id: str) -> Progress:
         boundaries = self._boundaries(record)
         updates = boundaries.by_shard(items, record.shard_size)
         shards = self._read_shards(record, sorted(updates))
         todo = tuple(sorted(updates))
+        counts: dict[int, int] = {}  # unfinished partitions of the shards written
         # Chunk after chunk (not a retry loop: each chunk's retries are the kernel's).
         while todo:
             request = decide.ChunkRequest(
@@ -272,6 +276,7 @@ class BacklogRegistry:
                 assume=Reads(),  # the first round decides on the shards just read or written
             )
             shards.update(written.shards)
+            counts.update(written.remaining)
             todo = written.rest
         # What this report finished is what carries its tag in the committed shards, whichever
         # attempt's write landed, this call's or an earlier call's with the same report id. The
@@ -287,7 +292,8 @@ class BacklogRegistry:
                 newly.append(Offset(b.stream, b.partition, position))
         # The shards we hold tell "still processing" without a round trip unless all are done.
         processing = any(
-            remaining(s.progress, boundaries.values(record.shard_span(k))) for k, s in shards.items()
+            counts[k] if k in counts else remaining(s.progress, boundaries.values(record.shard_span(k)))
+            for k, s in shards.items()
         ) or self._has_markers(record)
         return Progress(record.job_id, tuple(newly), processing)
 
