@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import shutil
 import subprocess
@@ -28,7 +29,15 @@ import grpc
 from common import real_servers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from snapcoord.v1 import common_pb2, lease_pb2, lease_pb2_grpc, snapshot_pb2, snapshot_pb2_grpc
+from snapcoord.v1 import (
+    backlog_pb2,
+    backlog_pb2_grpc,
+    common_pb2,
+    lease_pb2,
+    lease_pb2_grpc,
+    snapshot_pb2,
+    snapshot_pb2_grpc,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -146,6 +155,27 @@ def main() -> None:
                     timeout=60,
                 )
 
+            backlog = backlog_pb2_grpc.BacklogServiceStub(channel)
+            backlog.MarkBacklog(
+                backlog_pb2.MarkBacklogRequest(
+                    job_id="job",
+                    boundaries=[
+                        common_pb2.Offset(stream="s", partition=p, offset=10**12) for p in range(100)
+                    ],
+                ),
+                timeout=60,
+            )
+
+            progress_at = itertools.count(1)
+
+            def report_progress(c: int, k: int) -> object:
+                # Every call moves the positions on (k restarts with each pass), so every call writes.
+                at = next(progress_at)
+                positions = [common_pb2.Offset(stream="s", partition=p, offset=at) for p in range(100)]
+                return backlog.ReportProgress(
+                    backlog_pb2.ReportProgressRequest(job_id="job", positions=positions), timeout=60
+                )
+
             rows: dict[str, Callable[[int, int], object]] = {
                 "health": lambda c, k: health.Check(health_pb2.HealthCheckRequest(), timeout=60),
                 "GetCurrentSnapshot consistent=true": lambda c, k: snaps.GetCurrentSnapshot(
@@ -176,6 +206,7 @@ def main() -> None:
                         lease_pb2.RenewLeaseRequest(lease_id=f"cpu-pin-{c}", duration_ms=600_000), timeout=60
                     ),
                 ),
+                "ReportProgress 100 partitions": report_progress,
             }
             results: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
             for op in rows.values():

@@ -172,4 +172,4 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
 #: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
 REPORT = ["Create", "GetData", "Transaction"]  # the upload intent with the header read, the commit
 CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
-PROGRESS = ["GetData", "Transaction"]  # the shard (the copy of the job record names it), the commit
+PROGRESS = ["Transaction"]  # the commit (the copies of the job record and of its shard stand in for reads)

@@ -21,6 +21,7 @@ from snapcoord.coordinator.domain.backlog import (
     ShardProgress,
     boundaries_key,
     empty_shard,
+    remaining,
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
 from snapcoord.coordinator.domain.offsets import Offset
@@ -162,6 +163,16 @@ def test_a_report_finishing_a_partition_renames_its_marker() -> None:
         ],
         Written({0: StoredShard(merged, 4)}, ()),
     )
+
+
+def test_a_write_counts_the_unfinished_partitions_of_the_shards_it_wrote() -> None:
+    # Shard 0 holds o/0 (boundary 10) and o/1 (finished at once); shard 1 holds o/2 (boundary 5).
+    decision = decide.write_chunk(chunk({0: {0: 10}, 1: {0: 4}}, {0: EMPTY, 1: LAST}), Reads(), None)
+    assert isinstance(decision, Commit)
+    assert dict(decision.result.remaining) == {0: 0, 1: 1}
+    for shard, count in decision.result.remaining.items():
+        progress = decision.result.shards[shard].progress
+        assert count == remaining(progress, OURS.values(RECORD.shard_span(shard)))
 
 
 def test_progress_short_of_the_boundary_keeps_the_marker() -> None:

@@ -11,6 +11,7 @@ from snapcoord.coordinator.domain.backlog import (
     BacklogPolicy,
     Boundaries,
     JobRecord,
+    Positions,
     ShardProgress,
     apply_positions,
     empty_shard,
@@ -18,6 +19,7 @@ from snapcoord.coordinator.domain.backlog import (
     job_of_object,
     remaining,
     validate_mark,
+    validate_report,
 )
 from snapcoord.coordinator.domain.backlog_codec import (
     decode_boundaries,
@@ -27,8 +29,8 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_job_record,
     encode_shard,
 )
-from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
+from snapcoord.coordinator.errors import Internal, InvalidArgument
 
 GOLDEN = Path(__file__).parent / "golden"
 MARK = "0f8e7a6b5c4d4e3f9a1b2c3d4e5f6a7b"
@@ -66,6 +68,38 @@ def test_shard_v1_bytes_are_pinned() -> None:
     golden = (GOLDEN / "backlog_shard_v1.json").read_bytes()
     assert encode_shard(SHARD) == golden  # trailing partitions without a position are left out
     assert decode_shard(golden, 5) == SHARD
+
+
+def test_shards_round_trip_with_many_tags() -> None:
+    # Tags under keys 4 and 10 order differently as text than as numbers: the bytes stay canonical.
+    shard = ShardProgress(
+        tuple(None if i % 3 == 0 else 10**12 + i for i in range(1024)),
+        {i: f"{i:016x}" for i in range(1, 1024, 3)},
+    )
+    data = encode_shard(shard)
+    assert decode_shard(data, 1024) == shard
+    assert encode_shard(decode_shard(data, 1024)) == data
+    assert data.index(b'"4":') > data.index(b'"10":')
+    # Whatever order the tags were added in.
+    backwards = ShardProgress(shard.positions, dict(reversed(list(shard.finished_by.items()))))
+    assert encode_shard(backwards) == data
+    assert decode_shard(encode_shard(empty_shard(3)), 3) == empty_shard(3)
+
+
+@pytest.mark.parametrize(
+    ("data", "positions"),
+    [
+        # Not what this coordinator writes, but readable as before: numbers convert to ints.
+        (b'{"version":1,"positions":[7,null,42.0],"finished_by":{}}', (7, None, 42)),
+        (b'{"version":1,"positions":[true,3],"finished_by":{}}', (1, 3)),
+    ],
+)
+def test_shard_positions_that_are_not_plain_ints_still_decode_to_ints(
+    data: bytes, positions: tuple[int | None, ...]
+) -> None:
+    decoded = decode_shard(data, len(positions))
+    assert decoded.positions == positions
+    assert all(type(p) is int for p in decoded.positions if p is not None)
 
 
 def test_version_1_stays_readable_with_fields_added_later() -> None:
@@ -109,6 +143,8 @@ def test_version_1_stays_readable_with_fields_added_later() -> None:
             "more than its 2",
         ),
         (lambda d: decode_shard(d, 2), b'{"positions":[]}', "no version field"),
+        (lambda d: decode_shard(d, 2), b'{"version":1,"positions":["x"],"finished_by":{}}', "malformed"),
+        (lambda d: decode_shard(d, 2), b'{"version":1,"positions":5,"finished_by":{}}', "malformed"),
     ],
 )
 def test_unreadable_documents_fail_loudly(decode: object, data: bytes, message: str) -> None:
@@ -137,6 +173,45 @@ def test_apply_positions_moves_forward_only_and_tags_what_it_finishes() -> None:
     second = apply_positions(first, boundaries, {0: 20, 1: 12}, "r2")
     assert second == ShardProgress((20, 12, 3), {0: "r1", 1: "r2"})  # a tag is never replaced
     assert remaining(second, boundaries) == 0
+
+
+def test_positions_are_columns_of_the_offsets_in_request_order() -> None:
+    items = (Offset("b", 1, 5), Offset("a", 2, -1))
+    positions = Positions.of(items)
+    assert (positions.streams, positions.partitions, positions.offsets) == (("b", "a"), (1, 2), (5, -1))
+    assert len(positions) == 2 and positions.items() == items
+    assert validate_report("j", positions, BacklogPolicy()) is positions
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [Offset("a", 0, 1), Offset("a", 0, 2)],  # a partition twice
+        [Offset("a", 0, 1), Offset("b", 0, 2), Offset("a", 0, 3)],
+        [Offset("a", 0, 1), Offset("a", -1, 2)],
+        [Offset("a", 0, 1), Offset("a", 2**31, 2)],
+        [Offset("a", 0, 1), Offset("a", 1, -2)],
+        [Offset("a", 0, 1), Offset("a b", 1, 2)],
+        [Offset("a", 0, 1), Offset("", 1, 2)],
+        [Offset("a", 0, 1), Offset("..", 1, 2)],
+        [Offset("a", 0, 1), Offset("x" * 201, 1, 2)],
+    ],
+)
+def test_a_bad_report_names_its_first_bad_item_like_every_list_of_offsets(items: list[Offset]) -> None:
+    with pytest.raises(InvalidArgument) as expected:
+        validate_offsets(items, field="positions", max_count=10)
+    with pytest.raises(InvalidArgument) as refused:
+        validate_report("j", Positions.of(items), BacklogPolicy(max_partitions=10))
+    assert str(refused.value) == str(expected.value)
+
+
+def test_reported_positions_by_shard_leave_out_what_the_mark_does_not_name() -> None:
+    marked = Boundaries("j", MARK, tuple(Offset("a", p, 10) for p in range(5)))
+    reported = Positions.of([Offset("a", 4, 7), Offset("b", 0, 1), Offset("a", 1, 3), Offset("a", 9, 2)])
+    assert marked.by_shard(reported, 2) == {2: {0: 7}, 0: {1: 3}}
+    assert marked.by_shard(reported, 1024) == {0: {4: 7, 1: 3}}  # one shard
+    assert marked.by_shard(Positions.of([Offset("b", 0, 1)]), 1024) == {}
+    assert marked.values(range(3, 5)) == (10, 10)
 
 
 def test_marks_are_sorted_and_shards_span_consecutive_indices() -> None:

@@ -1,16 +1,25 @@
 """What a replica keeps of backlogs in memory: boundaries by mark id (they never change, so a
-report reads no S3) and its copy of each job record (so a report reads no record first)."""
+report reads no S3), its copy of each job record (so a report reads no record first) and of each
+progress shard it last read or wrote (so a report reads no shard first)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord
 from snapcoord.coordinator.lru import Lru
+
+if TYPE_CHECKING:
+    from snapcoord.coordinator.backlog.decide import StoredShard
 
 #: Boundaries kept in memory, counted in partitions (~200 bytes each with the index).
 CACHE_PARTITIONS = 200_000
 
 #: Job records kept in memory (least recently used go first): a few hundred bytes each.
 JOB_COPIES = 10_000
+
+#: Shard copies kept in memory, counted in partitions (~100 bytes each: a position and a tag).
+SHARD_PARTITIONS = 200_000
 
 
 class BoundariesCache:
@@ -57,3 +66,31 @@ class JobCopies:
 
     def __len__(self) -> int:
         return len(self._records)
+
+
+class ShardCopies:
+    """shard path -> the shard (with its ZooKeeper version) this process last read or wrote.
+
+    A copy stands in for the read before a report's compare-and-set, which checks it: a copy that
+    is behind (another reporter, another replica wrote since) fails the commit, and the kernel
+    re-reads the shard and merges again, so a stale copy costs a retry and never writes a wrong
+    shard. A shard path names its mark, and the shard goes with its mark's record, so a copy of a
+    reset or cleared mark fails its commit too (no node) and the re-read finds it gone
+    (``MarkGone``). A report that would write nothing reads the shards instead (``decide``): its
+    answer then rests on what is stored, as without copies."""
+
+    def __init__(self, max_partitions: int = SHARD_PARTITIONS) -> None:
+        self._shards: Lru[str, StoredShard] = Lru(max_partitions)
+
+    def get(self, path: str) -> StoredShard | None:
+        return self._shards.get(path)
+
+    def remember(self, path: str, shard: StoredShard) -> None:
+        # Two calls finishing out of order may race here and leave the older version: harmless
+        # (the next commit from it fails and re-reads), so no lock beyond the map's own.
+        known = self._shards.get(path)
+        if known is None or known.version < shard.version:
+            self._shards.put(path, shard, len(shard.progress.positions))
+
+    def __len__(self) -> int:
+        return len(self._shards)

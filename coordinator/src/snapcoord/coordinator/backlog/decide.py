@@ -8,11 +8,11 @@ mark a call was working on was reset or cleared meanwhile: the caller starts aga
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
-from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, Reads, landed
+from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
@@ -168,7 +168,9 @@ class ChunkRequest:
     """Write the merged positions of the shards in ``todo``, as many as fit one transaction.
 
     ``known`` holds the shards as last read or written (the first round decides on them; after a
-    lost compare-and-set the kernel re-reads ``todo`` and ``reads`` has them)."""
+    lost compare-and-set the kernel re-reads ``todo`` and ``reads`` has them). Those in ``unread``
+    are this process's copies, not read by this call: only a commit that writes them checks them,
+    so one this transaction would not write is read first (``write_chunk``)."""
 
     record: JobRecord
     boundaries: Boundaries
@@ -177,6 +179,7 @@ class ChunkRequest:
     todo: tuple[int, ...]
     known: Mapping[int, StoredShard]
     chunk_bytes: int
+    unread: frozenset[int] = frozenset()
 
     def path(self, shard: int) -> str:
         return shard_path(self.record.job_id, self.record.mark_id, shard)
@@ -184,41 +187,57 @@ class ChunkRequest:
 
 @dataclass(frozen=True)
 class Written:
-    """The shards as stored after the commit (or as read), and those left for the next chunk."""
+    """The shards as stored after the commit (or as read), and those left for the next chunk.
+
+    ``remaining`` counts the unfinished partitions of the shards this commit wrote (known from
+    their markers): derived from ``shards``, so the caller need not count them over again."""
 
     shards: Mapping[int, StoredShard]
     rest: tuple[int, ...]
+    remaining: Mapping[int, int] = field(default_factory=dict, compare=False)
 
 
 def write_chunk(
     request: ChunkRequest, reads: Reads, pending: Commit[Written] | None
-) -> Done[Written] | Commit[Written]:
+) -> Done[Written] | Commit[Written] | More:
     """The next transaction of a report: at most ``chunk_bytes`` of shard data, each shard its own
     unit of atomicity, so a report split over several transactions is still exactly-once per
     partition. After a lost or doubtful commit the re-read shards merge again: partitions a landed
-    write of ours finished carry our tag, so they are neither finished twice nor lost."""
+    write of ours finished carry our tag, so they are neither finished twice nor lost.
+
+    A copy (``unread``) this transaction would not write is read first (``More``): nothing would
+    check it, and the answer (what is finished, whether the mark still exists) must come from
+    what is stored."""
     record = request.record
     ops: list[Op] = []
     shards: dict[int, StoredShard] = {}
+    counts: dict[int, int] = {}
+    unchecked: list[int] = []  # copies this transaction would not write
     chunk = 0
     size = 0
     rest: list[int] = []
     for shard in request.todo:
         path = request.path(shard)
-        stored = (
-            stored_shard(record, shard, reads.node(path)) if path in reads.nodes else request.known[shard]
-        )
+        read = path in reads.nodes
+        stored = stored_shard(record, shard, reads.node(path)) if read else request.known[shard]
+        copy = not read and shard in request.unread
         shards[shard] = stored
         if size >= request.chunk_bytes:
             rest.append(shard)
+            if copy:
+                unchecked.append(shard)
             continue
         values = request.boundaries.values(record.shard_span(shard))
         merged = apply_positions(stored.progress, values, dict(request.updates[shard]), request.report_id)
         if merged is None:
+            if copy:
+                unchecked.append(shard)
             continue  # nothing new: equal or later positions are stored already
         data = encode_shard(merged)
         if chunk and size + len(data) > request.chunk_bytes:
             rest.append(shard)
+            if copy:
+                unchecked.append(shard)
             continue
         size += len(data)
         chunk += 1
@@ -227,10 +246,13 @@ def write_chunk(
         # Only this merge's flips change the count: each adds one tag.
         before = remaining(stored.progress, values)
         after = before - (len(merged.finished_by) - len(stored.progress.finished_by))
+        counts[shard] = after
         if after != before:  # renamed with the shard: the marker always matches its shard
             ops.append(Delete(marker_path(record.job_id, record.mark_id, shard, before), None))
             if after:
                 ops.append(Create(marker_path(record.job_id, record.mark_id, shard, after), b""))
+    if unchecked:
+        return More([ReadNode(request.path(shard)) for shard in unchecked])
     if not chunk:
         return Done(Written(shards, ()))
-    return Commit(ops, Written(shards, tuple(rest)))
+    return Commit(ops, Written(shards, tuple(rest), counts))

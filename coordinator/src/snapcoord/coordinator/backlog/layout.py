@@ -28,16 +28,18 @@ never write into a newer one (its shard path no longer exists), whatever the ver
 Operations. MarkBacklog uploads the boundaries, then commits record, shards and markers in one
 transaction that fails if a record exists (first mark wins; losers delete their upload and return
 the stored status); ``reset`` instead replaces the record by version and deletes the old mark's
-nodes in the same transaction, then the old object. ReportProgress reads the shards it touches
-(the record comes from this process's copy, the boundaries from the cache), merges, and commits
-the changed shards with their markers in transactions of at most ``chunk_bytes`` of data (one for
-10,000 partitions; the bound matters from ~11,000 on); a lost compare-and-set re-reads only the
-shards of that transaction. The copy needs no check of its own: the shards of a mark exist
-exactly while the record names it (they are created and deleted with it, in one transaction), so
-reading them proves the copy current, and a copy of a reset or cleared mark finds them gone and
-reads the record (``cache.JobCopies``). Steady state: ceil(n/1024) reads, together, and one multi
-for a report of n partitions, plus one ``children`` call once every shard it touched is done; the
-first report a process makes on a mark it has not seen reads the record first.
+nodes in the same transaction, then the old object. ReportProgress merges into the shards it
+touches (the record comes from this process's copy, the boundaries from the cache, the shards
+from this process's copies, else read) and commits the changed shards with their markers in
+transactions of at most ``chunk_bytes`` of data (one for 10,000 partitions; the bound matters
+from ~11,000 on); a lost compare-and-set re-reads only the shards of that transaction. The record
+copy needs no check of its own: the shards of a mark exist exactly while the record names it
+(they are created and deleted with it, in one transaction), so reading or writing them proves the
+copy current, and a copy of a reset or cleared mark finds them gone and reads the record
+(``cache.JobCopies``). A shard copy is checked by the write's version (``cache.ShardCopies``); one
+the report would not write is read first. Steady state: one multi for a report of n partitions,
+plus one ``children`` call once every shard it touched is done; the first report a process makes
+on a mark it has not seen reads the record, then the shards (ceil(n/1024) reads, together).
 ClearBacklog deletes the nodes and the record in one version-checked transaction, then the object.
 An object whose record is gone (a crash between upload and commit, or a failed delete) is swept by
 the janitor once older than the grace period.

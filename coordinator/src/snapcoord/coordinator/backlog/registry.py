@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from snapcoord.coordinator.backlog import decide
-from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies
+from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies, ShardCopies
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
 from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
@@ -27,8 +27,10 @@ from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
     PartitionBacklog,
+    Positions,
     Progress,
     boundaries_key,
+    empty_shard,
     new_mark_id,
     partition_backlog,
     remaining,
@@ -84,6 +86,7 @@ class BacklogRegistry:
         self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
+        self._shards = ShardCopies()
         self._janitor = BacklogJanitor(
             metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
@@ -106,6 +109,15 @@ class BacklogRegistry:
                 return status
             self._cache.remember(ours)
             self._jobs.remember(marked.record)
+            # The shards this commit created, empty at version 0: the first report reads none.
+            record = marked.record
+            self._remember_shards(
+                record,
+                {
+                    k: StoredShard(empty_shard(len(record.shard_span(k))), 0)
+                    for k in range(record.shard_count)
+                },
+            )
             if marked.replaced is not None:
                 self._cache.forget(marked.replaced)
             partitions = tuple(partition_backlog(b, None) for b in items)
@@ -129,11 +141,13 @@ class BacklogRegistry:
             )
         return status
 
-    def report(self, job_id: str, positions: Iterable[Offset], report_id: str = "") -> Progress:
+    def report(self, job_id: str, positions: Positions | Iterable[Offset], report_id: str = "") -> Progress:
         """Record positions (each only forward) and return the partitions this report finished.
 
         A retry with the same ``report_id`` (after a lost reply) returns the same partitions: they
         carry the report's tag. Without one, the tag is fresh and a retry lists nothing."""
+        if not isinstance(positions, Positions):
+            positions = Positions.of(positions)
         items = validate_report(job_id, positions, self._policy)
         report_id = report_tag(validate_report_id(report_id))
 
@@ -238,9 +252,14 @@ class BacklogRegistry:
         nodes = self._metadata.get_many(list(wanted.values()))
         return {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
 
+    def _remember_shards(self, record: JobRecord, shards: Mapping[int, StoredShard]) -> None:
+        for shard, stored in shards.items():
+            self._shards.remember(shard_path(record.job_id, record.mark_id, shard), stored)
+
     def _full_status(self, record: JobRecord) -> BacklogStatus:
         boundaries = self._boundaries(record)
         shards = self._read_shards(record, range(record.shard_count))
+        self._remember_shards(record, shards)
         partitions: list[PartitionBacklog] = []
         for shard in range(record.shard_count):
             progress = shards[shard].progress
@@ -254,15 +273,25 @@ class BacklogRegistry:
             partitions=tuple(partitions),
         )
 
-    def _report_on(self, record: JobRecord, items: tuple[Offset, ...], report_id: str) -> Progress:
+    def _report_on(self, record: JobRecord, items: Positions, report_id: str) -> Progress:
         boundaries = self._boundaries(record)
         updates = boundaries.by_shard(items, record.shard_size)
-        shards = self._read_shards(record, sorted(updates))
         todo = tuple(sorted(updates))
+        # The shards this process holds copies of are not read: the commit checks them (its
+        # compare-and-set), and ``write_chunk`` reads those it would not write.
+        shards: dict[int, StoredShard] = {}
+        for shard in todo:
+            copy = self._shards.get(shard_path(record.job_id, record.mark_id, shard))
+            if copy is not None:
+                shards[shard] = copy
+        unread = frozenset(shards)
+        if len(shards) < len(todo):
+            shards.update(self._read_shards(record, [k for k in todo if k not in unread]))
+        counts: dict[int, int] = {}  # unfinished partitions of the shards written
         # Chunk after chunk (not a retry loop: each chunk's retries are the kernel's).
         while todo:
             request = decide.ChunkRequest(
-                record, boundaries, updates, report_id, todo, dict(shards), self._chunk_bytes
+                record, boundaries, updates, report_id, todo, dict(shards), self._chunk_bytes, unread
             )
             written = self._kernel.run(
                 "backlog_report",
@@ -272,7 +301,10 @@ class BacklogRegistry:
                 assume=Reads(),  # the first round decides on the shards just read or written
             )
             shards.update(written.shards)
+            counts.update(written.remaining)
             todo = written.rest
+            unread = frozenset()  # the rest was read (``write_chunk``) or is a written shard
+        self._remember_shards(record, shards)
         # What this report finished is what carries its tag in the committed shards, whichever
         # attempt's write landed, this call's or an earlier call's with the same report id. The
         # tag was set by a write of this report's own position, which is the one listed: a later
@@ -287,7 +319,8 @@ class BacklogRegistry:
                 newly.append(Offset(b.stream, b.partition, position))
         # The shards we hold tell "still processing" without a round trip unless all are done.
         processing = any(
-            remaining(s.progress, boundaries.values(record.shard_span(k))) for k, s in shards.items()
+            counts[k] if k in counts else remaining(s.progress, boundaries.values(record.shard_span(k)))
+            for k, s in shards.items()
         ) or self._has_markers(record)
         return Progress(record.job_id, tuple(newly), processing)
 

@@ -22,6 +22,8 @@ JOB_RECORD_VERSION = 1
 BOUNDARIES_VERSION = 1
 SHARD_VERSION = 1
 
+_INT_OR_NULL = {int, type(None)}
+
 
 def _malformed(what: str, e: Exception) -> Internal:
     return Internal(f"stored {what} is malformed: {e!r}")
@@ -107,7 +109,7 @@ def encode_shard(shard: ShardProgress) -> bytes:
         {
             "version": SHARD_VERSION,
             "positions": positions,
-            "finished_by": {str(k): v for k, v in sorted(shard.finished_by.items())},
+            "finished_by": {str(k): v for k, v in shard.finished_by.items()},  # sort_keys orders them
         }
     )
 
@@ -116,7 +118,10 @@ def decode_shard(data: bytes, size: int) -> ShardProgress:
     """A shard of ``size`` partitions (the job record knows how many)."""
     doc = _load(data, "backlog progress shard", SHARD_VERSION)
     try:
-        stored = [None if p is None else int(p) for p in doc["positions"]]
+        stored = doc["positions"]
+        # What this coordinator writes is ints and nulls: checked in C, converted only otherwise.
+        if type(stored) is not list or not set(map(type, stored)) <= _INT_OR_NULL:
+            stored = [None if p is None else int(p) for p in stored]
         finished_by = {int(k): str(v) for k, v in doc["finished_by"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _malformed("backlog progress shard", e) from e
