@@ -253,10 +253,10 @@ def partition_backlog(boundary: Offset, position: int | None) -> PartitionBacklo
     )
 
 
-def _check_count(field_name: str, items: tuple[Offset, ...], policy: BacklogPolicy) -> None:
-    if len(items) > policy.max_partitions:
+def _check_count(field_name: str, count: int, policy: BacklogPolicy) -> None:
+    if count > policy.max_partitions:
         raise InvalidArgument(
-            f"{field_name} has {len(items)} entries; this coordinator tracks at most "
+            f"{field_name} has {count} entries; this coordinator tracks at most "
             f"{policy.max_partitions} partitions per job (--backlog-max-partitions)"
         )
 
@@ -265,7 +265,7 @@ def validate_mark(job_id: str, boundaries: Iterable[Offset], policy: BacklogPoli
     """Check a mark request; return the boundaries sorted by (stream, partition)."""
     require_id("job_id", job_id)
     items = tuple(boundaries)
-    _check_count("boundaries", items, policy)
+    _check_count("boundaries", len(items), policy)
     return tuple(sorted(validate_offsets(items, field="boundaries", max_count=policy.max_partitions)))
 
 
@@ -282,11 +282,7 @@ def validate_report(job_id: str, positions: Positions, policy: BacklogPolicy) ->
             "positions is empty: give at least one (stream, partition, offset); "
             "GetBacklogStatus reads the status without reporting"
         )
-    if count > policy.max_partitions:
-        raise InvalidArgument(
-            f"positions has {count} entries; this coordinator tracks at most "
-            f"{policy.max_partitions} partitions per job (--backlog-max-partitions)"
-        )
+    _check_count("positions", count, policy)
     streams, partitions = positions.streams, positions.partitions
     if not (
         min(partitions) >= 0
