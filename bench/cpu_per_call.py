@@ -127,14 +127,16 @@ def main() -> None:
             held = [common_pb2.SnapshotRef(app_id="app", generation=1)]
             tasks = [f"t{i}" for i in range(2000)]  # as hot_rpcs: a header with a large task set
             payload = os.urandom(1024)
-            reported: collections.Counter[int] = collections.Counter()
+            reported: collections.Counter[str] = collections.Counter()
 
-            def report(c: int, k: int) -> None:
-                """A 1 KiB report of the next task of client ``c``'s snapshot (a new one when all
-                reported: its CreateSnapshot is one call in 2,000)."""
-                generation, task = divmod(reported[c], len(tasks))
-                reported[c] += 1
-                app = f"rep-{c}"
+            big = os.urandom(1024 * 1024)
+
+            def report(c: int, k: int, body: bytes = payload, kind: str = "rep") -> None:
+                """A report of ``body`` by the next task of client ``c``'s snapshot (a new one when
+                all reported: its CreateSnapshot is one call in 2,000)."""
+                app = f"{kind}-{c}"
+                generation, task = divmod(reported[app], len(tasks))
+                reported[app] += 1
                 if task == 0:
                     snaps.CreateSnapshot(
                         snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=tasks), timeout=60
@@ -149,7 +151,7 @@ def main() -> None:
                                 common_pb2.Offset(stream="events", partition=p, offset=10**6 + p)
                                 for p in range(4)
                             ],
-                            checkpoints={"state": payload},
+                            checkpoints={"state": body},
                         ),
                     ),
                     timeout=60,
@@ -190,6 +192,7 @@ def main() -> None:
                     timeout=60,
                 ),
                 "ReportTaskSnapshot, 1 KiB checkpoint": report,
+                "ReportTaskSnapshot, 1 MiB checkpoint": lambda c, k: report(c, k, big, "big"),
                 "RenewLease": lambda c, k: leases.RenewLease(
                     lease_pb2.RenewLeaseRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
                 ),

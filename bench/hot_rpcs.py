@@ -14,7 +14,8 @@ process, kazoo requests on its client), against the raw side's.
 
 ``ceiling`` is the ratio a coordinator doing no work of its own would reach: the raw operations
 plus a bare gRPC round trip per RPC (a health check through the same server, measured at each
-concurrency first), one after another. On a machine where a gRPC round trip costs more than a
+concurrency first; for the rows whose request carries a checkpoint, a health check whose request
+carries as many bytes), one after another. On a machine where a gRPC round trip costs more than a
 ZooKeeper request, it is well below 1 for the RPCs that need one ZooKeeper round trip. ``own ms``
 is what is left per op: 1/ours minus the ceiling's time per op, the coordinator's own work (its
 Python, its extra requests, thread hand-offs), the part a change to the server can still win
@@ -205,33 +206,52 @@ class Bench:
         #: Requests the coordinator has sent so far: its kazoo clients' counts when it runs in this
         #: process, ZooKeeper's per-session counts (``cons``) when it runs as its own process.
         self.ours_requests: Callable[[], int] = lambda: _requests_of(_coordinator_clients(self.raw_clients))
-        #: Bare gRPC round trips per second through the coordinator, by (concurrency, processes).
-        self.hop_ops_s: dict[tuple[int, int], float] = {}
+        #: Bare gRPC round trips per second through the coordinator, by (concurrency, processes,
+        #: request bytes).
+        self.hop_ops_s: dict[tuple[int, int, int], float] = {}
+        #: A health RPC whose request carries n bytes, for ``pair(request_bytes=n)``'s ceiling.
+        self.sized_health: Callable[[int], Op] | None = None
         #: The ``--processes`` of the coordinator the rows being measured run against.
         self.processes = 1
 
-    def hop(self, clients: int, health: Op) -> float:
+    def hop(self, clients: int, health: Op, request_bytes: int = 0) -> float:
         """Measure bare health RPCs/s at ``clients`` (the gRPC cost every call of ours pays on top
-        of its raw operations); the ceiling column divides by it."""
+        of its raw operations); the ceiling column divides by it. ``request_bytes``: the health
+        requests carry that many bytes (the ceiling of a row whose request carries a payload)."""
         at = [0] * clients
         for c in range(clients):
             for _ in range(self.warmup):
                 health(c, 0)
         n, t = run_for(health, clients, self.seconds * self.rounds, at)
-        self.hop_ops_s[clients, self.processes] = n / t
-        print(f"bare gRPC round trip (health RPC): {n / t:.0f}/s at c={clients}", flush=True)
+        self.hop_ops_s[clients, self.processes, request_bytes] = n / t
+        carrying = f", carrying {request_bytes} bytes" if request_bytes else ""
+        print(f"bare gRPC round trip (health RPC{carrying}): {n / t:.0f}/s at c={clients}", flush=True)
         return n / t
 
     def wants(self, name: str) -> bool:
         """True when ``--only`` selects the row (or figure) named ``name``."""
         return not self.only or any(o in name.lower() for o in self.only)
 
-    def pair(self, name: str, clients: int, raw: Op, ours: Op, baseline: str, *, rpcs: int = 1) -> Row | None:
+    def pair(
+        self,
+        name: str,
+        clients: int,
+        raw: Op,
+        ours: Op,
+        baseline: str,
+        *,
+        rpcs: int = 1,
+        request_bytes: int = 0,
+    ) -> Row | None:
         """Alternate raw and ours, ``rounds`` slices each, and record the row (None: not selected
         by ``--only``). ``rpcs``: our RPCs per op, for the ceiling (0: the raw side is not a
-        storage bound, no ceiling)."""
+        storage bound, no ceiling). ``request_bytes``: the payload our request carries; the
+        ceiling's gRPC round trip then carries as much (moving it is gRPC's cost, not ours)."""
         if not self.wants(name):
             return None
+        if request_bytes and (clients, self.processes, request_bytes) not in self.hop_ops_s:
+            assert self.sized_health is not None, "set sized_health before a row with request_bytes"
+            self.hop(clients, self.sized_health(request_bytes), request_bytes)
         raw_at, ours_at = [0] * clients, [0] * clients
         for c in range(clients):  # warm-up calls, unrecorded (connections, caches, JIT of paths)
             for _ in range(self.warmup):
@@ -272,7 +292,7 @@ class Bench:
             baseline,
             self.processes,
         )
-        hop = self.hop_ops_s.get((clients, self.processes))
+        hop = self.hop_ops_s.get((clients, self.processes, request_bytes))
         if rpcs and hop:
             raw_s = raw_t / raw_n
             row = replace(row, ceiling=raw_s / (raw_s + rpcs / hop))
@@ -562,6 +582,24 @@ def run(
 
             # One request first, so that the coordinator's kazoo client exists to be counted.
             H(0).Check(health_pb2.HealthCheckRequest(), timeout=30)
+
+            def sized_health(size: int) -> Op:
+                """A health RPC carrying ``size`` bytes (as the name of a service the server does
+                not know, so NOT_FOUND): a bare gRPC round trip that moves a payload's bytes."""
+                request = health_pb2.HealthCheckRequest(service="x" * size)
+
+                def check(c: int, k: int) -> None:
+                    try:
+                        H(c).Check(request, timeout=60)
+                    except grpc.RpcError as e:
+                        if e.code() != grpc.StatusCode.NOT_FOUND:
+                            raise
+                        return
+                    raise AssertionError("a health check of an unknown service answered")
+
+                return check
+
+            bench.sized_health = sized_health
             ten = offsets(10)
             tag = uuid.uuid4().hex[:6]
 
@@ -662,6 +700,7 @@ def run(
                         raw_report,
                         report,
                         "s3 put + get + multi(create, set)",
+                        request_bytes=size,
                     )
 
                 # A completed snapshot of 4 tasks x 1 KiB per client, to read back.
