@@ -273,3 +273,48 @@ def test_deferred_reads_are_left_out_of_the_first_round_only(stores: Stores) -> 
     assert (result, seen) == (1, [False, True])
     assert stores.metadata.get("/m").data == b"rival"  # type: ignore[union-attr]
     assert s.conflicts("bump") == 1
+
+
+def stale_copies(s: Setup, operation: str) -> float:
+    return s.registry.get_sample_value("snapcoord_commit_stale_copies_total", {"operation": operation}) or 0.0
+
+
+def test_a_stale_copy_is_decided_again_at_once_and_is_not_counted_as_contention(stores: Stores) -> None:
+    """``assume`` is this process's copy (here: an old one); the commit's version check refuses
+    it, and the next round reads. That is no race lost to a rival: no pause, no conflict."""
+    s = Setup(stores)
+    stores.metadata.create("/n", b"0")
+    copy = stores.metadata.get("/n")
+    stores.metadata.set("/n", b"7", version=0)  # another process moved it on since the copy
+    seen: list[bytes] = []
+
+    def decide(reads: Reads, pending: Commit[int] | None) -> Commit[int]:
+        seen.append(reads.node("/n").data)  # type: ignore[union-attr]
+        return bump(reads, b"y")
+
+    assert s.kernel.run("bump", {"n": "n"}, [ReadNode("/n")], decide, assume=Reads({"/n": copy})) == 8
+    assert seen == [b"0", b"7"]  # the copy, then a fresh read
+    assert stores.metadata.get("/n").data == b"8"  # type: ignore[union-attr]
+    assert stale_copies(s, "bump") == 1 and s.conflicts("bump") == 0 and s.pauses == []
+    assert s.objects() == [KEY]
+
+
+def test_a_race_lost_after_a_stale_copy_still_pauses_and_counts(stores: Stores) -> None:
+    """Only the round decided on the copy is spared: a rival that wins the fresh round is contention."""
+    s = Setup(stores)
+    stores.metadata.create("/n", b"0")
+    copy = stores.metadata.get("/n")
+    stores.metadata.set("/n", b"1", version=0)
+    rounds: list[bytes] = []
+
+    def decide(reads: Reads, pending: Commit[int] | None) -> Commit[int]:
+        node = reads.node("/n")
+        assert node is not None
+        rounds.append(node.data)
+        if len(rounds) == 2:
+            stores.metadata.set("/n", b"5", version=node.version)  # a rival commits after our read
+        return bump(reads)
+
+    assert s.kernel.run("bump", {"n": "n"}, [ReadNode("/n")], decide, assume=Reads({"/n": copy})) == 6
+    assert rounds == [b"0", b"1", b"5"]
+    assert stale_copies(s, "bump") == 1 and s.conflicts("bump") == 1 and len(s.pauses) == 1

@@ -70,6 +70,25 @@ def test_lifecycle(producers: ProducerRegistry, stores: Stores, clock: ManualClo
     assert producers.register("sink-1", B, 0).registered  # after a delete, a new registration wins
 
 
+def test_a_repeat_registration_is_not_counted_as_a_commit_conflict(
+    stores: Stores, clock: ManualClock
+) -> None:
+    """The first round guesses "no record yet" (a sink's first start); for a restarted sink the
+    create-if-absent commit refuses the guess. That is the expected path, not contention."""
+    registry = new_registry()
+    producers = ProducerRegistry(stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(registry))
+    first = producers.register("sink-1", A, 0)
+    for _ in range(3):
+        assert producers.register("sink-1", B, 0) == Registration(registered=False, snapshot=first.snapshot)
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name, {"operation": "producer_register"}) or 0.0
+
+    assert sample("snapcoord_commit_conflicts_total") == 0
+    assert sample("snapcoord_commit_stale_copies_total") == 3
+    assert len(objects(stores.blobs, "sink-1")) == 1  # the repeats' uploads were removed
+
+
 def test_ttl_expiry_with_an_injected_clock(
     producers: ProducerRegistry, stores: Stores, clock: ManualClock
 ) -> None:

@@ -270,10 +270,12 @@ class CommitKernel:
     ) -> R | T:
         """Read, decide and commit until ``decide`` is satisfied; return ``finish(result)``.
 
-        ``operation`` labels the conflicts metric; ``resource`` names what is contended in the
-        ``Aborted`` error. ``assume`` stands in for the first round's reads (a guess the commit's
-        version checks verify, e.g. "no record yet"); later rounds read. ``finish`` presents the
-        result with reads ``decide`` cannot make (payloads) and may raise ``Reread``.
+        ``operation`` labels the conflicts and stale-copies metrics; ``resource`` names what is
+        contended in the ``Aborted`` error. ``assume`` stands in for the first round's reads (a
+        guess the commit's version checks verify, e.g. "no record yet"); later rounds read; a
+        refusal of that first round is counted as a stale copy and decided again without a pause.
+        ``finish`` presents the result with reads ``decide`` cannot make (payloads) and may raise
+        ``Reread``.
 
         ``announce``: the object keys the commit will upload, when the caller knows them before
         deciding (fixed per call). Their intent is then created in the first round's read round
@@ -344,6 +346,12 @@ class CommitKernel:
                         for root, due_ms in decision.buckets:
                             self.expiry(root).forget(due_ms)
                     self._check_announced(announced, resource)
+                    if given is assume and assume is not None:
+                        # Decided on a copy or a guess (``assume``), which the store found stale:
+                        # not a lost race against a rival, so no pause before the fresh read, and
+                        # not counted as contention (a repeat registration lands here every time).
+                        self._metrics.commit_stale_copies.labels(operation).inc()
+                        continue
                     self._metrics.commit_conflicts.labels(operation).inc()
                     lost += 1
                     self._sleep(self._policy.pause_s(lost))

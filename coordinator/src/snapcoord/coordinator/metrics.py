@@ -158,6 +158,14 @@ class CoordinatorMetrics:
             ("operation",),
             registry=registry,
         )
+        self.commit_stale_copies = Counter(
+            "snapcoord_commit_stale_copies",
+            "Commits decided on this process's copy of a record (or on the guess that it is absent) "
+            "that the store refused because the record had changed: decided again at once on a "
+            "fresh read. Not contention: a repeat registration, or a record another process wrote.",
+            ("operation",),
+            registry=registry,
+        )
         self.janitor_leader = Gauge(
             "snapcoord_janitor_leader",
             "1 while this replica is the elected janitor and may act, else 0.",
