@@ -272,7 +272,8 @@ def test_deferred_reads_are_left_out_of_the_first_round_only(stores: Stores) -> 
     )
     assert (result, seen) == (1, [False, True])
     assert stores.metadata.get("/m").data == b"rival"  # type: ignore[union-attr]
-    assert s.conflicts("bump") == 1
+    # The create of the deferred node failed: a wrong guess, decided again at once, not contention.
+    assert stale_copies(s, "bump") == 1 and s.conflicts("bump") == 0 and s.pauses == []
 
 
 def stale_copies(s: Setup, operation: str) -> float:

@@ -56,6 +56,24 @@ def complete(snapshots: SnapshotRegistry, app_id: str, tasks: tuple[str, ...] = 
     return last
 
 
+def test_a_retried_report_is_a_stale_guess_not_a_conflict(stores: Stores, clock: ManualClock) -> None:
+    """A report's first round does not read the task's node (nearly always absent) and lets the
+    commit's create tell. A retried report finds it there: decided again on a read, at once, and
+    not counted as contention."""
+    registry = new_registry()
+    snapshots = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(registry))
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name, {"operation": "snapshot_report"}) or 0.0
+
+    snapshots.create("app", ["q1", "q2"], 0, 0, {})
+    first = snapshots.report("app", 1, "q1", OFFSETS, {"state": b"s"})
+    assert snapshots.report("app", 1, "q1", OFFSETS, {"state": b"s"}) == first
+    assert sample("snapcoord_commit_stale_copies_total") == 1
+    assert sample("snapcoord_commit_conflicts_total") == 0
+    assert len(objects(stores.blobs, "app")) == 1  # the retry's upload was removed
+
+
 def test_lifecycle(snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock) -> None:
     empty = snapshots.current("app", consistent=True)
     assert (empty.record.generation, empty.record.state) == (0, State.EMPTY)

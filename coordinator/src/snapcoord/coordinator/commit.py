@@ -38,6 +38,7 @@ from snapcoord.coordinator import intents
 from snapcoord.coordinator.errors import (
     Aborted,
     CommitOutcomeUnknown,
+    NodeExistsError,
     NoNodeError,
     Reason,
     SnapcoordError,
@@ -48,7 +49,7 @@ from snapcoord.coordinator.expiry_index import ExpiryIndex
 from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
+from snapcoord.coordinator.storage.metadata import Create, MetadataStore, Node, Op
 
 _log = logging.getLogger(__name__)
 
@@ -172,6 +173,15 @@ class Reread(Exception):
     two reads): the kernel reads and decides again, as after a lost commit."""
 
 
+def _creates_a_deferred_node(ops: Sequence[Op], failed: TransactionFailed, defer: Collection[Read]) -> bool:
+    """True when the transaction failed on creating a node whose read the first round deferred
+    (decided as absent without reading it): the guess was wrong, no rival beat the commit."""
+    if not defer or not isinstance(failed.cause, NodeExistsError) or not 0 <= failed.index < len(ops):
+        return False
+    op = ops[failed.index]
+    return isinstance(op, Create) and any(isinstance(r, ReadNode) and r.path == op.path for r in defer)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Rounds before a contended call gives up, and the pause after a lost one.
@@ -287,7 +297,8 @@ class CommitKernel:
         ``defer``: reads of ``reads`` left out of the first round, for a record that is nearly
         always absent and whose absence the commit checks anyway (a ``Create`` of it). ``decide``
         then finds them not read (``Reads.has``) and either relies on the commit (a lost commit
-        re-reads everything) or asks for them with ``More``. Later rounds read them.
+        re-reads everything) or asks for them with ``More``. Later rounds read them. A first
+        round refused because a deferred node exists counts as a stale copy, as with ``assume``.
         """
         synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
@@ -346,10 +357,13 @@ class CommitKernel:
                         for root, due_ms in decision.buckets:
                             self.expiry(root).forget(due_ms)
                     self._check_announced(announced, resource)
-                    if given is assume and assume is not None:
-                        # Decided on a copy or a guess (``assume``), which the store found stale:
-                        # not a lost race against a rival, so no pause before the fresh read, and
-                        # not counted as contention (a repeat registration lands here every time).
+                    if (given is assume and assume is not None) or (
+                        attempt == 0 and _creates_a_deferred_node(ops, e, defer)
+                    ):
+                        # Decided on a copy or a guess (``assume``; a deferred read's "absent"),
+                        # which the store found stale: not a lost race against a rival, so no
+                        # pause before the fresh read, and not counted as contention (a repeat
+                        # registration, or a retried report, lands here every time).
                         self._metrics.commit_stale_copies.labels(operation).inc()
                         continue
                     self._metrics.commit_conflicts.labels(operation).inc()
