@@ -372,6 +372,35 @@ def test_ipv6_host_without_brackets() -> None:
     assert load({"host": "::"}, {}).grpc.host == "::"
 
 
+def test_processes_takes_auto_from_the_flag_or_the_environment() -> None:
+    """``auto`` stays ``auto`` in the config: the count depends on the machine and is resolved
+    (and logged) when the server starts, see test_processes.py."""
+    assert load({"processes": "auto"}, {}).grpc.processes == "auto"
+    assert load({}, {"SNAPCOORD_PROCESSES": "auto"}).grpc.processes == "auto"
+    assert load({"processes": "3"}, {"SNAPCOORD_PROCESSES": "auto"}).grpc.processes == 3
+    assert load({"processes": "auto"}, {"SNAPCOORD_PROCESSES": "3"}).grpc.processes == "auto"
+    assert load({"processes": " auto "}, {}).grpc.processes == "auto"
+    assert load({}, {}).grpc.processes == 1
+
+
+@pytest.mark.parametrize(("text", "count"), [("1", 1), ("2", 2), ("256", 256), (" 16 ", 16)])
+def test_processes_takes_a_count_1_to_256(text: str, count: int) -> None:
+    assert load({"processes": text}, {}).grpc.processes == count
+
+
+@pytest.mark.parametrize("text", ["two", "0", "257", "-1", "1.5", "AUTO", "Auto", "auto2", "", "2 auto"])
+def test_a_bad_processes_value_says_what_is_accepted(text: str) -> None:
+    wanted = "expected an integer 1-256, or auto (one process per CPU this process may use)"
+    with pytest.raises(ConfigError) as e:
+        load({"processes": text}, {})
+    assert str(e.value) == f"invalid --processes={text!r}: {wanted}"
+    if text:
+        with pytest.raises(ConfigError) as e:
+            load({}, {"SNAPCOORD_PROCESSES": text})
+        source = f"SNAPCOORD_PROCESSES={text!r} (environment; --processes overrides it)"
+        assert str(e.value) == f"invalid {source}: {wanted}"
+
+
 @pytest.mark.parametrize(
     ("text", "ms"),
     [("500ms", 500), ("10s", 10_000), ("5m", 300_000), ("24h", 86_400_000), ("7d", 604_800_000), ("0s", 0)],

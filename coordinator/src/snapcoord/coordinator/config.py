@@ -57,8 +57,9 @@ class GrpcConfig:
     payload_budget_bytes: int
     #: How long a call waits for room in that budget before RESOURCE_EXHAUSTED.
     payload_budget_wait_ms: int
-    #: Processes serving the port together (SO_REUSEPORT), each with its own store sessions.
-    processes: int = 1
+    #: Processes serving the port together (SO_REUSEPORT), each with its own store sessions;
+    #: ``auto``: one per CPU this process may use, resolved at start (``processes.process_count``).
+    processes: int | Literal["auto"] = 1
     #: Set in each process of ``processes`` > 1 (not an option): share the port instead of
     #: failing the bind when it is taken.
     reuse_port: bool = False
@@ -249,6 +250,14 @@ def _int_parser(lo: int, hi: int, what: str) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _processes(text: str) -> int | Literal["auto"]:
+    """``auto`` or a count; ``auto`` is resolved when the server starts, not here: it depends on
+    the machine (CPUs, cgroup quota) and is logged with its reasons once logging is set up."""
+    if text.strip() == "auto":
+        return "auto"
+    return _int_parser(1, 256, "an integer 1-256, or auto (one process per CPU this process may use)")(text)
 
 
 def _duration_parser(min_ms: int) -> Callable[[str], int]:
@@ -565,11 +574,12 @@ OPTIONS: tuple[Option, ...] = (
         "processes",
         "processes serving the gRPC port together (SO_REUSEPORT), each with its own ZooKeeper "
         "session, handler threads and janitor candidacy; more than 1 needs zk:// metadata, and "
-        "process i serves metrics on the metrics port + i",
+        "process i serves metrics on the metrics port + i; auto: one per CPU this process may use "
+        "(its CPU affinity, capped by a container's cgroup CPU limit), 1 with embedded metadata",
         "1",
-        _int_parser(1, 256, "an integer 1-256"),
+        _processes,
         to="grpc.processes",
-        metavar="N",
+        metavar="N|auto",
     ),
     Option(
         "max_concurrent_rpcs",

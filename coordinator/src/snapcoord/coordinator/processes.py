@@ -25,11 +25,37 @@ from multiprocessing.connection import Connection
 from typing import TextIO
 
 from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.cpus import usable_cpus
 
 _log = logging.getLogger(__name__)
 
 #: How long a worker may take to connect to its stores and start serving.
 START_TIMEOUT_S = 120.0
+
+
+def process_count(config: Config) -> int:
+    """How many processes to serve with: ``--processes`` with ``auto`` resolved (logged with its
+    reasons); an explicit count above 1 without ZooKeeper metadata is refused (ValueError)."""
+    asked = config.grpc.processes
+    # The embedded store belongs to one process: others would not see its watches, and their
+    # janitors would not elect one leader.
+    zookeeper = config.storage.metadata_uri.startswith("zk://")
+    if asked == "auto":
+        if not zookeeper:
+            _log.info(
+                "--processes auto: 1, as the embedded metadata store serves one process "
+                "(zk:// metadata lets it run one per CPU)"
+            )
+            return 1
+        cpus = usable_cpus()
+        _log.info("--processes auto: %s", cpus)
+        return cpus.count
+    if asked > 1 and not zookeeper:
+        raise ValueError(
+            f"--processes={asked} needs ZooKeeper metadata (--metadata zk://...); "
+            "the embedded store serves one process"
+        )
+    return asked
 
 
 def worker_config(config: Config, index: int, port: int) -> Config:
@@ -92,17 +118,9 @@ def _shared_port(host: str, port: int) -> tuple[int, socket.socket | None]:
     return int(holder.getsockname()[1]), holder
 
 
-def serve_processes(config: Config, *, out: TextIO) -> int:
-    """Run ``config.grpc.processes`` workers on one port until SIGTERM/SIGINT; the exit code is
-    the worst of theirs."""
-    count = config.grpc.processes
-    if not config.storage.metadata_uri.startswith("zk://"):
-        # The embedded store belongs to one process: others would not see its watches, and
-        # their janitors would not elect one leader.
-        raise ValueError(
-            f"--processes={count} needs ZooKeeper metadata (--metadata zk://...); "
-            "the embedded store serves one process"
-        )
+def serve_processes(config: Config, count: int, *, out: TextIO) -> int:
+    """Run ``count`` workers (``process_count``) on one port until SIGTERM/SIGINT; the exit code
+    is the worst of theirs."""
     context = multiprocessing.get_context("spawn")
     port, holder = _shared_port(config.grpc.host, config.grpc.port)
     workers: list[multiprocessing.process.BaseProcess] = []

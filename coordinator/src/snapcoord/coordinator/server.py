@@ -38,6 +38,7 @@ from snapcoord.coordinator.metrics import (
     new_registry,
     start_exporter,
 )
+from snapcoord.coordinator.processes import process_count, serve_processes
 from snapcoord.coordinator.request_decoding import GuardedRegistration
 from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -249,10 +250,10 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1),
     followed by `` health=HOST:PORT`` when the health-only port is on.
     """
-    if config.grpc.processes > 1:
-        from snapcoord.coordinator.processes import serve_processes
-
-        return serve_processes(config, out=out)
+    count = process_count(config)
+    config = replace(config, grpc=replace(config.grpc, processes=count))  # auto resolved from here on
+    if count > 1:
+        return serve_processes(config, count, out=out)
     _log.info("snapcoord %s starting; effective config: %s", __version__, json.dumps(config.describe()))
     tracing: Tracing | None = None
     if config.tracing.enabled:
