@@ -148,3 +148,60 @@ def test_a_taken_port_fails_the_start_and_leaves_nothing_behind(temp_dir: Path) 
             SharedMetrics.start(MetricsConfig(host="127.0.0.1", port=port, tls_cert="", tls_key=""))
     assert list(temp_dir.iterdir()) == []
     assert MULTIPROC_DIR_ENV not in os.environ
+
+
+# A supervisor's SharedMetrics in a process of its own: prints its directory, closes on stdin EOF.
+_SUPERVISOR = """
+import sys
+from snapcoord.coordinator.config import MetricsConfig
+from snapcoord.coordinator.shared_metrics import SharedMetrics
+shared = SharedMetrics.start(MetricsConfig("127.0.0.1", 0, "", ""))
+print(shared.directory, flush=True)
+sys.stdin.read()
+shared.close()
+"""
+
+
+def start_supervisor(temp_dir: Path) -> tuple[subprocess.Popen[str], Path]:
+    env = {**os.environ, "TMPDIR": str(temp_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SUPERVISOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_start_removes_what_a_killed_supervisor_left_and_nothing_live(temp_dir: Path) -> None:
+    killed, abandoned = start_supervisor(temp_dir)
+    live, kept = start_supervisor(temp_dir)
+    starting = temp_dir / "snapcoord-metrics-starting"  # no lock file (yet): never removed
+    starting.mkdir()
+    other = temp_dir / "unrelated"
+    other.mkdir()
+    try:
+        assert abandoned.parent == kept.parent == temp_dir
+        assert (abandoned / "supervisor.lock").exists()
+        killed.kill()  # no close(): its directory stays behind
+        killed.wait(timeout=30)
+        assert abandoned.is_dir()
+        shared = SharedMetrics.start(MetricsConfig(host="127.0.0.1", port=0, tls_cert="", tls_key=""))
+        try:
+            assert not abandoned.exists()
+            assert kept.is_dir() and (kept / "supervisor.lock").exists()  # its supervisor lives
+            assert starting.is_dir() and other.is_dir()
+            assert Path(shared.directory).is_dir()
+        finally:
+            shared.close()
+        assert not Path(shared.directory).exists()
+        assert live.stdin is not None
+        live.stdin.close()  # the live one exits cleanly and removes its own
+        assert live.wait(timeout=30) == 0
+        assert not kept.exists()
+        assert sorted(p.name for p in temp_dir.iterdir()) == ["snapcoord-metrics-starting", "unrelated"]
+    finally:
+        for proc in (killed, live):
+            proc.kill()
+            proc.wait(timeout=30)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
