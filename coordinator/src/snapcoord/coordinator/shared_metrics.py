@@ -6,7 +6,7 @@ on ``--metrics-port``, so one scrape covers every process: counters and histogra
 the cluster gauges (``livemax``, see ``metrics``) are the maximum over the live workers. The
 library picks multiprocess mode when its value class is imported, so the variable is set in the
 supervisor's environment before the workers are spawned (they inherit it before importing
-anything), and only then: a single-process server keeps its plain in-memory registry.
+anything), and only by a supervisor: a single-process server keeps its plain in-memory registry.
 
 The directory is fresh and private for each run (``mkdtemp``) and removed on exit: files left by
 an earlier run would bring its counts back. A supervisor killed outright cannot remove its own;
