@@ -455,7 +455,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "metrics_port",
-        "Prometheus exporter port; 0 picks a free port, -1 disables the exporter",
+        "Prometheus exporter port; 0 picks a free port, -1 disables the exporter (with --processes "
+        "above 1, the supervisor serves every process's metrics here)",
         "9464",
         _int_parser(-1, 65535, "a port 0-65535, or -1 to disable metrics"),
         to="metrics.port",
@@ -573,8 +574,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "processes",
         "processes serving the gRPC port together (SO_REUSEPORT), each with its own ZooKeeper "
-        "session, handler threads and janitor candidacy; more than 1 needs zk:// metadata, and "
-        "process i serves metrics on the metrics port + i; auto: one per CPU this process may use "
+        "session, handler threads and janitor candidacy, their metrics served together on the one "
+        "--metrics-port; more than 1 needs zk:// metadata; auto: one per CPU this process may use "
         "(its CPU affinity, capped by a container's cgroup CPU limit), 1 with embedded metadata",
         "1",
         _processes,

@@ -4,7 +4,8 @@ Each coordinator gets its own ``CollectorRegistry`` rather than prometheus_clien
 so tests can build many servers in one process without "Duplicated timeseries" errors. Metric
 names and labels follow go-grpc-prometheus (``grpc_server_handled_total`` etc.), which existing
 dashboards and alerts expect. Labels name the service, method, type and code only: ids go to
-logs, never to labels (each distinct label value is a new time series).
+logs, never to labels (each distinct label value is a new time series). With ``--processes`` > 1
+the metrics of every process are served together (``shared_metrics``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Literal
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -31,6 +33,12 @@ _log = logging.getLogger(__name__)
 # Buckets from go-grpc-prometheus (prometheus.DefBuckets): 5 ms to 10 s, enough to tell a ZK
 # round trip (~1 ms) from an S3 put (~3 ms) from a retry loop.
 _HANDLING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+#: How ``--processes`` > 1 (prometheus_client's multiprocess mode, ``shared_metrics``) aggregates
+#: the gauges that describe the whole cluster, which only the elected janitor sets (the others
+#: export 0): the maximum, like ``max()`` over replicas, over live processes only, so that a dead
+#: janitor's 1 leaves with it (``mark_process_dead``). A single process ignores the mode.
+_CLUSTER_GAUGE: Literal["livemax"] = "livemax"
 
 
 def new_registry() -> CollectorRegistry:
@@ -101,11 +109,13 @@ class CoordinatorMetrics:
         self.backlog_jobs_processing = Gauge(
             "snapcoord_backlog_jobs_processing",
             "Marked jobs with a partition still behind its backlog boundary (from the elected janitor).",
+            multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )
         self.backlog_partitions_remaining = Gauge(
             "snapcoord_backlog_partitions_remaining",
             "Marked partitions behind their backlog boundary, over all jobs (from the elected janitor).",
+            multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )
         self.snapshots_created = Counter(
@@ -139,11 +149,15 @@ class CoordinatorMetrics:
             registry=registry,
         )
         self.leases = Gauge(
-            "snapcoord_leases", "Lease records, as last counted by the elected janitor.", registry=registry
+            "snapcoord_leases",
+            "Lease records, as last counted by the elected janitor.",
+            multiprocess_mode=_CLUSTER_GAUGE,
+            registry=registry,
         )
         self.pinned_snapshots = Gauge(
             "snapcoord_pinned_snapshots",
             "Snapshots with a pin index, as last counted by the elected janitor.",
+            multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )
         self.orphans_deleted = Counter(
@@ -169,6 +183,7 @@ class CoordinatorMetrics:
         self.janitor_leader = Gauge(
             "snapcoord_janitor_leader",
             "1 while this replica is the elected janitor and may act, else 0.",
+            multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )
         self.janitor_pass_seconds = Histogram(

@@ -7,7 +7,8 @@ the kernel spreads incoming connections over them. This process is only the supe
 the workers (``spawn``: nothing of the parent's threads or sessions is inherited), prints one
 serving line once every worker serves, forwards SIGTERM/SIGINT, and exits when they have drained.
 A worker that dies stops the others: the supervisor above us (systemd, Kubernetes) restarts the
-whole set, rather than this process running short of workers unnoticed.
+whole set, rather than this process running short of workers unnoticed. With metrics on, this
+process serves them for the whole set on ``--metrics-port`` (``shared_metrics``); workers serve none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import io
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import threading
@@ -26,6 +28,7 @@ from typing import TextIO
 
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.cpus import usable_cpus
+from snapcoord.coordinator.shared_metrics import SharedMetrics
 
 _log = logging.getLogger(__name__)
 
@@ -58,15 +61,13 @@ def process_count(config: Config) -> int:
     return asked
 
 
-def worker_config(config: Config, index: int, port: int) -> Config:
-    """Worker ``index``'s config: the shared port, SO_REUSEPORT, and its own metrics port."""
-    metrics_port = config.metrics.port
-    if metrics_port > 0:
-        metrics_port += index  # 0 (any free port) and -1 (disabled) stay as they are
+def worker_config(config: Config, port: int) -> Config:
+    """A worker's config: the shared port, SO_REUSEPORT, and no metrics exporter of its own (the
+    supervisor serves every worker's metrics on ``--metrics-port``)."""
     return replace(
         config,
         grpc=replace(config.grpc, port=port, processes=1, reuse_port=True),
-        metrics=replace(config.metrics, port=metrics_port),
+        metrics=replace(config.metrics, port=-1),
     )
 
 
@@ -121,9 +122,20 @@ def _shared_port(host: str, port: int) -> tuple[int, socket.socket | None]:
 def serve_processes(config: Config, count: int, *, out: TextIO) -> int:
     """Run ``count`` workers (``process_count``) on one port until SIGTERM/SIGINT; the exit code
     is the worst of theirs."""
+    # First, so that a taken metrics port fails the start before any worker runs, and so that the
+    # workers inherit the metrics directory in their environment.
+    shared = SharedMetrics.start(config.metrics) if config.metrics.enabled else None
+    try:
+        return _serve(config, count, shared, out=out)
+    finally:
+        if shared is not None:
+            shared.close()  # every worker has exited by now
+
+
+def _serve(config: Config, count: int, shared: SharedMetrics | None, *, out: TextIO) -> int:
     context = multiprocessing.get_context("spawn")
     port, holder = _shared_port(config.grpc.host, config.grpc.port)
-    workers: list[multiprocessing.process.BaseProcess] = []
+    workers = _Workers(shared)
     lines: list[str] = []
     log_level = logging.getLogger().getEffectiveLevel()
     try:
@@ -131,74 +143,107 @@ def serve_processes(config: Config, count: int, *, out: TextIO) -> int:
             receive, send = context.Pipe(duplex=False)
             worker = context.Process(
                 target=_worker,
-                args=(worker_config(config, index, port), send, log_level),
+                args=(worker_config(config, port), send, log_level),
                 name=f"snapcoord-worker-{index}",
             )
             worker.start()
             send.close()
-            workers.append(worker)
-            # One at a time: a worker that cannot start (a taken metrics port, a store that
-            # refuses it) fails the start before the next one is tried.
+            workers.started(index, worker)
+            # One at a time: a worker that cannot start (a store that refuses it) fails the
+            # start before the next one is tried.
             if not receive.poll(START_TIMEOUT_S):
                 _log.error("worker %d did not start serving within %.0fs", index, START_TIMEOUT_S)
-                return _stop(workers, 1)
+                return workers.stop(1)
             try:
                 lines.append(str(receive.recv()))
             except EOFError:
                 worker.join()
                 _log.error("worker %d exited with code %s before serving", index, worker.exitcode)
-                return _stop(workers, 1)
+                return workers.stop(1)
     except BaseException:
-        _stop(workers, 1)
+        workers.stop(1)
         raise
     finally:
         if holder is not None:
             holder.close()
-    # Every worker printed "snapcoord serving grpc=H:P metrics=M"; one line for the set, with
-    # worker 0's metrics address (the others' are in the log).
+    # Every worker printed "snapcoord serving grpc=H:P metrics=disabled"; one line for the set,
+    # naming the metrics address this process serves for all of them.
     _log.info("serving with %d processes: %s", count, "; ".join(lines))
-    print(lines[0], file=out)
+    metrics_at = _hostport(shared.exporter.host, shared.exporter.port) if shared else "disabled"
+    print(re.sub(r" metrics=\S+", f" metrics={metrics_at}", lines[0], count=1), file=out)
     out.flush()
-    return _supervise(workers)
+    return workers.supervise()
 
 
-def _supervise(workers: list[multiprocessing.process.BaseProcess]) -> int:
-    signals = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # taken by sigtimedwait below
-    try:
-        while True:
-            info = signal.sigtimedwait(signals, 0.5)
-            if info is not None:
-                _log.info("%s: stopping %d workers", signal.Signals(info.si_signo).name, len(workers))
-                for worker in workers:
-                    if worker.pid is not None and worker.is_alive():
-                        os.kill(worker.pid, info.si_signo)
-                break
-            dead = [w for w in workers if not w.is_alive()]
-            if dead:
-                _log.error("worker %s exited (code %s): stopping the others", dead[0].name, dead[0].exitcode)
-                return _stop(workers, 1)
-        # Drain: a second signal is forwarded too (the workers then cancel in-flight calls).
-        while any(w.is_alive() for w in workers):
-            info = signal.sigtimedwait(signals, 0.2)
-            if info is not None:
-                for worker in workers:
-                    if worker.pid is not None and worker.is_alive():
-                        os.kill(worker.pid, info.si_signo)
-        return max((w.exitcode or 0) if w.exitcode is not None and w.exitcode >= 0 else 1 for w in workers)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _hostport(host: str, port: int) -> str:
+    from snapcoord.coordinator.server import hostport  # the server imports this module
+
+    return hostport(host, port)
 
 
-def _stop(workers: list[multiprocessing.process.BaseProcess], code: int) -> int:
-    """SIGTERM every live worker and wait for them (they drain), then SIGKILL stragglers."""
-    for worker in workers:
-        if worker.is_alive():
+class _Workers:
+    """The running workers; every exit seen is reported to the shared metrics once."""
+
+    def __init__(self, shared: SharedMetrics | None) -> None:
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self._shared = shared
+
+    def started(self, index: int, worker: multiprocessing.process.BaseProcess) -> None:
+        self.processes.append(worker)
+        if self._shared is not None and worker.pid is not None:
+            self._shared.worker_started(index, worker.pid)
+
+    def _alive(self) -> list[multiprocessing.process.BaseProcess]:
+        """The live workers; reports the dead ones (mark_process_dead), so that a dead janitor
+        leader's gauge leaves the aggregate while the others drain."""
+        alive = []
+        for worker in self.processes:
+            if worker.is_alive():
+                alive.append(worker)
+            elif self._shared is not None and worker.pid is not None:
+                self._shared.worker_exited(worker.pid)
+        return alive
+
+    def _signal(self, signum: int) -> None:
+        for worker in self._alive():
+            if worker.pid is not None:
+                os.kill(worker.pid, signum)
+
+    def supervise(self) -> int:
+        signals = {signal.SIGTERM, signal.SIGINT}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # taken by sigtimedwait below
+        try:
+            while True:
+                info = signal.sigtimedwait(signals, 0.5)
+                if info is not None:
+                    name = signal.Signals(info.si_signo).name
+                    _log.info("%s: stopping %d workers", name, len(self.processes))
+                    self._signal(info.si_signo)
+                    break
+                if len(self._alive()) < len(self.processes):
+                    dead = next(w for w in self.processes if not w.is_alive())
+                    _log.error("worker %s exited (code %s): stopping the others", dead.name, dead.exitcode)
+                    return self.stop(1)
+            # Drain: a second signal is forwarded too (the workers then cancel in-flight calls).
+            while self._alive():
+                info = signal.sigtimedwait(signals, 0.2)
+                if info is not None:
+                    self._signal(info.si_signo)
+            return max(
+                (w.exitcode or 0) if w.exitcode is not None and w.exitcode >= 0 else 1 for w in self.processes
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def stop(self, code: int) -> int:
+        """SIGTERM every live worker and wait for them (they drain), then SIGKILL stragglers."""
+        for worker in self._alive():
             worker.terminate()
-    deadline = time.monotonic() + 60
-    for worker in workers:
-        worker.join(max(0.1, deadline - time.monotonic()))
-        if worker.is_alive():
-            worker.kill()
-            worker.join()
-    return code
+        deadline = time.monotonic() + 60
+        for worker in self.processes:
+            worker.join(max(0.1, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        self._alive()  # reports the last exits
+        return code
