@@ -58,8 +58,8 @@ def complete(snapshots: SnapshotRegistry, app_id: str, tasks: tuple[str, ...] = 
 
 def test_a_retried_report_is_a_stale_guess_not_a_conflict(stores: Stores, clock: ManualClock) -> None:
     """A report's first round does not read the task's node (nearly always absent) and lets the
-    commit's create tell. A retried report finds it there: decided again on a read, at once, and
-    not counted as contention."""
+    commit's create tell. A retried report finds it there: decided again on a read, and counted as
+    a stale guess, not as contention."""
     registry = new_registry()
     snapshots = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(registry))
 

@@ -175,8 +175,9 @@ class CoordinatorMetrics:
         self.commit_stale_copies = Counter(
             "snapcoord_commit_stale_copies",
             "Commits decided on this process's copy of a record (or on the guess that it is absent) "
-            "that the store refused because the record had changed: decided again at once on a "
-            "fresh read. Not contention: a repeat registration, or a record another process wrote.",
+            "that the store refused because the record had changed, and decided again on a fresh "
+            "read: a repeat registration, a retried report, or a record another process wrote. "
+            "Not in snapcoord_commit_conflicts, which counts races lost after a read.",
             ("operation",),
             registry=registry,
         )
