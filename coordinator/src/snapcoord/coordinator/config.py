@@ -297,6 +297,11 @@ def _choice_parser(choices: Sequence[str], *, fold_case: bool) -> Callable[[str]
     return parse
 
 
+def hostport(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``_host`` takes them off a bind host)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _host(text: str) -> str:
     value = text.strip()
     if not value or any(c.isspace() for c in value) or "/" in value:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TextIO
 
-from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.config import Config, hostport
 from snapcoord.coordinator.cpus import usable_cpus
 from snapcoord.coordinator.shared_metrics import SharedMetrics
 
@@ -169,16 +169,10 @@ def _serve(config: Config, count: int, shared: SharedMetrics | None, *, out: Tex
     # Every worker printed "snapcoord serving grpc=H:P metrics=disabled"; one line for the set,
     # naming the metrics address this process serves for all of them.
     _log.info("serving with %d processes: %s", count, "; ".join(lines))
-    metrics_at = _hostport(shared.exporter.host, shared.exporter.port) if shared else "disabled"
+    metrics_at = hostport(shared.exporter.host, shared.exporter.port) if shared else "disabled"
     print(re.sub(r" metrics=\S+", f" metrics={metrics_at}", lines[0], count=1), file=out)
     out.flush()
     return workers.supervise()
-
-
-def _hostport(host: str, port: int) -> str:
-    from snapcoord.coordinator.server import hostport  # the server imports this module
-
-    return hostport(host, port)
 
 
 class _Workers:

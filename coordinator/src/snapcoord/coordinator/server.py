@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from snapcoord.coordinator import __version__, api, reflection
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
-from snapcoord.coordinator.config import Config, GrpcConfig
+from snapcoord.coordinator.config import Config, GrpcConfig, hostport
 from snapcoord.coordinator.health import StoreHealth
 from snapcoord.coordinator.health_listener import HealthListener
 from snapcoord.coordinator.interceptors import ServerInterceptor
@@ -122,11 +122,6 @@ class CoordinatorServer:
         self.grpc.stop(None)
         if self.health_listener is not None:
             self.health_listener.server.stop(None)
-
-
-def hostport(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 address in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 #: What one client stream may have in flight towards the server beyond what its handler took.
