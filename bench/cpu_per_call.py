@@ -196,8 +196,9 @@ def main() -> None:
                 "RenewLease": lambda c, k: leases.RenewLease(
                     lease_pb2.RenewLeaseRequest(lease_id=f"cpu-{c}", duration_ms=600_000), timeout=60
                 ),
-                # One call = AcquireSnapshots of one snapshot (the lease's own, held already after
-                # the first) + RenewLease: the two RPCs of the hot_rpcs row, each rewriting a pin.
+                # One call = AcquireSnapshots of one snapshot (held already after the first, by
+                # every client's lease) + RenewLease: the two RPCs of the hot_rpcs row. Neither
+                # rewrites the shared pin index once the snapshot is held (each writes its record).
                 "AcquireSnapshots(1) + RenewLease": lambda c, k: (
                     leases.AcquireSnapshots(
                         lease_pb2.AcquireSnapshotsRequest(

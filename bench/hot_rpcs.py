@@ -799,9 +799,9 @@ def run(
                 bench.pair(
                     "AcquireSnapshots(1) + RenewLease",
                     clients,
-                    lambda c, k: raw_steps(c, k, gets=2, multis=[(2, 1), (0, 2)]),
+                    lambda c, k: raw_steps(c, k, gets=2, multis=[(2, 1), (0, 1)]),
                     acquire_renew,
-                    "2 get + multi(lease, entry, pin) + multi(2 sets)",
+                    "2 get + multi(lease, entry, pin) + multi(set)",
                     rpcs=2,
                 )
 

@@ -166,6 +166,23 @@ def test_reacquiring_an_expired_lease_starts_a_new_term(
     assert snapshots.pin_state("b", b.generation)[0] is True
 
 
+def test_an_expired_lease_acquiring_a_snapshot_of_its_dead_term_pins_it_again(
+    leases: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock, stores: Stores
+) -> None:
+    """The new term holds the snapshot again: its index is rewritten once (it used to be written
+    and emptied in one transaction, which no store commits)."""
+    ref = completed(snapshots)
+    completed(snapshots)
+    leases.acquire("job", 10_000, [ref])
+    clock.advance(10_000 + SKEW_MS)
+    again = leases.acquire("job", 60_000, [ref]).lease
+    assert again.snapshots == (ref,) and again.expires_at_ms == clock.now_ms() + 60_000
+    assert snapshots.pin_state(ref.app_id, ref.generation)[0] is True
+    with pytest.raises(FailedPrecondition, match="held by a lease"):
+        snapshots.delete(ref.app_id, ref.generation)
+    assert stores.metadata.children(PINS) == [f"{ref.app_id}@{ref.generation}"]
+
+
 def test_acquire_reports_deleted_snapshots_unavailable(
     leases: LeaseRegistry, snapshots: SnapshotRegistry
 ) -> None:

@@ -151,7 +151,7 @@ def test_a_renew_racing_a_drop_and_reacquire_never_extends_the_old_incarnation(
     assert renewed.snapshots == (new,) and renewed.incarnation == second.incarnation
     assert stored(stores, "job") == (renewed, 1)
     assert holders(stores, old) == {}, "the old incarnation's pin must not come back"
-    assert holders(stores, new) == {"job": clock.now_ms() + HOUR_MS}
+    assert holders(stores, new) == {"job": second.expires_at_ms}, "a renewal leaves the indexes as they are"
 
 
 def test_a_renew_racing_a_drop_does_not_resurrect_the_lease(
@@ -284,40 +284,120 @@ def test_racing_renews_drops_and_reacquires_keep_record_pins_and_incarnation_in_
     assert lease.incarnation and stores.metadata.children(record_path("job")) == [lease.incarnation]
 
 
-def test_a_pin_index_comes_back_at_the_version_a_holder_saw_while_its_record_is_unchanged(
+def test_a_renew_of_a_lease_holding_snapshots_is_one_transaction_and_leaves_the_pins(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock, calls: Calls
+) -> None:
+    """RenewLease writes the lease's record and nothing else: no pin index is read or rewritten,
+    however many snapshots it holds (so holders of one snapshot never collide renewing)."""
+    refs = [completed(snapshots, f"app{i}") for i in range(3)]
+    acquired = here.acquire("job", 60_000, refs).lease
+    before = {r: stores.metadata.get(pin_path(r.app_id, r.generation)) for r in refs}
+    calls.reads = calls.transactions = 0
+    calls.log.clear()
+    clock.advance(1_000)
+    renewed = here.renew("job", 60_000)
+    assert (calls.reads, calls.transactions) == (0, 1), calls.log
+    assert renewed.snapshots == acquired.snapshots and renewed.expires_at_ms == clock.now_ms() + 60_000
+    assert {r: stores.metadata.get(pin_path(r.app_id, r.generation)) for r in refs} == before
+
+
+def test_a_holder_another_clock_shows_expired_keeps_its_place_and_renewed_its_snapshot(
     stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
 ) -> None:
-    """Why pin indexes are not cached (``leases.cache``): a lease's write drops holders expired by
-    its clock from the pin indexes it rewrites, without touching their records. A process whose
-    clock is 1 ms ahead drops "b" as expired while b's own process still sees it alive; the index
-    then empties, is deleted and created again, back at the version b's process last saw. b's
-    record check alone would pass, so a renew writing from a copy of the index would erase "d".
-    Reading the index, the renew keeps d and pins b again; the snapshot stays undeletable."""
+    """b pins ``ref`` for 10 s, then renews for an hour: the index still lists b with the expiry it
+    pinned with. A process whose clock is ahead sees that listed expiry passed; its acquire must
+    not take b out (b's own process still sees b alive, and b renews), and once every other
+    holder is gone a delete or retention must read b's record and keep the snapshot."""
     ref = completed(snapshots, "app")
     completed(snapshots, "app")  # retention (keep the last 1) would delete ref if nothing pinned it
     ahead = ManualClock(clock.now_ms())
     other = LeaseRegistry(stores.metadata, ahead, LEASES, snapshots, CoordinatorMetrics(new_registry()))
     b = here.acquire("b", 10_000, [ref]).lease
-    path = pin_path(ref.app_id, ref.generation)
-    seen = stores.metadata.get(path)
-    assert seen is not None and decode_pins(seen.data) == {"b": b.expires_at_ms}
 
     clock.advance(10_000 + SKEW_MS - 1)  # b is alive here for 1 ms more...
-    ahead.advance(10_000 + SKEW_MS)  # ...and expired by the other process's clock
-    other.acquire("c", HOUR_MS, [ref])
-    assert set(holders(stores, ref)) == {"c"}, "the other process's write dropped the expired b"
-    assert other.drop("c") is True
-    d = other.acquire("d", HOUR_MS, [ref]).lease
-    again = stores.metadata.get(path)
-    assert again is not None and again.version == seen.version, "the index came back at b's version"
-    assert stored(stores, "b") == (b, 0), "b's record (and incarnation) never changed"
-
+    ahead.advance(10_000 + SKEW_MS)  # ...and listed as expired by the other process's clock
+    c = other.acquire("c", HOUR_MS, [ref]).lease
+    assert holders(stores, ref) == {"b": b.expires_at_ms, "c": c.expires_at_ms}
     renewed = here.renew("b", HOUR_MS)
-    assert holders(stores, ref) == {"b": renewed.expires_at_ms, "d": d.expires_at_ms}
+    assert other.drop("c") is True
+    assert holders(stores, ref) == {"b": b.expires_at_ms}, "listed with the expiry it pinned with"
+
+    clock.advance(60_000)  # b's listed expiry is a minute past now, its record an hour ahead
     with pytest.raises(FailedPrecondition) as refused:
         snapshots.delete(ref.app_id, ref.generation)
     assert refused.value.reason is Reason.LEASE_HELD
-    clock.advance(60_000)
-    snapshots.apply_retention(100)
+    assert snapshots.apply_retention(100) == 0
     header = stores.metadata.get(gen_path(ref.app_id, ref.generation))
-    assert header is not None and decode_snapshot(header.data).state is not State.DELETING
+    assert header is not None and decode_snapshot(header.data).state is State.COMPLETED
+
+    clock.advance(renewed.expires_at_ms - clock.now_ms() + SKEW_MS)  # now b is really over
+    assert here.expire_due(100) == 1
+    assert snapshots.apply_retention(100) == 1
+    assert stores.metadata.get(gen_path(ref.app_id, ref.generation)) is None
+
+
+def test_a_renewal_landing_between_a_deletes_read_and_its_commit_fails_the_delete(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """The race a renewal that no longer rewrites the pin index must still win: the deleting
+    process (clock ahead) reads b's record and finds it expired; b's own process (clock behind,
+    within the skew margin) renews before the delete's transaction commits. The delete checked
+    b's record version, so it fails, reads again, finds b alive and refuses."""
+    ref = completed(snapshots, "app")
+    completed(snapshots, "app")
+    b = here.acquire("b", 10_000, [ref]).lease
+    ahead = ManualClock(clock.now_ms() + 10_000 + SKEW_MS + 1)  # b is over by this clock
+    deleter = SnapshotRegistry(
+        stores.metadata,
+        stores.blobs,
+        ahead,
+        SnapshotPolicy(default_keep_last_completed=1, max_clock_skew_ms=SKEW_MS),
+        CoordinatorMetrics(new_registry()),
+    )
+    clock.advance(10_000 + SKEW_MS - 1)  # ...and alive for 1 ms more by b's
+    real = stores.metadata.transaction
+    renewed: list[Lease] = []
+    started: list[bool] = []
+
+    def renew_first(ops: object, *args: object, **kwargs: object) -> object:
+        if not started:  # the delete's first transaction: b's renewal lands just before it
+            started.append(True)
+            renewed.append(here.renew("b", HOUR_MS))
+        return real(ops, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stores.metadata, "transaction", renew_first)
+        with pytest.raises(FailedPrecondition) as refused:
+            deleter.delete(ref.app_id, ref.generation)
+    assert refused.value.reason is Reason.LEASE_HELD
+    assert renewed and renewed[0].expires_at_ms > b.expires_at_ms
+    header = stores.metadata.get(gen_path(ref.app_id, ref.generation))
+    assert header is not None and decode_snapshot(header.data).state is State.COMPLETED
+
+
+def test_an_expired_holder_takes_a_place_until_the_janitor_removes_it(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """The holder limit counts every listed lease (so an index never outgrows it): an expired one
+    until the janitor's expiry removes it, with its record. An expired lease acquiring its old
+    snapshot again pins it anew."""
+    ref = completed(snapshots, "app")
+    two = LeaseRegistry(
+        stores.metadata,
+        clock,
+        LeasePolicy(max_duration_ms=24 * HOUR_MS, max_holders=2, max_clock_skew_ms=SKEW_MS),
+        snapshots,
+        CoordinatorMetrics(new_registry()),
+    )
+    two.acquire("x", 10_000, [ref])
+    two.acquire("y", 10_000, [ref])
+    clock.advance(10_000 + SKEW_MS)
+    with pytest.raises(FailedPrecondition) as refused:
+        two.acquire("z", HOUR_MS, [ref])
+    assert refused.value.reason is Reason.TOO_LARGE and "until the janitor removes it" in str(refused.value)
+    again = two.acquire("x", HOUR_MS, [ref]).lease  # x's dead term pinned ref: it pins it again
+    assert again.snapshots == (ref,)
+    assert holders(stores, ref) == {"x": again.expires_at_ms, "y": clock.now_ms() - SKEW_MS}
+    assert two.expire_due(100) == 1  # y
+    assert two.acquire("z", HOUR_MS, [ref]).lease.snapshots == (ref,)
+    assert set(holders(stores, ref)) == {"x", "z"}

@@ -116,6 +116,30 @@ ACQUIRE_CASES: list[tuple[str, Reads, Commit[Acquired] | None, Decision[Acquired
         ),
     ),
     (
+        "an expired lease asking again for a snapshot of its dead term: one write to that index",
+        with_nodes(
+            lease_reads(Lease("job", 30_000, NOW - 5_000, (A,), "i1"), 6),
+            {
+                snapshot_path("a", 1): node(HEADER, 4),
+                pin_path("a", 1): node(encode_pins({"job": NOW - 5_000, "other": NOW + 1}), 2),
+            },
+        ),
+        None,
+        Commit(
+            [
+                Check(snapshot_path("a", 1), 4),
+                SetData(pin_path("a", 1), encode_pins({"job": NOW + 30_000, "other": NOW + 1}), 2),
+                Check(f"{RECORD}/i1", 0),
+                SetData(RECORD, encode_lease(RENEWED), 6),
+                Delete(entry(EXPIRED), None),
+                Create(entry(NEW), b""),
+            ],
+            Acquired(RENEWED, ()),
+            buckets=((EXPIRY, NOW + 30_000 + SKEW),),
+            ensure=(RECORDS, PINS),
+        ),
+    ),
+    (
         "an acquire in doubt that landed: ours",
         lease_reads(NEW, 0),
         ACQUIRE_NEW,
@@ -153,19 +177,13 @@ def test_release_unpins_deleting_an_empty_index() -> None:
     )
 
 
-def test_renew_moves_the_expiry_entry_and_the_pins_expiry() -> None:
-    reads = with_nodes(
-        lease_reads(HELD, 3),
-        {
-            pin_path("a", 1): node(encode_pins({"job": NOW + 10_000}), 1),
-            pin_path("b", 2): node(encode_pins({"job": NOW + 10_000}), 2),
-        },
-    )
+def test_renew_writes_the_record_and_moves_its_expiry_entry_and_nothing_else() -> None:
+    """One transaction on the lease's own nodes, with no pin index read first: the indexes keep
+    the expiry the lease pinned with (``pins``), so holders of one snapshot never collide renewing."""
+    reads = lease_reads(HELD, 3)
     renewed = Lease("job", 600_000, NOW + 600_000, (A, B), "i1")
     assert decide.renew("job", 600_000, reads, None, CLOCKS) == Commit(
         [
-            SetData(pin_path("a", 1), encode_pins({"job": NOW + 600_000}), 1),
-            SetData(pin_path("b", 2), encode_pins({"job": NOW + 600_000}), 2),
             Check(f"{RECORD}/i1", 0),  # a record dropped and acquired again fails the renew
             SetData(RECORD, encode_lease(renewed), 3),
             Delete(entry(HELD), None),
@@ -175,6 +193,7 @@ def test_renew_moves_the_expiry_entry_and_the_pins_expiry() -> None:
         buckets=((EXPIRY, NOW + 600_000 + SKEW),),
         ensure=(RECORDS, PINS),
     )
+    assert not any(r.startswith(PINS) for r in reads.nodes)
 
 
 @pytest.mark.parametrize(
@@ -265,7 +284,8 @@ def test_remove_takes_the_lease_out_of_its_pins() -> None:
 def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots() -> None:
     """A DELETING snapshot comes back unavailable (its deletion checked the pins already); a
     snapshot held by max_holders other live leases, or a lease beyond max_snapshots, is refused
-    (#11 D5: every legal acquire fits a ZooKeeper request); expired holders do not count."""
+    (#11 D5: every legal acquire fits a ZooKeeper request). A holder listed as expired counts too:
+    only the janitor's expiry, with the record, takes it out (it may have renewed since)."""
     deleting = encode_snapshot(SnapshotRecord("a", 1, State.DELETING, ("t",), 1, 1, 2, 2, 3, 0, (), ""))
     reads = with_nodes(lease_reads(None), {snapshot_path("a", 1): node(deleting, 4), pin_path("a", 1): None})
     decision = decide.acquire("job", 1_000, (A,), reads, None, CLOCKS)
@@ -273,7 +293,7 @@ def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots(
     assert not any(op.path == pin_path("a", 1) for op in decision.ops)
 
     two = Clocks(NOW, SKEW, "nonce", max_snapshots=1, max_holders=2)
-    holders = {"x": NOW + 10_000, "y": NOW + 10_000, "old": NOW - 5_000}
+    holders = {"x": NOW + 10_000, "old": NOW - 5_000}
     full = with_nodes(
         lease_reads(None),
         {snapshot_path("a", 1): node(HEADER, 4), pin_path("a", 1): node(encode_pins(holders), 2)},
@@ -283,7 +303,7 @@ def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots(
     assert refused.value.reason is Reason.TOO_LARGE and "already held by 2 leases; the limit is 2" in str(
         refused.value
     )
-    room = {"x": NOW + 10_000, "old": NOW - 5_000}
+    room = {"x": NOW + 10_000}
     ok = with_nodes(
         lease_reads(None),
         {snapshot_path("a", 1): node(HEADER, 4), pin_path("a", 1): node(encode_pins(room), 2)},
@@ -301,20 +321,22 @@ def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots(
 @pytest.mark.parametrize(
     ("stored", "written"),
     [
-        ({"a": 200, "b": 300}, {"a": 200, "b": 300, "me": 900}),  # none expired: all kept
-        ({"a": 100, "b": 300}, {"b": 300, "me": 900}),  # a expired at 100 (live after 100)
-        ({"a": 50, "b": 100, "me": 10}, {"me": 900}),  # all others expired; mine is rewritten
+        ({"a": 200, "b": 300}, {"a": 200, "b": 300, "me": 900}),
+        ({"a": 50, "b": 100, "me": 10}, {"a": 50, "b": 100, "me": 900}),  # mine is rewritten
     ],
 )
-def test_a_pin_change_drops_the_holders_expired_by_then(
+def test_a_pin_change_keeps_the_other_holders_whatever_their_listed_expiry(
     stored: dict[str, int], written: dict[str, int]
 ) -> None:
-    op = pin_change(
-        "/p", Node(encode_pins(stored), 4, 0, 0), "me", holding=True, expires_at_ms=900, live_after_ms=100
-    )
+    """A listed expiry that passed may belong to a lease renewed since: only the transaction that
+    rewrites or deletes that lease's record may take it out."""
+    op = pin_change("/p", Node(encode_pins(stored), 4, 0, 0), "me", holding=True, expires_at_ms=900)
     assert isinstance(op, SetData) and op.version == 4 and decode_pins(op.data) == written
 
 
-def test_a_pin_change_deletes_an_index_left_with_only_expired_holders() -> None:
-    node = Node(encode_pins({"old": 100, "me": 900}), 7, 0, 0)
-    assert pin_change("/p", node, "me", holding=False, expires_at_ms=0, live_after_ms=100) == Delete("/p", 7)
+def test_a_pin_change_deletes_an_index_it_empties_and_writes_nothing_for_an_absent_holder() -> None:
+    mine = Node(encode_pins({"me": 900}), 7, 0, 0)
+    assert pin_change("/p", mine, "me", holding=False, expires_at_ms=0) == Delete("/p", 7)
+    node = Node(encode_pins({"old": 100}), 7, 0, 0)
+    assert pin_change("/p", node, "me", holding=False, expires_at_ms=0) is None
+    assert pin_change("/p", node, "old", holding=False, expires_at_ms=0) == Delete("/p", 7)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
-from snapcoord.coordinator.domain.leases import encode_pins
+from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
     encode_app,
@@ -25,6 +25,7 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.leases.layout import record_path
 from snapcoord.coordinator.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.decide import CreateRequest, Outcome, ReportRequest
@@ -321,14 +322,25 @@ REPORTED = TaskReport("t1", OFFSETS, (REF,), "d")
 TRIGGER = decide.deleting_trigger("app", 2, NOW)
 
 
-def delete_reads(record: SnapshotRecord | None, pins: dict[str, int] | None) -> Reads:
+def delete_reads(
+    record: SnapshotRecord | None, pins: dict[str, int] | None, leases: dict[str, Lease | None] | None = None
+) -> Reads:
+    """The first round's reads; with ``leases``, also the records of those holders (None: none)."""
+    holders = {
+        record_path(k): (node(encode_lease(v), 5) if v is not None else None)
+        for k, v in (leases or {}).items()
+    }
     return Reads(
         {
             gen(2): node(encode_snapshot(record), 8) if record is not None else None,
             PIN: node(encode_pins(pins), 3) if pins is not None else None,
             TRIGGER: None,
+            **holders,
         }
     )
+
+
+HELD_REF = SnapshotRef("app", 2)
 
 
 MARKED = replace(ENDED, state=State.DELETING)
@@ -347,11 +359,26 @@ MARK_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
         MARK,
     ),
     (
-        "a pin index whose leases all expired: guard by its version",
-        delete_reads(ENDED, {"lease": NOW - 10_000}),
+        "a pin index whose holders are all listed as expired: read their records first",
+        delete_reads(ENDED, {"lease": NOW - 10_000, "gone": NOW - 20_000}),
+        None,
+        More([ReadNode(record_path("gone")), ReadNode(record_path("lease"))]),
+    ),
+    (
+        "their records show them expired (or gone): guard by the index's and each record's version",
+        delete_reads(
+            ENDED,
+            {"lease": NOW - 10_000, "gone": NOW - 20_000},
+            {"lease": Lease("lease", 1_000, NOW - 10_000, (HELD_REF,)), "gone": None},
+        ),
         None,
         Commit(
-            [Check(PIN, 3), SetData(gen(2), encode_snapshot(MARKED), 8), Create(TRIGGER, b"")],
+            [
+                Check(PIN, 3),
+                Check(record_path("lease"), 5),  # a renewal racing this mark fails one of the two
+                SetData(gen(2), encode_snapshot(MARKED), 8),
+                Create(TRIGGER, b""),
+            ],
             True,
             buckets=((RETENTION, NOW),),
         ),
@@ -372,6 +399,20 @@ def test_delete_mark(case: str, reads: Reads, pending: Commit[bool] | None, expe
         ("still CREATED", delete_reads(header(2), None), Reason.SNAPSHOT_IN_PROGRESS),
         ("pinned by a live lease", delete_reads(ENDED, {"lease": NOW + 10_000}), Reason.LEASE_HELD),
         ("pinned within the clock-skew margin", delete_reads(ENDED, {"lease": NOW - 500}), Reason.LEASE_HELD),
+        (
+            "listed as expired, but renewed since it pinned",
+            delete_reads(
+                ENDED, {"lease": NOW - 10_000}, {"lease": Lease("lease", 60_000, NOW + 50_000, (HELD_REF,))}
+            ),
+            Reason.LEASE_HELD,
+        ),
+        (
+            "renewed, within the clock-skew margin",
+            delete_reads(
+                ENDED, {"lease": NOW - 10_000}, {"lease": Lease("lease", 60_000, NOW - 500, (HELD_REF,))}
+            ),
+            Reason.LEASE_HELD,
+        ),
     ],
 )
 def test_refused_delete(case: str, reads: Reads, reason: Reason) -> None:

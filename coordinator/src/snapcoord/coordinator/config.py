@@ -862,7 +862,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "lease_max_holders",
-        "most live leases holding one snapshot",
+        "most leases holding one snapshot (an expired one counts until the janitor removes it)",
         "4",
         _int_parser(1, 1_000, "an integer 1-1000"),
         to="leases.max_holders",

@@ -264,12 +264,13 @@ def abort_snapshot(limits: Limits) -> list[Op]:
 
 def delete_snapshot(limits: Limits) -> list[Op]:
     """The largest of a deletion's transactions (decide.delete_mark, decide.delete_step): the
-    mark (pin guard, the header rewritten DELETING, a trigger) or a batch of task deletes."""
+    mark (pin guard: the index and the record of each of the most holders it may list, all found
+    dead; the header rewritten DELETING, a trigger) or a batch of task deletes."""
     record = _header(limits, State.DELETING, "r" * MAX_REASON_CHARS)
     app, gen = record.app_id, record.generation
     mark: list[Op] = [
-        Create(pins.pin_path(app, gen), b""),
-        Delete(pins.pin_path(app, gen), None),
+        Check(pins.pin_path(app, gen), _BIG_INT),
+        *[Check(leases_layout.record_path(h), _BIG_INT) for h in _holders(limits, _id("l"))],
         SetData(gen_path(app, gen), encode_snapshot(record), _BIG_INT),
         Create(snapshots_decide.deleting_trigger(app, gen, _NOW_MS), b""),
     ]
@@ -355,11 +356,9 @@ def release_snapshots(limits: Limits) -> list[Op]:
 
 
 def renew_lease(limits: Limits) -> list[Op]:
-    """The new expiry goes into every pin index too (leases.decide.renew)."""
-    lease = _lease(limits, _refs(limits, "n"))
-    held = encode_pins(_holders(limits, lease.lease_id))
-    ops: list[Op] = [SetData(pins.pin_path(r.app_id, r.generation), held, _BIG_INT) for r in lease.snapshots]
-    return ops + _record_move(limits, lease)
+    """The record only: the pin indexes keep the expiry each snapshot was pinned with
+    (leases.decide.renew)."""
+    return _record_move(limits, _lease(limits, _refs(limits, "n")))
 
 
 def drop_lease(limits: Limits) -> list[Op]:

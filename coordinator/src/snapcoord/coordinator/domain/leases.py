@@ -35,8 +35,8 @@ class LeasePolicy:
     max_duration_ms: int = 7 * 24 * 3_600_000
     #: Most snapshots in one AcquireSnapshots or ReleaseSnapshots call, and held by one lease.
     max_snapshots: int = 256
-    #: Most live leases holding one snapshot (its pin index lists them all, and every renewal
-    #: rewrites the pin index of each snapshot the lease holds).
+    #: Most leases holding one snapshot (its pin index lists them all, an expired one until the
+    #: janitor removes it), which bounds the index's size.
     max_holders: int = 4
     #: A lease counts as alive until its expiry plus this margin (replicas' clocks disagree).
     max_clock_skew_ms: int = 5_000
@@ -101,9 +101,10 @@ MEMO_MAX_BYTES = 8 * 1024 * 1024
 #: call finds the record its last call wrote (the record copy, or a read of it), and the commit
 #: kernel's rounds decode it again (a renew of a lease with snapshots decides twice): lookups.
 _LEASES: Lru[bytes, Lease] = Lru(MEMO_MAX_BYTES)
-#: Encoded pin index -> its holders, the same way: every lease write rewrites the index of each of
-#: its snapshots, and the next call on one (here) reads those bytes back. An index lists up to
-#: ``LeasePolicy.max_holders`` leases, so decoding one can cost more than the rest of the call.
+#: Encoded pin index -> its holders, the same way: an acquire or release rewrites the index of
+#: each snapshot it pins or gives up, and the next call on one (here) reads those bytes back. An
+#: index lists up to ``LeasePolicy.max_holders`` leases, so decoding one can cost more than the
+#: rest of the call.
 _PINS: Lru[bytes, dict[str, int]] = Lru(MEMO_MAX_BYTES)
 
 

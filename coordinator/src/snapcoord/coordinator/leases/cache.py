@@ -4,7 +4,8 @@ A lease holder renews again and again through the same connection (so, with ``--
 the same process). After a commit that wrote a lease record, its data and new version are known
 without a read: ``Create`` gives version 0, ``SetData`` at v gives v + 1. The next call on that
 lease hands the copy to the commit kernel as ``assume`` (a guess the transaction verifies), so a
-RenewLease of a lease without snapshots is one ZooKeeper transaction.
+RenewLease is one ZooKeeper transaction (it writes the record only, whatever the lease holds:
+the pin indexes keep the expiry each snapshot was pinned with, see ``coordinator.pins``).
 
 Why a stale copy is harmless: every rewrite of a record is version-checked and checks the
 record's incarnation child (``decide.record_ops``). If anyone else wrote the record since (another
@@ -14,14 +15,9 @@ that is exactly the stored record commits. A copy never answers a refusal on its
 registry uses it only where ``decide`` refuses nothing on it (see ``LeaseRegistry._assumed``).
 
 Pin indexes are not cached: one is shared by every lease holding its snapshot, and it is deleted
-when empty and created again, so its version alone could match another life of it. A holder's
-record check does not rule that out either: a lease's write drops the holders that *its* clock
-shows expired from the pin indexes it rewrites (``pins.pin_change``, which bounds an index's
-size) without touching their records. So a holder still alive by its own process's clock can lose
-its entry elsewhere, the index can empty, be deleted and be created again at the very version that
-process last saw, and a renew writing from its copy would pass both checks and erase the other
-holders (test_lease_cache's ``comes_back`` test plays this out). They are read (together, in one
-round) on every call that changes them.
+when empty and created again, so its version alone could match another life of it. They are read
+(together, in one round) by the calls that change them: an acquire of new snapshots, a release, a
+drop and the janitor's expiry.
 """
 
 from __future__ import annotations

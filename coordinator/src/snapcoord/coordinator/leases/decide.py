@@ -77,22 +77,13 @@ def pin_ops(
     add: Iterable[SnapshotRef],
     expires_at_ms: int,
     remove: Iterable[SnapshotRef],
-    clocks: Clocks,
 ) -> list[Op]:
     """Record ``lease_id`` in the pin index of each snapshot in ``add``; take it out of ``remove``
-    (dropping holders that expired, see ``pins.pin_change``)."""
+    (``pins.pin_change``; the two name distinct snapshots)."""
     ops: list[Op] = []
-    live_after = clocks.now - clocks.skew_ms
     for ref, holding in [(r, True) for r in add] + [(r, False) for r in remove]:
         path = pins.pin_path(ref.app_id, ref.generation)
-        op = pins.pin_change(
-            path,
-            reads.node(path),
-            lease_id,
-            holding=holding,
-            expires_at_ms=expires_at_ms,
-            live_after_ms=live_after,
-        )
+        op = pins.pin_change(path, reads.node(path), lease_id, holding=holding, expires_at_ms=expires_at_ms)
         if op is not None:
             ops.append(op)
     return ops
@@ -170,8 +161,9 @@ def acquire(
     alive = current is not None and current.lease.is_alive(clocks.now, clocks.skew_ms)
     held = set(current.lease.snapshots) if current is not None and alive else set()
     dropped = set(current.lease.snapshots) - held if current is not None else set()
-    headers = [ReadNode(pins.snapshot_path(r.app_id, r.generation)) for r in wanted if r not in held]
-    more = _pin_reads([*held, *wanted, *dropped], reads)
+    adding = [r for r in wanted if r not in held]
+    headers = [ReadNode(pins.snapshot_path(r.app_id, r.generation)) for r in adding]
+    more = _pin_reads([*adding, *dropped], reads)
     missing = [r for r in headers if not reads.has(r)]
     if more is not None or missing:
         return More([*missing, *(more.reads if more else ())])
@@ -187,12 +179,16 @@ def acquire(
             unavailable.append(ref)
             continue
         pin_path = pins.pin_path(ref.app_id, ref.generation)
-        others = pins.live_holders(reads.node(pin_path), clocks.now, clocks.skew_ms)
+        # Every listed holder takes a place, an expired one too until the janitor removes it
+        # (with its record: only that may take it out), so an index never outgrows the limit.
+        others = pins.holders(reads.node(pin_path))
         others.pop(lease_id, None)
         if len(others) >= clocks.max_holders:
             raise FailedPrecondition(
                 f"{ref.app_id}@{ref.generation} is already held by {len(others)} leases; the limit is "
-                f"{clocks.max_holders} (--lease-max-holders): share a lease, or release one",
+                f"{clocks.max_holders} (--lease-max-holders): share a lease, or release one (an "
+                "expired lease keeps its place until the janitor removes it, one pass after its "
+                "expiry plus the clock-skew margin)",
                 reason=Reason.TOO_LARGE,
                 metadata={"app_id": ref.app_id, "generation": ref.generation, "limit": clocks.max_holders},
             )
@@ -212,11 +208,13 @@ def acquire(
     lease = Lease(
         lease_id, duration_ms, clocks.now + duration_ms, tuple(sorted(held | set(new_refs))), incarnation
     )
-    ops += pin_ops(
-        lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=dropped, clocks=clocks
-    )
+    # Only the indexes of the snapshots pinned or given up change: those of the held ones list
+    # this lease already (a renewal does not rewrite them, see ``pins``). An expired lease asked
+    # for a snapshot of its dead term pins it again: that index is rewritten, not emptied.
+    given_up = sorted(dropped - set(new_refs))
+    ops += pin_ops(lease_id, reads, add=new_refs, expires_at_ms=lease.expires_at_ms, remove=given_up)
     ops += record_ops(current, lease, clocks.skew_ms)
-    return _commit(ops, Acquired(lease, tuple(unavailable)), lease, clocks, dropped)
+    return _commit(ops, Acquired(lease, tuple(unavailable)), lease, clocks, given_up)
 
 
 def release(
@@ -243,9 +241,7 @@ def release(
         tuple(r for r in old.snapshots if r not in gone),
         old.incarnation,
     )
-    ops = pin_ops(
-        lease_id, reads, add=(), expires_at_ms=lease.expires_at_ms, remove=sorted(gone), clocks=clocks
-    )
+    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=lease.expires_at_ms, remove=sorted(gone))
     ops += record_ops(current, lease, clocks.skew_ms)
     return _commit(ops, Released(lease, gone), lease, clocks, gone)
 
@@ -253,21 +249,16 @@ def release(
 def renew(
     lease_id: str, duration_ms: int, reads: Reads, pending: Commit[Lease] | None, clocks: Clocks
 ) -> Done[Lease] | Commit[Lease] | More:
-    """Extend a live lease to now + duration; NOT_FOUND for an unknown or expired lease."""
+    """Extend a live lease to now + duration; NOT_FOUND for an unknown or expired lease. One write,
+    of the record: the pin indexes keep the expiry the lease pinned with, and whoever needs to know
+    whether a holder listed there as expired still lives reads its record (``pins``)."""
     current = stored(reads.node(record_path(lease_id)))
     if pending is not None and current is not None and current.lease == pending.result:
         return landed(pending)
     current = live(lease_id, current, clocks)
-    more = _pin_reads(current.lease.snapshots, reads)
-    if more is not None:
-        return more
     old = current.lease
     lease = Lease(lease_id, duration_ms, clocks.now + duration_ms, old.snapshots, old.incarnation)
-    ops = pin_ops(
-        lease_id, reads, add=lease.snapshots, expires_at_ms=lease.expires_at_ms, remove=(), clocks=clocks
-    )
-    ops += record_ops(current, lease, clocks.skew_ms)
-    return _commit(ops, lease, lease, clocks, ())
+    return _commit(record_ops(current, lease, clocks.skew_ms), lease, lease, clocks, ())
 
 
 Removal = Literal["removed", "absent", "alive"]
@@ -291,7 +282,7 @@ def remove(
     more = _pin_reads(lease.snapshots, reads)
     if more is not None:
         return more
-    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=0, remove=lease.snapshots, clocks=clocks)
+    ops = pin_ops(lease_id, reads, add=(), expires_at_ms=0, remove=lease.snapshots)
     if lease.incarnation:  # first: ZooKeeper deletes no node that has children
         ops.append(Delete(incarnation_path(lease), 0))
     ops += [Delete(record_path(lease_id), current.version), Delete(index_path(lease, clocks.skew_ms), None)]

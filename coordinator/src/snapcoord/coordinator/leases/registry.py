@@ -3,7 +3,8 @@
 The rules of each change are in ``decide``, the paths in ``layout``, the janitor's steps in
 ``janitor``; what leases and snapshots share (pin indexes) in ``coordinator.pins``. Pinning a
 snapshot checks the version of its header in the same transaction, and a snapshot deletion checks
-its pin index: of an acquire and a delete racing on one snapshot, exactly one commits.
+its pin index and the records of the holders it found dead: of an acquire, or a renewal, and a
+delete racing on one snapshot, exactly one commits.
 """
 
 from __future__ import annotations

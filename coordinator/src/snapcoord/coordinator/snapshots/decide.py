@@ -384,11 +384,12 @@ def delete_reads(app_id: str, generation: int, now: int) -> list[ReadNode | Read
 
 def delete_mark(
     app_id: str, generation: int, reads: Reads, pending: Commit[bool] | None, now: int, skew_ms: int
-) -> Done[bool] | Commit[bool]:
+) -> Done[bool] | Commit[bool] | More:
     """Step 1 of a deletion: an ended, unpinned snapshot becomes DELETING, in one transaction
-    checked against its pins (so of a pin and this mark racing, exactly one commits), with a
-    retention trigger that outlives a crash. True when the snapshot is (now) DELETING, False when
-    there was none. A DELETING snapshot cannot be pinned any more (``pins.pinnable``)."""
+    checked against its pins and the records of the holders found dead (so of a pin or a renewal
+    and this mark racing, exactly one commits), with a retention trigger that outlives a crash.
+    True when the snapshot is (now) DELETING, False when there was none. A DELETING snapshot
+    cannot be pinned any more (``pins.pinnable``)."""
     header = stored_any(reads.node(gen_path(app_id, generation))) if generation > 0 else None
     if header is None:
         return landed(pending) if pending is not None else Done(False)
@@ -401,14 +402,18 @@ def delete_mark(
             metadata={"app_id": app_id, "generation": generation},
         )
     pin_node = reads.node(pins.pin_path(app_id, generation))
-    if pins.pinned(pin_node, now, skew_ms):
+    confirm = [ReadNode(p) for p in pins.to_confirm(pin_node, now, skew_ms)]
+    missing = [r for r in confirm if not reads.has(r)]
+    if missing:
+        return More(missing)  # holders listed as expired: did they renew since they pinned?
+    if pins.pinned(app_id, generation, pin_node, reads.nodes, now, skew_ms):
         raise FailedPrecondition(
             f"app {app_id!r} generation {generation} is held by a lease; release the lease first",
             reason=Reason.LEASE_HELD,
             metadata={"app_id": app_id, "generation": generation},
         )
     marked = replace(header.record, state=State.DELETING)
-    ops: list[Op] = pins.guard(app_id, generation, pin_node)
+    ops: list[Op] = pins.guard(app_id, generation, pin_node, reads.nodes)
     ops.append(SetData(gen_path(app_id, generation), encode_snapshot(marked), header.version))
     trigger = deleting_trigger(app_id, generation, now)
     if reads.node(trigger) is None:

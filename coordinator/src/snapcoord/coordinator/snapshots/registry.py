@@ -594,8 +594,11 @@ class SnapshotRegistry:
         """Is the snapshot pinned by a live lease? And the ops that keep the answer true until a
         delete commits (``pins.guard``)."""
         node = self._metadata.get(pins.pin_path(app_id, generation))
-        pinned = pins.pinned(node, self._clock.now_ms(), self._policy.max_clock_skew_ms)
-        return pinned, pins.guard(app_id, generation, node)
+        now, skew = self._clock.now_ms(), self._policy.max_clock_skew_ms
+        confirm = pins.to_confirm(node, now, skew)
+        records = self._metadata.get_many(confirm) if confirm else {}
+        pinned = pins.pinned(app_id, generation, node, records, now, skew)
+        return pinned, pins.guard(app_id, generation, node, records)
 
     # --- the janitor's steps (janitor.py) -------------------------------------------------------
 
