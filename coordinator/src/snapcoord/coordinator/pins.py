@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from snapcoord.coordinator.domain.leases import decode_lease, decode_pins, encode_pins
+from snapcoord.coordinator.domain.leases import decode_lease, decode_pins, encode_pins, pinned_by_live_lease
 from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
 from snapcoord.coordinator.domain.snapshots import State
 from snapcoord.coordinator.expiry_index import entry_path
@@ -63,7 +63,7 @@ def to_confirm(node: Node | None, now_ms: int, skew_ms: int) -> list[str]:
     they may have renewed since they pinned, which only their records show. Empty when any
     holder is still alive by the index alone (the snapshot is pinned whatever the others say)."""
     listed = holders(node)
-    if any(now_ms < expires + skew_ms for expires in listed.values()):
+    if pinned_by_live_lease(listed, now_ms, skew_ms):
         return []
     return [record_path(lease_id) for lease_id in sorted(listed)]
 
@@ -84,7 +84,7 @@ def pinned(
     plus the clock-skew margin, even before the janitor removes it. ``records`` holds at least
     the ``to_confirm`` paths of ``node``."""
     listed = holders(node)
-    if any(now_ms < expires + skew_ms for expires in listed.values()):
+    if pinned_by_live_lease(listed, now_ms, skew_ms):
         return True
     return any(
         _holds(app_id, generation, records[record_path(lease_id)], now_ms, skew_ms) for lease_id in listed

@@ -90,7 +90,7 @@ def validate_refs(
 
 
 def pinned_by_live_lease(holders: Mapping[str, int], now_ms: int, skew_ms: int) -> bool:
-    """Does any holder (lease id -> its expiry) still count as alive?"""
+    """Does any holder (lease id -> the expiry a pin index lists) still count as alive by it?"""
     return any(now_ms < expires + skew_ms for expires in holders.values())
 
 

@@ -196,7 +196,7 @@ class SnapshotJanitor:
         # Holders listed as expired may have renewed since they pinned: their records tell.
         pin_of = {g: pin_nodes[pins.pin_path(app_id, g)] for g in ended}
         confirm = sorted({p for g in ended for p in pins.to_confirm(pin_of[g], now, skew)})
-        holders = self._metadata.get_many(confirm) if confirm else {}
+        holders = self._metadata.get_many(confirm)
         pinned = [g for g in ended if pins.pinned(app_id, g, pin_of[g], holders, now, skew)]
         retained = [Retained(g, r.state, r.ended_at_ms, r.ttl_ms) for g, r in records.items()]
         victims = sorted([*deleting, *retention_victims(retained, retention, now, pinned)])

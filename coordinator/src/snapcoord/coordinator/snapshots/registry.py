@@ -595,8 +595,7 @@ class SnapshotRegistry:
         delete commits (``pins.guard``)."""
         node = self._metadata.get(pins.pin_path(app_id, generation))
         now, skew = self._clock.now_ms(), self._policy.max_clock_skew_ms
-        confirm = pins.to_confirm(node, now, skew)
-        records = self._metadata.get_many(confirm) if confirm else {}
+        records = self._metadata.get_many(pins.to_confirm(node, now, skew))
         pinned = pins.pinned(app_id, generation, node, records, now, skew)
         return pinned, pins.guard(app_id, generation, node, records)
 
