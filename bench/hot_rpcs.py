@@ -1008,7 +1008,7 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     day = 86_400_000
     nodes: list[tuple[str, bytes]] = []
     for i in range(producers):
-        record = new_record(f"producer-{i:06d}", now, day)
+        record = new_record(f"producer-{i:06d}", now, day, f"producers/{uuid.uuid4().hex}.json")
         nodes += [
             (producer_layout.record_path(record.producer_id), encode_producer_record(record)),
             (producer_layout.index_path(record), b""),

@@ -161,10 +161,24 @@ def test_producer_registrations_announce_their_payload_before_the_put(
     )
     assert producers.register("p", [Offset("s", 0, 1)], 0).registered
     assert not producers.register("p", [Offset("s", 0, 2)], 0).registered  # live: its put is removed
+    for name in "qrs":
+        assert producers.register(name, [Offset("s", 0, 3)], 0).registered
 
-    assert len(blobs.puts) == 2 and blobs.unannounced == []
+    # Every put went to a key its intent (made ahead, in the pool) announced; the commits retired
+    # theirs, the refused one withdrew its own, and the pool holds the rest (no object: unused)
+    # until close().
+    assert len(blobs.puts) == 5 and blobs.unannounced == []
+    left = intent_paths(stores.metadata)
+    assert left
+    for path in left:
+        node = stores.metadata.get(path)
+        assert node is not None
+        assert [k for k in intents.decode(node.data).keys if k in objects(stores, "producers/")] == []
+    producers.close()
     assert intent_paths(stores.metadata) == []
-    assert len(objects(stores, "producers/")) == 1
+    assert len(objects(stores, "producers/")) == 4
+    assert producers.get("p").offsets == (Offset("s", 0, 1),)
+    assert producers.get("s").offsets == (Offset("s", 0, 3),)
 
 
 # --- refusals leave nothing behind ---------------------------------------------------------------

@@ -59,14 +59,21 @@ def test_registration_checks_the_producer_id() -> None:
     assert validate_registration("sink-1", [Offset("a", 0, 0)], 0, POLICY) == ((Offset("a", 0, 0),), 1_000)
 
 
-def test_records_get_fresh_keys_buckets_and_index_entries() -> None:
-    first = new_record("sink:1", now_ms=5 * EXPIRY_BUCKET_MS + 10, ttl_ms=EXPIRY_BUCKET_MS)
-    second = new_record("sink:1", now_ms=5 * EXPIRY_BUCKET_MS + 10, ttl_ms=EXPIRY_BUCKET_MS)
-    assert first.object_key != second.object_key
-    assert first.object_key.startswith("producers/sink:1/") and first.object_key.endswith(".json")
+def test_records_name_their_registration_after_the_payload_key() -> None:
+    first = new_record(
+        "sink:1", 5 * EXPIRY_BUCKET_MS + 10, EXPIRY_BUCKET_MS, "producers/" + "a" * 32 + ".json"
+    )
+    second = new_record(
+        "sink:1", 5 * EXPIRY_BUCKET_MS + 10, EXPIRY_BUCKET_MS, "producers/" + "b" * 32 + ".json"
+    )
+    assert (first.registration_id, second.registration_id) == ("a" * 32, "b" * 32)
+    assert first.index_entry != second.index_entry
     assert first.expires_at_ms == 6 * EXPIRY_BUCKET_MS + 10
     assert parse_index_entry(first.index_entry) == ("sink:1", first.registration_id)
-    assert producer_of_object(first.object_key) == "sink:1"
+    # The listing sweep judges only keys named after their producer (written before the intent
+    # pool); the pool's keys are its intents' to sweep.
+    assert producer_of_object("producers/sink:1/" + "c" * 32 + ".json") == "sink:1"
+    assert producer_of_object(first.object_key) is None
     assert producer_of_object("snapshots/app/1/x") is None
     assert parse_index_entry("no-separator") is None
     assert first.is_expired(first.expires_at_ms) and not first.is_expired(first.expires_at_ms - 1)

@@ -246,6 +246,7 @@ class CommitKernel:
         *,
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        announced: Mapping[str, frozenset[str]] | None = None,
         defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R: ...
@@ -261,6 +262,7 @@ class CommitKernel:
         finish: Callable[[R], T],
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        announced: Mapping[str, frozenset[str]] | None = None,
         defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> T: ...
@@ -275,6 +277,7 @@ class CommitKernel:
         finish: Callable[[R], T] | None = None,
         assume: Reads | None = None,
         announce: Collection[str] = (),
+        announced: Mapping[str, frozenset[str]] | None = None,
         defer: Collection[Read] = (),
         contenders: int = 0,
     ) -> R | T:
@@ -294,6 +297,10 @@ class CommitKernel:
         known to exist yet (a refusal would leave the bucket it made: once a minute, the intent
         waits for the commit as without ``announce``), nor with ``assume`` (no first read).
 
+        ``announced``: intents made before the call for the objects it will upload (path -> keys;
+        an ``IntentPool``'s): the call owns them from here on, like the intents it makes: its
+        commit retires them, and it withdraws the ones its outcome leaves unused.
+
         ``defer``: reads of ``reads`` left out of the first round, for a record that is nearly
         always absent and whose absence the commit checks anyway (a ``Create`` of it). ``decide``
         then finds them not read (``Reads.has``) and either relies on the commit (a lost commit
@@ -302,9 +309,10 @@ class CommitKernel:
         """
         synced = [False]  # one sync per call: after it, a refusal is the answer
         uploaded: set[str] = set()  # objects this call put that no landed commit owns yet
-        # Intents this call wrote (path -> the keys it announces), each before its objects' puts;
-        # the commit that owns the objects retires the intent in its own transaction.
-        announced: dict[str, frozenset[str]] = {}
+        # Intents this call owns (path -> the keys it announces: ``announced``, and the ones it
+        # makes), each made before its objects' puts; the commit that owns the objects retires the
+        # intent in its own transaction.
+        mine: dict[str, frozenset[str]] = dict(announced or {})
         in_doubt: frozenset[str] = frozenset()  # uploads of the commit whose outcome is unknown
         pending: Commit[R] | None = None
         lost = 0
@@ -314,7 +322,7 @@ class CommitKernel:
                 given = assume if attempt == 0 else None
                 now = self._now_ms()
                 if attempt == 0 and announce and assume is None and self.intents.ready(now):
-                    given = self._announce_and_read(first, announce, announced, now)
+                    given = self._announce_and_read(first, announce, mine, now)
                 decision = self._decide(first, decide, pending, given, synced)
                 # What was read after a commit in doubt settles whether it landed; a Done that
                 # keeps uploads says they are referenced, whatever ``finish`` then raises.
@@ -330,17 +338,17 @@ class CommitKernel:
                     self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup)
                     uploaded.clear()
                     # Their objects are gone (or kept: then a landed commit retired the intent).
-                    self._withdraw(announced)
+                    self._withdraw(mine)
                     return result
                 pending = None
                 todo = {k: v for k, v in decision.uploads.items() if k not in uploaded}
                 # Every object is announced before its put: by the intent of the first read
                 # round (``announce``), of an earlier round, or by one made now.
-                covered = {k for keys in announced.values() for k in keys}
+                covered = {k for keys in mine.values() for k in keys}
                 fresh = sorted(k for k in todo if k not in covered)
                 if fresh:
                     path, _ = self.intents.announce(fresh, self._now_ms())
-                    announced[path] = frozenset(fresh)
+                    mine[path] = frozenset(fresh)
                 self._upload(todo, uploaded)
                 self._prepare(decision)
                 owned = frozenset(decision.uploads)
@@ -348,7 +356,7 @@ class CommitKernel:
                 # (version-checked against the sweep's claim): withdrawn after it, the sweep could
                 # claim it in between and delete a referenced object. Its other keys, if any, were
                 # never put or are deleted below with the rest of ``uploaded - owned``.
-                retire = [path for path, keys in announced.items() if keys & owned]
+                retire = [path for path, keys in mine.items() if keys & owned]
                 ops = [*decision.ops, *(intents.commit_op(p, intents.CREATED_VERSION) for p in retire)]
                 try:
                     self._metadata.transaction(ops)
@@ -356,7 +364,7 @@ class CommitKernel:
                     if isinstance(e.cause, NoNodeError):  # an expiry bucket vanished under us
                         for root, due_ms in decision.buckets:
                             self.expiry(root).forget(due_ms)
-                    self._check_announced(announced, resource)
+                    self._check_announced(mine, resource)
                     if (given is assume and assume is not None) or (
                         attempt == 0 and _creates_a_deferred_node(ops, e, defer)
                     ):
@@ -376,10 +384,10 @@ class CommitKernel:
                     pending, in_doubt = decision, owned
                     continue  # re-read: the next decision sees whether it landed
                 for path in retire:
-                    del announced[path]
+                    del mine[path]
                 self._delete(sorted(uploaded - owned), decision.cleanup)
                 uploaded.clear()
-                self._withdraw(announced)
+                self._withdraw(mine)
                 return decision.result if finish is None else finish(decision.result)
             describe = " ".join(
                 f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in resource.items()
@@ -393,7 +401,7 @@ class CommitKernel:
             # keeps its intents: if it landed they are gone, if not the sweep takes intent and
             # objects together. (A crash skips all this: the intents lead the sweep to them.)
             self._delete(sorted(uploaded - in_doubt), ())
-            self._withdraw({p: keys for p, keys in announced.items() if not keys & in_doubt})
+            self._withdraw({p: keys for p, keys in mine.items() if not keys & in_doubt})
             raise
 
     def _announce_and_read(

@@ -31,13 +31,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from snapcoord.coordinator.errors import BadVersionError, Internal, NoNodeError, StoreUnavailable
+from snapcoord.coordinator.errors import (
+    BadVersionError,
+    Internal,
+    NoNodeError,
+    StoreUnavailable,
+    TransactionFailed,
+)
 from snapcoord.coordinator.expiry_index import ExpiryIndex, bucket_of
-from snapcoord.coordinator.storage.metadata import Delete
+from snapcoord.coordinator.storage.metadata import Create, Delete
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.storage.blobs import BlobStore
-    from snapcoord.coordinator.storage.metadata import MetadataStore, Node
+    from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
 _log = logging.getLogger(__name__)
 
@@ -181,6 +187,28 @@ class IntentIndex:
             nodes = self._create(path, data, paths)
         return path, intent_id, nodes
 
+    def announce_each(self, keys: Sequence[str], now_ms: int, withdraw: Sequence[str] = ()) -> list[str]:
+        """One intent per key in ``keys``, all in one transaction that also deletes the unused
+        intents ``withdraw`` (as created); returns the new intents' paths, in order. An intent of
+        ``withdraw`` that the sweep claimed or removed meanwhile is the sweep's: the transaction is
+        sent again without the withdrawals."""
+        named = [new_name(now_ms)[0] for _ in keys]
+        creates = [
+            Create(path, encode(Intent((key,), now_ms))) for path, key in zip(named, keys, strict=True)
+        ]
+        ops: list[Op] = [*creates, *(Delete(path, CREATED_VERSION) for path in withdraw)]
+        self._buckets.prepare(now_ms)
+        try:
+            self._metadata.transaction(ops)
+        except TransactionFailed as e:
+            if e.index < len(creates):
+                if not isinstance(e.cause, NoNodeError):
+                    raise
+                self._buckets.forget(now_ms)  # the bucket went (a sweep of a clock far ahead)
+                self._buckets.prepare(now_ms)
+            self._metadata.transaction(creates)
+        return named
+
     def _create(self, path: str, data: bytes, paths: Sequence[str]) -> dict[str, Node | None]:
         if not paths:
             self._metadata.create(path, data)
@@ -197,6 +225,22 @@ class IntentIndex:
         vanished intent is the sweep's now: leave it."""
         with contextlib.suppress(NoNodeError, BadVersionError):
             self._metadata.delete(path, version=version)
+
+    def withdraw_each(self, paths: Sequence[str]) -> None:
+        """``withdraw`` every intent of ``paths`` (as created), in one transaction when none was
+        claimed meanwhile; best effort: what is left is the sweep's."""
+        if not paths:
+            return
+        try:
+            try:
+                self._metadata.transaction([Delete(path, CREATED_VERSION) for path in paths])
+            except TransactionFailed:
+                for path in paths:
+                    self.withdraw(path, CREATED_VERSION)
+        except StoreUnavailable as e:
+            _log.warning(
+                "could not remove %d unused upload intents now (the orphan sweep will): %s", len(paths), e
+            )
 
     def announced_keys(self) -> frozenset[str]:
         """Every object key a live intent announces (for the listing sweep of objects written

@@ -110,6 +110,7 @@ class CoordinatorServer:
         if ended:
             _log.info("ended %d health watch stream(s)", ended)
         stopped.wait()
+        self.services.producers.close()  # no call is left to use its pooled intents
         # Only now: probes on the health port saw NOT_SERVING all through the drain.
         if self.health_listener is not None:
             self.health_listener.stop()

@@ -13,7 +13,7 @@ from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
-from snapcoord.coordinator.producers.registry import ProducerRegistry
+from snapcoord.coordinator.producers.registry import DEFAULT_INTENT_MAX_AGE_MS, ProducerRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
@@ -49,6 +49,8 @@ class Services:
             deps.clock,
             config.producers,
             metrics,
+            # Pooled intents must commit long before the sweep may claim them (older than the grace).
+            intent_max_age_ms=min(DEFAULT_INTENT_MAX_AGE_MS, config.janitor.orphan_grace_ms // 4),
         )
         snapshots = SnapshotRegistry(
             deps.metadata,

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import intents, pins
+from snapcoord.coordinator import intent_pool, intents, pins
 from snapcoord.coordinator.backlog.layout import job_path, marker_path, shard_path
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -137,6 +137,29 @@ def register_producer_offsets(limits: Limits) -> list[Op]:
         Create(index, b""),
         _retire(),
     ]
+
+
+def intent_pool_refill(limits: Limits) -> list[Op]:
+    """A registration that finds the intent pool empty first refills it (intent_pool): the largest
+    batch of intents, and the deletes of as many that aged unused."""
+    bucket = f"{intents.ROOT}/{10**12 - 1}"
+    created = [
+        Create(
+            f"{bucket}/{_uuid()}", intents.encode(intents.Intent((f"producers/{_uuid()}.json",), _BIG_INT))
+        )
+        for _ in range(intent_pool.MAX_BATCH)
+    ]
+    aged = [intents.commit_op(f"{bucket}/{_uuid()}", _BIG_INT) for _ in range(intent_pool.MAX_BATCH)]
+    return [*created, *aged]
+
+
+def _register_largest(limits: Limits) -> list[Op]:
+    """RegisterProducerOffsets sends a refill of the intent pool, then its commit: the larger."""
+    return max(
+        register_producer_offsets(limits),
+        intent_pool_refill(limits),
+        key=lambda ops: transaction_bytes(ops, limits),
+    )
 
 
 def delete_producer_offsets(limits: Limits) -> list[Op]:
@@ -424,7 +447,7 @@ def _reads_only(limits: Limits) -> list[Op]:
 
 #: Every RPC of snapcoord.v1 -> its worst-case transaction (read-only RPCs send none).
 WORST_CASE: dict[str, Callable[[Limits], list[Op]]] = {
-    "ProducerOffsetService/RegisterProducerOffsets": register_producer_offsets,
+    "ProducerOffsetService/RegisterProducerOffsets": _register_largest,
     "ProducerOffsetService/GetProducerOffsets": _reads_only,
     "ProducerOffsetService/DeleteProducerOffsets": delete_producer_offsets,
     "ProducerOffsetService/ListProducerOffsets": _reads_only,

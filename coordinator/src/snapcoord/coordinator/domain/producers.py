@@ -8,7 +8,6 @@ records nobody deletes.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -90,11 +89,12 @@ def resolve_ttl(ttl_ms: int, policy: ProducerPolicy) -> int:
     return ttl_ms
 
 
-def new_record(producer_id: str, now_ms: int, ttl_ms: int) -> ProducerRecord:
-    """A record for a new registration, with a fresh payload key (UUID-named, never reused)."""
+def new_record(producer_id: str, now_ms: int, ttl_ms: int, object_key: str) -> ProducerRecord:
+    """A record for a new registration; ``object_key`` is fresh (UUID-named, never reused): the
+    registry takes it from its intent pool (``producers/<uuid>.json``)."""
     return ProducerRecord(
         producer_id=producer_id,
-        object_key=f"producers/{producer_id}/{uuid.uuid4().hex}.json",
+        object_key=object_key,
         created_at_ms=now_ms,
         expires_at_ms=now_ms + ttl_ms,
     )
@@ -107,6 +107,8 @@ def parse_index_entry(name: str) -> tuple[str, str] | None:
 
 
 def producer_of_object(key: str) -> str | None:
-    """The producer id of a payload key ``producers/<id>/<uuid>.json``; None for other keys."""
+    """The producer id of a payload key ``producers/<id>/<uuid>.json``, as servers before the intent
+    pool named them, for the listing sweep; None for other keys, among them the pool's
+    ``producers/<uuid>.json`` (announced by an intent, which the intent sweep follows)."""
     parts = key.split("/")
     return parts[1] if len(parts) == 3 and parts[0] == "producers" and parts[2].endswith(".json") else None

@@ -3,7 +3,8 @@
 Metadata (the commit point): ``/producers/records/<producer_id>`` holds a small versioned record
 pointing at the payload; ``/producers/expiry/<minute>/<producer_id>@<registration>`` is the expiry
 index, written in the same transaction as the record, so the janitor reads only the buckets that
-are due. Blobs: ``producers/<producer_id>/<uuid>.json`` holds the offsets.
+are due. Blobs: ``producers/<uuid>.json`` holds the offsets (a key the intent pool picked and
+announced before the put; servers before the pool wrote ``producers/<producer_id>/<uuid>.json``).
 
 Ordering. The payload is written before the record that references it and deleted after the
 record is gone, so a reader never sees a record without its payload; a crash in between leaves an

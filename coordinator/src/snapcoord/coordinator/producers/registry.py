@@ -24,14 +24,18 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.intent_pool import IntentPool
 from snapcoord.coordinator.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.janitor import ProducerJanitor
-from snapcoord.coordinator.producers.layout import RECORDS, record_path
+from snapcoord.coordinator.producers.layout import OBJECT_PREFIX, RECORDS, record_path
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 DEFAULT_PAGE_SIZE = 100
+#: How long a pooled intent may wait for its registration (``Services`` passes a quarter of the
+#: orphan grace, at most this).
+DEFAULT_INTENT_MAX_AGE_MS = 30_000
 MAX_PAGE_SIZE = 1000
 
 
@@ -45,6 +49,8 @@ class ProducerRegistry:
         clock: Clock,
         policy: ProducerPolicy,
         metrics: CoordinatorMetrics,
+        *,
+        intent_max_age_ms: int = DEFAULT_INTENT_MAX_AGE_MS,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -53,16 +59,19 @@ class ProducerRegistry:
         self._metrics = metrics
         self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
+        # A registration has no read its intent could ride with: its intents are made ahead, in
+        # batches (intent_pool), so that most registrations are one transaction.
+        self._intents = IntentPool(self._kernel.intents, OBJECT_PREFIX, intent_max_age_ms, clock.now_ms)
 
     # --- the API ----------------------------------------------------------------------------
 
     def register(self, producer_id: str, offsets: Iterable[Offset], ttl_ms: int) -> Registration:
         """Create the record unless a live one exists; exactly one concurrent caller wins."""
         items, ttl = validate_registration(producer_id, offsets, ttl_ms, self._policy)
+        payload = encode_producer_offsets(producer_id, items)
+        intent = self._intents.take()  # from here on, the kernel call owns it (and withdraws it)
         request = decide.Register(
-            new_record(producer_id, self._clock.now_ms(), ttl),
-            ttl,
-            encode_producer_offsets(producer_id, items),
+            new_record(producer_id, self._clock.now_ms(), ttl, intent.key), ttl, payload
         )
 
         def present(outcome: decide.Registered) -> Registration:
@@ -86,11 +95,16 @@ class ProducerRegistry:
             # The first round assumes no record (the common case: a sink's first start) and lets
             # the create-if-absent commit tell otherwise; later rounds read first.
             assume=Reads({path: None}),
+            announced={intent.path: frozenset({intent.key})},
         )
         self._metrics.producer_registrations.labels(
             "registered" if registration.registered else "existing"
         ).inc()
         return registration
+
+    def close(self) -> None:
+        """Delete the pool's unused intents (best effort: the orphan sweep takes what is left)."""
+        self._kernel.intents.withdraw_each(self._intents.drain())
 
     def get(self, producer_id: str) -> ProducerSnapshot:
         """The live snapshot; NOT_FOUND when absent or expired (even before the janitor runs).
