@@ -16,8 +16,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.coordinator import CoordinatorProcess, snapcoord_command
-from snapcoord.coordinator import __version__, cli
+from snapcoord.coordinator import __version__, cli, intents
 from snapcoord.coordinator.config import OPTIONS
+from snapcoord.coordinator.storage.registry import open_metadata_store
+from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -108,6 +110,34 @@ def test_serve_prints_the_ports_serves_and_drains_on_sigterm(tmp_path: Path) -> 
     assert effective["grpc"]["shutdown_grace_ms"] == 60_000
     assert (tmp_path / "data" / "metadata").is_dir()
     assert (tmp_path / "data" / "blobs").is_dir()
+
+
+def test_a_drained_server_deletes_the_upload_intents_it_made_ahead(
+    tmp_path: Path, zk_uri: str, s3_uri: str
+) -> None:
+    """Registrations take upload intents from a pool made in batches; the drain deletes the ones no
+    registration used, instead of leaving them to the orphan sweep."""
+
+    def pooled() -> list[str]:
+        return [n for b in metadata.children(intents.ROOT) for n in metadata.children(f"{intents.ROOT}/{b}")]
+
+    metadata = open_metadata_store(zk_uri)
+    try:
+        with CoordinatorProcess(tmp_path, args=["--metadata", zk_uri, "--blobs", s3_uri]) as proc:
+            with grpc.insecure_channel(proc.target) as ch:
+                stub = producer_pb2_grpc.ProducerOffsetServiceStub(ch)
+                for i in range(4):  # batches of 1, 2 and 4: three left unused
+                    offsets = [common_pb2.Offset(stream="s", partition=0, offset=i)]
+                    request = producer_pb2.RegisterProducerOffsetsRequest(
+                        producer_id=f"p{i}", offsets=offsets
+                    )
+                    assert stub.RegisterProducerOffsets(request, timeout=30).registered
+            assert pooled(), "the pool holds intents no registration used yet"
+            assert proc.terminate() == 0
+        assert pooled() == []
+        assert metadata.children("/producers/records") == ["p0", "p1", "p2", "p3"]
+    finally:
+        metadata.close()
 
 
 def test_serve_without_metrics(tmp_path: Path) -> None:
