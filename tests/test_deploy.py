@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -534,7 +533,8 @@ def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
             assert done.state.name == "COMPLETED"
             restored = client.get_snapshot("app", snapshot.generation, include_checkpoints=True)
             assert restored.tasks[0].checkpoints == {"state": b"x" * (4 << 20)}
-        os.kill(proc.pid, signal.SIGTERM)
+        # One SIGTERM, as the kubelet sends (a second one arriving after the drain restored the
+        # default handlers would end the process with -15 on a slow machine).
         assert proc.terminate(timeout=60) == 0, proc.output()
         assert "Traceback" not in proc.output(), proc.output()
     finally:
