@@ -550,3 +550,39 @@ def test_a_second_signal_cancels_in_flight_calls() -> None:
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGINT) is previous
+
+
+_SIGTERM_DURING_CLOSE = """
+import os, signal, sys
+from snapcoord.coordinator import config, server
+from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+
+class Out:
+    def write(self, text):
+        sys.stdout.write(text)
+    def flush(self):  # the serving line is out: the first SIGTERM, as a supervisor sends it
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+close = EmbeddedMetadataStore.close
+def close_with_a_second_sigterm(self):  # the same signal again, delivered while the stores close
+    os.kill(os.getpid(), signal.SIGTERM)
+    close(self)
+EmbeddedMetadataStore.close = close_with_a_second_sigterm
+flags = {"data_dir": sys.argv[1], "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
+sys.exit(server.run(config.load(flags, {}), out=Out()))
+"""
+
+
+def test_a_sigterm_repeated_while_the_stores_close_still_exits_0(tmp_path: Path) -> None:
+    """A supervisor may signal the process group and then each process (systemd's default
+    KillMode, --processes children): the second SIGTERM must not turn a clean drain into exit 143."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_DURING_CLOSE, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "snapcoord serving grpc=" in done.stdout
+    assert "SIGTERM again" in done.stderr  # the second one reached the drain's handler

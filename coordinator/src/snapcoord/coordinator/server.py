@@ -260,6 +260,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     metadata = open_metadata_store(storage.metadata_uri, options=storage.metadata_options())
     blobs: BlobStore | None = None
     exporter: MetricsExporter | None = None
+    stop: _StopSignals | None = None
     try:
         blobs = open_blob_store(storage.blobs_uri, options=storage.blob_options())
         blobs.check()  # a missing bucket or a rejected key fails the start, not a later RPC
@@ -292,7 +293,6 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
         finally:
             if not drained:  # failed between start and drain: do not leave grpc threads behind
                 server.shutdown(0)
-            stop.restore()
     finally:
         # Reverse order of opening; closing the metadata store ends the ZooKeeper session, which
         # removes this replica's ephemeral nodes at once instead of after the session timeout.
@@ -303,6 +303,10 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
         metadata.close()
         if tracing is not None:
             tracing.shutdown()  # exports the spans still buffered
+        # Last: a SIGTERM repeated while the stores close (a supervisor that signals the process
+        # group, then each process) is absorbed instead of ending the process with 143.
+        if stop is not None:
+            stop.restore()
     _log.info("stopped")
     return 0
 
