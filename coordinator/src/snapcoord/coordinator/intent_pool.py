@@ -55,14 +55,11 @@ class IntentPool:
         prefix: str,
         max_age_ms: int,
         now_ms: Callable[[], int],
-        *,
-        max_batch: int = MAX_BATCH,
     ) -> None:
         self._index = index
         self._prefix = prefix
         self._max_age_ms = max_age_ms
         self._now_ms = now_ms
-        self._max_batch = max(1, max_batch)
         self._lock = threading.Lock()
         self._entries: collections.deque[_Entry] = collections.deque()
         self._aged: list[str] = []  # unused intents past max_age: deleted by the next refill
@@ -81,7 +78,7 @@ class IntentPool:
                 self._batch = max(1, self._batch // 2)
             # At most a batch's worth per refill (its size is budgeted); the rest wait for the next.
             size = self._batch
-            withdraw, self._aged = self._aged[: self._max_batch], self._aged[self._max_batch :]
+            withdraw, self._aged = self._aged[:MAX_BATCH], self._aged[MAX_BATCH:]
         keys = [f"{self._prefix}{uuid.uuid4().hex}.json" for _ in range(size)]
         try:
             paths = self._index.announce_each(keys, now, withdraw)
@@ -92,7 +89,7 @@ class IntentPool:
         made = [Reserved(path, key) for path, key in zip(paths, keys, strict=True)]
         with self._lock:
             if not withdraw:  # the last batch was used up before any of it aged: grow
-                self._batch = min(self._max_batch, self._batch * 2)
+                self._batch = min(MAX_BATCH, self._batch * 2)
             self._entries.extend(_Entry(r, now) for r in made[1:])
         return made[0]
 
@@ -103,8 +100,3 @@ class IntentPool:
             self._entries.clear()
             self._aged = []
         return paths
-
-    @property
-    def size(self) -> int:
-        with self._lock:
-            return len(self._entries)

@@ -145,7 +145,8 @@ def intent_pool_refill(limits: Limits) -> list[Op]:
     bucket = f"{intents.ROOT}/{10**12 - 1}"
     created = [
         Create(
-            f"{bucket}/{_uuid()}", intents.encode(intents.Intent((f"producers/{_uuid()}.json",), _BIG_INT))
+            f"{bucket}/{_uuid()}",
+            intents.encode(intents.Intent((f"{producers_layout.OBJECT_PREFIX}{_uuid()}.json",), _BIG_INT)),
         )
         for _ in range(intent_pool.MAX_BATCH)
     ]
