@@ -80,6 +80,8 @@ def test_a_client_without_credentials_can_neither_change_nor_delete_the_records(
         # The janitor runs (its election node is created too) but its first pass is an hour away.
         with serve_in_process(Deps(metadata=metadata, blobs=blobs), cleanup_interval="1h") as server:
             _populate(server.target)
+            # A bare create (no parents made) too: the store sends it without kazoo's create call.
+            metadata.create("/acl-probe", b"x")
             wait_until(
                 lambda: any("election" in p or "janitor" in p for p in _walk(owner, chroot)),
                 timeout=30,

@@ -44,11 +44,11 @@ from urllib.parse import urlsplit
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol import serialization as wire
 from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import Sync
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 from kazoo.retry import KazooRetry, RetryFailedError
-from kazoo.security import ACL, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from snapcoord.coordinator.errors import (
     BadVersionError,
@@ -390,7 +390,18 @@ class ZooKeeperMetadataStore(MetadataStore):
         result on its completion thread (one more thread wake-up and GIL handover per call). The
         reads sent behind a sync need its ordering and its success, not the path it returns."""
         result = self._client.handler.async_result()
-        self._client._call(Sync(_prefix_root(self._client.chroot, path)), result)
+        self._client._call(wire.Sync(_prefix_root(self._client.chroot, path)), result)
+        return result
+
+    def _create_async(self, path: str, data: bytes, *, include_data: bool = False) -> Any:
+        """kazoo's ``create_async`` (no parents made) without its extra hop, as ``_sync_async``:
+        kazoo hands every create's reply to a second result on its completion thread. Its reply
+        is the created path (chrooted), with the node's stat when ``include_data``."""
+        result = self._client.handler.async_result()
+        request = (wire.Create2 if include_data else wire.Create)(
+            _prefix_root(self._client.chroot, path), data, self._client.default_acl or OPEN_ACL_UNSAFE, 0
+        )
+        self._client._call(request, result)
         return result
 
     # --- writes ---------------------------------------------------------------------------------
@@ -401,10 +412,13 @@ class ZooKeeperMetadataStore(MetadataStore):
 
         def attempt(a: _Attempts) -> Node:
             try:
-                _, stat = a.wait(
-                    lambda: self._client.create_async(path, data, makepath=make_parents, include_data=True),
-                    write=True,
+                # kazoo's own create only to make parents (rare): it costs the extra hop.
+                start = (
+                    functools.partial(self._client.create_async, path, data, makepath=True, include_data=True)
+                    if make_parents
+                    else functools.partial(self._create_async, path, data, include_data=True)
                 )
+                _, stat = a.wait(start, write=True)
                 return _node(data, stat)
             except kz.NodeExistsError:
                 return self._created_before(a, path, data)
@@ -419,7 +433,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One pipeline: the create is sent first and the reads right behind it, and every
             # reply (the create's ack included) is awaited before this returns.
-            create = functools.partial(self._client.create_async, path, data)
+            create = functools.partial(self._create_async, path, data)
             try:
                 (created,), nodes = self._read_nodes(a, wanted, [create], write=True)
             except kz.NodeExistsError:
