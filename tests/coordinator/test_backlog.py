@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.concurrency import run_threads
+from harness.faults import SimulatedCrash, fail_blob_deletes
 from harness.stores import Stores
 from snapcoord.coordinator.backlog.layout import JOBS
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
@@ -478,10 +479,6 @@ def test_a_large_report_is_committed_in_bounded_transactions(
     assert not progress.processing_backlog
 
 
-class SimulatedCrash(BaseException):
-    """The process dies here: no cleanup code runs (BaseException skips ``except Exception``)."""
-
-
 def test_crash_between_upload_and_commit_leaves_only_an_orphan_the_janitor_sweeps(
     backlog: BacklogRegistry, stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -511,6 +508,55 @@ def test_crash_between_upload_and_commit_leaves_only_an_orphan_the_janitor_sweep
     assert objects(stores.blobs) == ["backlog/live/" + live_mark + ".json", "backlog/not-ours.txt"]
     assert [b.key for b in stores.blobs.list("producers/")] != []
     assert backlog.mark("crashed", BOUNDARIES, reset=False).processing_backlog  # the id is free
+
+
+@pytest.mark.parametrize("how", ["clear", "reset"])
+@pytest.mark.parametrize("failure", ["unavailable", "crash"])
+def test_boundaries_left_behind_by_the_commit_that_unreferenced_them_are_swept_later(
+    backlog: BacklogRegistry,
+    stores: Stores,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    failure: str,
+) -> None:
+    """The boundaries are deleted after the commit that unreferences them (a clear, a reset). When
+    that delete fails or never runs (a crash), the intent that commit made leads the sweep to them
+    (the listing sweep is off by default); what a mark references stays."""
+    backlog.mark("keep", BOUNDARIES, reset=False)
+    backlog.mark("job", BOUNDARIES, reset=False)
+    doomed = f"backlog/job/{mark_id_of(stores.metadata, 'job')}.json"
+    fail_blob_deletes(monkeypatch, stores.blobs, failure)
+    call = (
+        (lambda: backlog.clear("job")) if how == "clear" else (lambda: backlog.mark("job", BOUNDARIES, True))
+    )
+    if failure == "crash":
+        with pytest.raises(SimulatedCrash):
+            call()
+    else:
+        call()
+    monkeypatch.undo()
+    assert doomed in objects(stores.blobs)
+    live = {f"backlog/{j}/{mark_id_of(stores.metadata, j)}.json" for j in stores.metadata.children(JOBS)}
+    assert doomed not in live and len(live) == (1 if how == "clear" else 2)
+
+    intents = IntentIndex(stores.metadata)
+    assert intents.sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100) == 0  # too young
+    clock.advance(2 * HOUR_MS)
+    intents.sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100)
+    assert sorted(objects(stores.blobs)) == sorted(live)
+    assert doomed not in intents.announced_keys()
+    assert backlog.status("keep").processing_backlog
+
+
+def test_a_clear_deletes_the_intent_it_made_for_the_boundaries_once_they_are_gone(
+    backlog: BacklogRegistry, stores: Stores
+) -> None:
+    backlog.mark("job", BOUNDARIES, reset=False)
+    backlog.mark("job", BOUNDARIES, reset=True)
+    assert backlog.clear("job")
+    assert objects(stores.blobs) == []
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
 
 
 def test_gauges_count_jobs_processing_backlog_and_partitions_remaining(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from harness.concurrency import run_threads
+from harness.faults import SimulatedCrash, fail_blob_deletes
 from harness.seaweed import SeaweedS3Server
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -64,10 +65,13 @@ def test_lifecycle(producers: ProducerRegistry, stores: Stores, clock: ManualClo
     page, token = producers.list_page(0, "")
     assert [s.producer_id for s in page] == ["sink-1"] and token == ""
 
+    [payload] = objects(stores.blobs)
     assert producers.delete("sink-1") is True
     with pytest.raises(NotFound, match="no producer offsets are registered for producer_id 'sink-1'"):
         producers.get("sink-1")
     assert objects(stores.blobs) == []
+    # The intent the delete made for the payload went once the payload did.
+    assert payload not in IntentIndex(stores.metadata).announced_keys()
     assert producers.delete("sink-1") is False  # idempotent
     assert producers.register("sink-1", B, 0).registered  # after a delete, a new registration wins
 
@@ -250,10 +254,6 @@ def test_orphan_sweep_respects_the_grace_period(
     assert [b.key for b in stores.blobs.list("snapshots/")] == ["snapshots/app/1/task/x"]
 
 
-class SimulatedCrash(BaseException):
-    """The process dies here: no cleanup code runs (BaseException skips ``except Exception``)."""
-
-
 def test_crash_between_upload_and_commit_leaves_only_an_orphan(
     producers: ProducerRegistry, stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -311,3 +311,51 @@ def test_s3_down_during_register_is_unavailable_and_commits_nothing(
     finally:
         blobs.close()
         metadata.close()
+
+
+@pytest.mark.parametrize("how", ["delete", "expiry", "replacement"])
+@pytest.mark.parametrize("failure", ["unavailable", "crash"])
+def test_a_payload_left_behind_by_the_commit_that_unreferenced_it_is_swept_later(
+    producers: ProducerRegistry,
+    stores: Stores,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    failure: str,
+) -> None:
+    """The payload is deleted after the commit that unreferences it. When that delete fails (S3
+    down) or never runs (a crash), the object must still be collected: pooled keys do not name
+    their producer, so the listing sweep cannot judge them, and the intent sweep must."""
+    producers.register("keep", A, 24 * HOUR_MS)
+    kept = producers_object(stores, "keep")
+    producers.register("sink", A, 1_000)
+    doomed = producers_object(stores, "sink")
+    delete = stores.blobs.delete
+    fail_blob_deletes(monkeypatch, stores.blobs, failure)
+    clock.advance(EXPIRY_BUCKET_MS)
+    if how == "delete":
+        call: Callable[[], object] = lambda: producers.delete("sink")  # noqa: E731
+    elif how == "expiry":
+        call = lambda: producers.expire_due(100)  # noqa: E731
+    else:
+        call = lambda: producers.register("sink", B, 24 * HOUR_MS)  # noqa: E731
+    if failure == "crash":
+        with pytest.raises(SimulatedCrash):
+            call()
+    else:
+        call()
+    monkeypatch.setattr(stores.blobs, "delete", delete)
+    assert doomed in objects(stores.blobs)  # left behind, unreferenced
+    live = {producers_object(stores, p) for p in stores.metadata.children(RECORDS)}
+    assert doomed not in live
+
+    # Young objects are spared (they may be in flight); past the grace, the janitor's sweeps
+    # remove the one left behind and nothing that a record references.
+    clock.advance(2 * HOUR_MS)
+    producers.sweep_orphans(grace_ms=HOUR_MS, limit=100)
+    IntentIndex(stores.metadata).sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100)
+    assert sorted(objects(stores.blobs)) == sorted(live)
+    assert kept in live and producers.get("keep").offsets == A
+    if how == "replacement":
+        assert producers.get("sink").offsets == B
+    assert doomed not in IntentIndex(stores.metadata).announced_keys()  # swept with its object

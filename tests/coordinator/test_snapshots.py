@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from harness.concurrency import run_threads
+from harness.faults import SimulatedCrash, fail_blob_deletes
 from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -16,6 +17,7 @@ from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, FailedPrecondition, InvalidArgument, NotFound
+from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import pin_path
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
@@ -307,6 +309,54 @@ def test_orphan_checkpoints_are_swept_after_the_grace(
     assert snapshots.sweep_orphans(HOUR_MS, 100) == 1
     assert len(objects(stores.blobs, "app")) == 2  # the referenced payloads stay
     assert snapshots.get("app", 1, include_checkpoints=True).payloads[("q1", "state")] == b"q1"
+
+
+@pytest.mark.parametrize("failure", ["unavailable", "crash"])
+def test_checkpoints_left_behind_by_a_deletion_are_swept_by_their_intent(
+    snapshots: SnapshotRegistry,
+    stores: Stores,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+) -> None:
+    """A deletion deletes each batch's objects after the batch's commit. When those deletes fail
+    or never run (a crash), the intent the commit made leads the sweep to them (the listing sweep
+    is off by default); the checkpoints of the snapshot kept stay."""
+
+    victim = complete(snapshots, "app")
+    kept = complete(snapshots, "app")
+    doomed = [k for k in objects(stores.blobs, "app") if k.startswith("snapshots/app/1/")]
+    assert len(doomed) == 2
+    fail_blob_deletes(monkeypatch, stores.blobs, failure)
+    if failure == "crash":
+        with pytest.raises(SimulatedCrash):
+            snapshots.delete("app", victim.record.generation)
+        monkeypatch.undo()
+        assert snapshots.delete("app", victim.record.generation)  # the next call finishes it
+    else:
+        assert snapshots.delete("app", victim.record.generation)
+        monkeypatch.undo()
+    with pytest.raises(NotFound):
+        snapshots.get("app", victim.record.generation, include_checkpoints=False)
+    assert set(doomed) <= set(objects(stores.blobs, "app"))
+
+    assert snapshots.sweep_intents(HOUR_MS, 100) == 0  # too young: may be in flight
+    clock.advance(2 * HOUR_MS)
+    assert snapshots.sweep_intents(HOUR_MS, 100) == 1
+    assert [k for k in objects(stores.blobs, "app") if k.startswith("snapshots/app/1/")] == []
+    got = snapshots.get("app", kept.record.generation, include_checkpoints=True)
+    assert got.payloads == {("q1", "state"): b"q1", ("q2", "state"): b"q2"}
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
+
+
+def test_a_deletion_deletes_the_intent_it_made_once_the_objects_are_gone(
+    snapshots: SnapshotRegistry, stores: Stores
+) -> None:
+    victim = complete(snapshots, "app")
+    complete(snapshots, "app")
+    assert snapshots.delete("app", victim.record.generation)
+    assert len(objects(stores.blobs, "app")) == 2
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
 
 
 def test_a_failed_report_removes_its_uploads(

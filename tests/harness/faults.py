@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.connection import _CONNECTION_DROP
@@ -394,3 +395,21 @@ def _reset(sock: socket.socket) -> None:
 
 
 __all__ = ["TcpProxy", "drop_zk_connection", "expire_zk_session"]
+
+
+class SimulatedCrash(BaseException):
+    """The process dies here: no cleanup code runs (BaseException skips ``except Exception``)."""
+
+
+def fail_blob_deletes(monkeypatch: Any, blobs: Any, failure: str) -> None:
+    """Make ``blobs.delete`` fail until ``monkeypatch`` is undone: ``"unavailable"`` as an S3
+    outage does (StoreUnavailable, which callers survive), ``"crash"`` as a process that dies
+    there (``SimulatedCrash``)."""
+    from snapcoord.coordinator.errors import StoreUnavailable
+
+    def failing(key: str) -> None:
+        if failure == "crash":
+            raise SimulatedCrash
+        raise StoreUnavailable(f"blob store down (test): cannot delete {key}")
+
+    monkeypatch.setattr(blobs, "delete", failing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog import decide
 from snapcoord.coordinator.backlog.decide import (
     ChunkRequest,
@@ -58,11 +59,21 @@ FIRST_MARK = Commit(
     uploads={boundaries_key("job", "new"): b"boundaries"},
     ensure=(JOBS,),
 )
+#: The intent a commit that unreferences the old mark's boundaries makes for them (this minute's
+#: bucket, named after the mark), withdrawn once they are deleted.
+DOOMED = f"{intents.ROOT}/{NOW // 60_000}/old"
+DOOM = Create(
+    DOOMED,
+    b'{"created_ms":%d,"keys":["%s"],"swept":false,"version":1}'
+    % (NOW, boundaries_key("job", "old").encode()),
+)
 RESET = Commit(
-    [SetData(JOB, encode_job_record(RECORD), 4), Delete(f"{JOB}/s-old-0", None), *NEW_NODES],
+    [SetData(JOB, encode_job_record(RECORD), 4), Delete(f"{JOB}/s-old-0", None), *NEW_NODES, DOOM],
     Marked("reset", RECORD, "old"),
     uploads={boundaries_key("job", "new"): b"boundaries"},
     cleanup=(boundaries_key("job", "old"),),
+    withdraw=(DOOMED,),
+    buckets=((intents.ROOT, NOW),),
     ensure=(JOBS,),
 )
 MARK_CASES: list[tuple[str, MarkRequest, Reads, Commit[Marked] | None, Decision[Marked]]] = [
@@ -107,7 +118,11 @@ def test_a_record_under_another_job_id_is_internal() -> None:
 
 
 CLEARED: Commit[str | None] = Commit(
-    [Delete(f"{JOB}/s-old-0", None), Delete(JOB, 4)], "old", cleanup=(boundaries_key("job", "old"),)
+    [Delete(f"{JOB}/s-old-0", None), Delete(JOB, 4), DOOM],
+    "old",
+    cleanup=(boundaries_key("job", "old"),),
+    withdraw=(DOOMED,),
+    buckets=((intents.ROOT, NOW),),
 )
 CLEAR_CASES: list[tuple[str, Reads, Commit[str | None] | None, Decision[str | None]]] = [
     ("nothing marked", job(None, children=()), None, Done(None)),
@@ -121,7 +136,7 @@ CLEAR_CASES: list[tuple[str, Reads, Commit[str | None] | None, Decision[str | No
         "a clear in doubt that landed",
         job(None, children=()),
         CLEARED,
-        Done("old", cleanup=(boundaries_key("job", "old"),)),
+        Done("old", cleanup=(boundaries_key("job", "old"),), withdraw=(DOOMED,)),
     ),
     ("a clear in doubt that did not land: again", job(OLD, 4, ("s-old-0",)), CLEARED, CLEARED),
 ]
@@ -133,7 +148,7 @@ CLEAR_CASES: list[tuple[str, Reads, Commit[str | None] | None, Decision[str | No
 def test_clear(
     case: str, reads: Reads, pending: Commit[str | None] | None, expected: Decision[str | None]
 ) -> None:
-    assert decide.clear("job", reads, pending) == expected
+    assert decide.clear("job", reads, pending, NOW) == expected
 
 
 def test_marked() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.commit import Commit, Decision, Done, Reads
 from snapcoord.coordinator.domain.codec import encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
@@ -12,6 +15,7 @@ from snapcoord.coordinator.producers.decide import Register, Registered
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, SetData
 
+R = TypeVar("R")
 NOW = 1_000_000
 TTL = 60_000
 OURS = ProducerRecord("sink", "producers/sink/" + "a" * 32 + ".json", 0, 0)
@@ -29,6 +33,17 @@ def reads(record: ProducerRecord | None, version: int = 0) -> Reads:
 
 def index(record: ProducerRecord) -> str:
     return f"{EXPIRY}/{record.expires_at_ms // 60_000}/sink@{record.registration_id}"
+
+
+def doomed(record: ProducerRecord) -> str:
+    """The intent a commit that unreferences ``record``'s payload makes for it (this minute's
+    bucket, named after the registration: every attempt of the commit names the same one)."""
+    return f"{intents.ROOT}/{NOW // 60_000}/{record.registration_id}"
+
+
+def doom(record: ProducerRecord) -> Create:
+    data = b'{"created_ms":%d,"keys":["%s"],"swept":false,"version":1}' % (NOW, record.object_key.encode())
+    return Create(doomed(record), data)
 
 
 FIRST = Commit(
@@ -51,11 +66,13 @@ REGISTER_CASES: list[tuple[str, Reads, Commit[Registered] | None, Decision[Regis
                 SetData(PATH, encode_producer_record(COMMITTED), 7),
                 Delete(index(EXPIRED), None),
                 Create(index(COMMITTED), b""),
+                doom(EXPIRED),
             ],
             Registered(True, COMMITTED),
             uploads={OURS.object_key: b"offsets"},
             cleanup=(EXPIRED.object_key,),
-            buckets=((EXPIRY, NOW + TTL),),
+            withdraw=(doomed(EXPIRED),),
+            buckets=((EXPIRY, NOW + TTL), (intents.ROOT, NOW)),
             ensure=(RECORDS,),
         ),
     ),
@@ -84,7 +101,18 @@ def test_register(
     assert decide.register(REQUEST, read, pending, NOW) == expected
 
 
-DELETE_LIVE = Commit([Delete(PATH, 3), Delete(index(LIVE), None)], True, cleanup=(LIVE.object_key,))
+def unreference(record: ProducerRecord, version: int, result: R) -> Commit[R]:
+    """Delete the record and its entry by version; make the intent of its payload, deleted next."""
+    return Commit(
+        [Delete(PATH, version), Delete(index(record), None), doom(record)],
+        result,
+        cleanup=(record.object_key,),
+        withdraw=(doomed(record),),
+        buckets=((intents.ROOT, NOW),),
+    )
+
+
+DELETE_LIVE = unreference(LIVE, 3, True)
 
 DELETE_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
     ("no record", reads(None), None, Done(False)),
@@ -98,13 +126,13 @@ DELETE_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
         "an expired record: deleted too, but it was not live",
         reads(EXPIRED, 2),
         None,
-        Commit([Delete(PATH, 2), Delete(index(EXPIRED), None)], False, cleanup=(EXPIRED.object_key,)),
+        unreference(EXPIRED, 2, False),
     ),
     (
         "a delete in doubt that landed",
         reads(None),
         DELETE_LIVE,
-        Done(True, keep=frozenset(), cleanup=(LIVE.object_key,)),
+        Done(True, keep=frozenset(), cleanup=(LIVE.object_key,), withdraw=(doomed(LIVE),)),
     ),
     ("a delete in doubt that did not land: again", reads(LIVE, 3), DELETE_LIVE, DELETE_LIVE),
 ]
@@ -130,7 +158,7 @@ EXPIRE_CASES: list[tuple[str, Reads, str, Decision[decide.Expiry]]] = [
         "expired: delete it by version with its entry, then its payload",
         reads(EXPIRED, 9),
         EXPIRED.registration_id,
-        Commit([Delete(PATH, 9), Delete(index(EXPIRED), None)], "expired", cleanup=(EXPIRED.object_key,)),
+        unreference(EXPIRED, 9, "expired"),
     ),
 ]
 

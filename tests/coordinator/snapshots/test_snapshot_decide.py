@@ -3,10 +3,12 @@ the refusal (with its reason and metadata). No store."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import pytest
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
@@ -435,6 +437,32 @@ BOTH = step_reads(MARKED, ("t1", "t2")).merged(
     read((task("t1"), node(encode_task_report(REPORTED))), (task("t2"), node(encode_task_report(REPORT_T2))))
 )
 ONE_OP = len(task("t1")) + decide.DELETE_OP_OVERHEAD
+#: What a task's keys add to its cost: they are listed in the batch's intent.
+T1_KEYS = len(REF.object_key) + decide.INTENT_KEY_OVERHEAD
+
+
+def batch(tasks: tuple[str, ...], keys: tuple[str, ...]) -> Commit[decide.Step]:
+    """The step that deletes ``tasks`` (checked against the header) and makes the intent of their
+    objects ``keys`` (this minute's bucket; named after the header and the batch's first task),
+    which are deleted after the commit, and the intent then."""
+    unique = hashlib.sha256(f"{MARKED.created_at_ms}/{task(tasks[0])}".encode()).hexdigest()[:32]
+    doomed = f"{intents.ROOT}/{NOW // 60_000}/{unique}"
+    data = b'{"created_ms":%d,"keys":[%s],"swept":false,"version":1}' % (
+        NOW,
+        b",".join(b'"%s"' % k.encode() for k in keys),
+    )
+    return Commit(
+        [Check(gen(2), 9), *(Delete(task(t), None) for t in tasks), Create(doomed, data)],
+        decide.Step.MORE,
+        cleanup=keys,
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, NOW),),
+    )
+
+
+NO_CHECKPOINTS = step_reads(MARKED, ("t1",)).merged(
+    read((task("t1"), node(encode_task_report(replace(REPORTED, checkpoints=())))))
+)
 STEP_CASES: list[tuple[str, Reads, int, Decision[decide.Step]]] = [
     ("no snapshot: someone finished", step_reads(None, ("t1",)), 10_000, Done(decide.Step.GONE)),
     ("not DELETING (recreated): never touched", step_reads(ENDED, ("t1",)), 10_000, Done(decide.Step.GONE)),
@@ -448,17 +476,25 @@ STEP_CASES: list[tuple[str, Reads, int, Decision[decide.Step]]] = [
         "a batch: the tasks, checked against the header, then their objects",
         BOTH,
         10_000,
-        Commit(
-            [Check(gen(2), 9), Delete(task("t1"), None), Delete(task("t2"), None)],
-            decide.Step.MORE,
-            cleanup=(REF.object_key, "k2"),
-        ),
+        batch(("t1", "t2"), (REF.object_key, "k2")),
     ),
     (
-        "the batch stops at its byte budget",
+        "the batch stops at its byte budget (one task at least)",
         BOTH,
         ONE_OP + 1,
-        Commit([Check(gen(2), 9), Delete(task("t1"), None)], decide.Step.MORE, cleanup=(REF.object_key,)),
+        batch(("t1",), (REF.object_key,)),
+    ),
+    (
+        "the budget counts the keys the intent lists",
+        BOTH,
+        2 * ONE_OP + T1_KEYS,  # both tasks' deletes fit, but not t2's key as well
+        batch(("t1",), (REF.object_key,)),
+    ),
+    (
+        "tasks without objects: no intent",
+        NO_CHECKPOINTS,
+        10_000,
+        Commit([Check(gen(2), 9), Delete(task("t1"), None)], decide.Step.MORE),
     ),
     (
         "no tasks left: the tasks node and the header, last",
@@ -471,7 +507,7 @@ STEP_CASES: list[tuple[str, Reads, int, Decision[decide.Step]]] = [
 
 @pytest.mark.parametrize(("case", "reads", "budget", "expected"), STEP_CASES, ids=[c[0] for c in STEP_CASES])
 def test_delete_step(case: str, reads: Reads, budget: int, expected: Decision[decide.Step]) -> None:
-    assert decide.delete_step("app", 2, reads, None, budget) == expected
+    assert decide.delete_step("app", 2, reads, None, budget, NOW) == expected
 
 
 # --- set_retention --------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def mark_only(snapshots: SnapshotRegistry, clock: ManualClock, app_id: str, gene
         "test_step",
         {},
         decide.delete_step_reads(app_id, generation),
-        lambda reads, pending: decide.delete_step(app_id, generation, reads, pending, 1024),
+        lambda reads, pending: decide.delete_step(app_id, generation, reads, pending, 1024, now),
     )
 
 

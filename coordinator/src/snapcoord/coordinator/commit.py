@@ -126,11 +126,13 @@ class Reads:
 @dataclass(frozen=True)
 class Done(Generic[R]):
     """Nothing to write. ``keep``: uploaded objects the stored state references (an earlier commit
-    of this call landed); ``cleanup``: objects to delete now (what that commit unreferenced)."""
+    of this call landed); ``cleanup``: objects to delete now (what that commit unreferenced), and
+    ``withdraw`` the intents that commit made for them."""
 
     result: R
     keep: Collection[str] = frozenset()
     cleanup: Sequence[str] = ()
+    withdraw: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -139,14 +141,17 @@ class Commit(Generic[R]):
 
     ``uploads`` are put before the commit (payload first: once the record commits, its object
     exists); an upload of an earlier round is not put again. ``cleanup`` names objects the commit
-    unreferences, deleted once it landed. ``buckets`` are ``(index root, due_ms)`` pairs whose
-    bucket a ``Create`` in ``ops`` needs; ``ensure`` are parent paths it needs (made once).
+    unreferences, deleted once it landed; ``withdraw``, the intents ``ops`` make for them
+    (``intents.doom``), removed once every one of them is deleted. ``buckets`` are ``(index root,
+    due_ms)`` pairs whose bucket a ``Create`` in ``ops`` needs; ``ensure`` are parent paths it
+    needs (made once).
     """
 
     ops: Sequence[Op]
     result: R
     uploads: Mapping[str, bytes] = field(default_factory=dict)
     cleanup: Sequence[str] = ()
+    withdraw: Sequence[str] = ()
     buckets: Sequence[tuple[str, int]] = ()
     ensure: Sequence[str] = ()
 
@@ -165,7 +170,9 @@ Decide = Callable[[Reads, "Commit[R] | None"], Decision[R]]
 
 def landed(pending: Commit[R]) -> Done[R]:
     """The answer when the reads show that ``pending`` (a commit in doubt) was applied."""
-    return Done(pending.result, keep=frozenset(pending.uploads), cleanup=pending.cleanup)
+    return Done(
+        pending.result, keep=frozenset(pending.uploads), cleanup=pending.cleanup, withdraw=pending.withdraw
+    )
 
 
 class Reread(Exception):
@@ -335,7 +342,7 @@ class CommitKernel:
                             result = finish(decision.result)
                         except Reread:
                             continue  # ``pending`` stays: still this call's last commit
-                    self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup)
+                    self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup, decision.withdraw)
                     uploaded.clear()
                     # Their objects are gone (or kept: then a landed commit retired the intent).
                     self._withdraw(mine)
@@ -385,7 +392,7 @@ class CommitKernel:
                     continue  # re-read: the next decision sees whether it landed
                 for path in retire:
                     del mine[path]
-                self._delete(sorted(uploaded - owned), decision.cleanup)
+                self._delete(sorted(uploaded - owned), decision.cleanup, decision.withdraw)
                 uploaded.clear()
                 self._withdraw(mine)
                 return decision.result if finish is None else finish(decision.result)
@@ -469,15 +476,19 @@ class CommitKernel:
     def _listings(self, reads: Iterable[Read]) -> dict[str, tuple[str, ...]]:
         return {r.path: tuple(self._metadata.children(r.path)) for r in reads if isinstance(r, ReadChildren)}
 
-    def delete_objects(self, keys: Iterable[str]) -> None:
-        """Best effort: an object left behind is an orphan, which the janitor sweeps later."""
+    def delete_objects(self, keys: Iterable[str]) -> bool:
+        """Best effort: an object left behind is an orphan, which the janitor sweeps later.
+        Returns whether every one was deleted."""
         if self._blobs is None:
-            return
+            return True
+        deleted = True
         for key in keys:
             try:
                 self._blobs.delete(key)
             except StoreUnavailable as e:
+                deleted = False
                 _log.warning("could not delete %s now (the orphan sweep will): %s", key, e)
+        return deleted
 
     def _decide(
         self,
@@ -516,5 +527,10 @@ class CommitKernel:
         for root, due_ms in commit.buckets:
             self.expiry(root).prepare(due_ms)
 
-    def _delete(self, unowned: Sequence[str], cleanup: Sequence[str]) -> None:
-        self.delete_objects([*unowned, *cleanup])
+    def _delete(self, unowned: Sequence[str], cleanup: Sequence[str], withdraw: Sequence[str] = ()) -> None:
+        unreferenced = self.delete_objects(cleanup)
+        self.delete_objects(unowned)
+        if unreferenced and withdraw:
+            # Their objects are gone: so is the intent's reason. Left (a failed delete), it leads
+            # the sweep to them.
+            self.intents.withdraw_each(withdraw)

@@ -5,7 +5,9 @@ Before a payload goes to the blob store, an intent node naming its key(s) is cre
 referencing the payload deletes the intent in the same ``multi``, with the version its writer
 knows. So at any moment an object is in exactly one of three states: announced by an intent (not
 committed yet), referenced by a record (committed), or on its way out (its intent claimed by the
-sweep, or deleted by a writer that gave up).
+sweep, or deleted by a writer that gave up). The way out of a committed object is announced too,
+where no listing sweep could find it (``doom``): the commit that unreferences it makes an intent
+for it, withdrawn once the object is deleted.
 
 The orphan sweep walks only intents older than the grace (``sweep``), so its cost follows the
 number of uncommitted uploads, not the number of payloads. For each it first *claims* the intent
@@ -145,6 +147,17 @@ def path_of(intent_id: str) -> str | None:
 #: a transaction: the path and a Delete op's framing, with a chroot (``decide.DELETE_OP_OVERHEAD``).
 MAX_PATH_BYTES = len(f"{ROOT}/{10**12 - 1}/{'0' * 32}")
 RETIRE_OP_BYTES = MAX_PATH_BYTES + 96
+
+
+def doom(keys: Sequence[str], now_ms: int, unique: str) -> tuple[str, Create]:
+    """(path, op) of an intent for objects a commit unreferences, made by that commit (``unique``:
+    32 hex digits that name what the commit unreferences, so that every attempt of it names the
+    same intent). The caller deletes the objects once the commit landed, then withdraws the
+    intent; a failed delete or a crash in between leaves the intent, which leads the sweep to the
+    objects. Needed for keys the listing sweep cannot judge: the intent pool's do not name their
+    record."""
+    path = f"{ROOT}/{bucket_of(now_ms)}/{unique}"
+    return path, Create(path, encode(Intent(tuple(keys), now_ms)))
 
 
 def commit_op(path: str, version: int) -> Delete:

@@ -25,6 +25,7 @@ from snapcoord.coordinator.domain.backlog import (
     BacklogPolicy,
     JobRecord,
     ShardProgress,
+    boundaries_key,
     empty_shard,
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
@@ -51,6 +52,7 @@ from snapcoord.coordinator.producers import layout as producers_layout
 from snapcoord.coordinator.snapshots import decide as snapshots_decide
 from snapcoord.coordinator.snapshots.layout import (
     app_path,
+    checkpoint_key,
     deadline_entry,
     gen_path,
     gens_path,
@@ -127,8 +129,14 @@ def _retire() -> Op:
     return intents.commit_op(f"{intents.ROOT}/{10**12 - 1}/{_uuid()}", _BIG_INT)
 
 
+def _doom(record: ProducerRecord) -> Op:
+    """A commit that unreferences a payload makes an intent for it (``intents.doom``)."""
+    return intents.doom([record.object_key], _BIG_INT, record.registration_id)[1]
+
+
 def register_producer_offsets(limits: Limits) -> list[Op]:
-    """Replacing an expired record: SetData, and the index entry moves (producers.decide)."""
+    """Replacing an expired record: SetData, the index entry moves, and the old payload's intent
+    is made (producers.decide)."""
     record = _producer_record(limits)
     index = producers_layout.index_path(record)
     return [
@@ -136,6 +144,7 @@ def register_producer_offsets(limits: Limits) -> list[Op]:
         Delete(index, None),
         Create(index, b""),
         _retire(),
+        _doom(record),
     ]
 
 
@@ -168,6 +177,7 @@ def delete_producer_offsets(limits: Limits) -> list[Op]:
     return [
         Delete(producers_layout.record_path(record.producer_id), _BIG_INT),
         Delete(producers_layout.index_path(record), None),
+        _doom(record),
     ]
 
 
@@ -289,7 +299,9 @@ def abort_snapshot(limits: Limits) -> list[Op]:
 def delete_snapshot(limits: Limits) -> list[Op]:
     """The largest of a deletion's transactions (decide.delete_mark, decide.delete_step): the
     mark (pin guard: the index and the record of each of the most holders it may list, all found
-    dead; the header rewritten DELETING, a trigger) or a batch of task deletes."""
+    dead; the header rewritten DELETING, a trigger) or a batch of task deletes with the intent of
+    their objects (the batch's budget counts both: many tasks of one key each, or one task of
+    many keys)."""
     record = _header(limits, State.DELETING, "r" * MAX_REASON_CHARS)
     app, gen = record.app_id, record.generation
     mark: list[Op] = [
@@ -298,15 +310,30 @@ def delete_snapshot(limits: Limits) -> list[Op]:
         SetData(gen_path(app, gen), encode_snapshot(record), _BIG_INT),
         Create(snapshots_decide.deleting_trigger(app, gen, _NOW_MS), b""),
     ]
-    batch: list[Op] = [Check(gen_path(app, gen), _BIG_INT)]
-    size, budget = 0, limits.snapshots.max_request_bytes // 2
-    for task in record.task_ids:
-        cost = len(task_path(app, gen, task).encode()) + snapshots_decide.DELETE_OP_OVERHEAD
-        if len(batch) > 1 and size + cost > budget:
-            break
-        batch.append(Delete(task_path(app, gen, task), None))
-        size += cost
-    return max(mark, batch, key=lambda ops: request_bytes(ops, chroot=limits.chroot))
+    budget = limits.snapshots.max_request_bytes // 2
+
+    def batch(keys_per_task: int) -> list[Op]:
+        deletes: list[Op] = []
+        keys: list[str] = []
+        size = 0
+        for task in record.task_ids:
+            mine = [checkpoint_key(app, gen, task, _uuid()) for _ in range(keys_per_task)]
+            cost = len(task_path(app, gen, task).encode()) + snapshots_decide.DELETE_OP_OVERHEAD
+            cost += sum(len(k.encode()) + snapshots_decide.INTENT_KEY_OVERHEAD for k in mine)
+            if deletes and size + cost > budget:
+                break
+            deletes.append(Delete(task_path(app, gen, task), None))
+            keys += mine
+            size += cost
+        doom = intents.doom(keys, _BIG_INT, _uuid())[1]
+        return [Check(gen_path(app, gen), _BIG_INT), *deletes, doom]
+
+    # One task's keys are in its stored report, each in a ref with a 64-digit SHA-256 at least.
+    most_keys = limits.snapshots.report_budget_bytes // (
+        len(checkpoint_key(app, gen, _id("t"), _uuid())) + 64
+    )
+    candidates = [mark, batch(1), batch(most_keys)]
+    return max(candidates, key=lambda ops: request_bytes(ops, chroot=limits.chroot))
 
 
 def set_retention_policy(limits: Limits) -> list[Op]:
@@ -412,15 +439,22 @@ def _old_children(job: JobRecord, mark_id: str) -> list[Op]:
     return ops
 
 
+def _doom_boundaries(job: JobRecord, mark_id: str) -> Op:
+    """A commit that unreferences a mark's boundaries makes an intent for them (``intents.doom``)."""
+    return intents.doom([boundaries_key(job.job_id, mark_id)], _BIG_INT, mark_id)[1]
+
+
 def mark_backlog(limits: Limits) -> list[Op]:
-    """A reset: the record rewritten, the old mark's nodes deleted, the new ones created."""
+    """A reset: the record rewritten, the old mark's nodes deleted (and its boundaries' intent
+    made), the new ones created."""
     job = _job(limits)
+    old = "0" * 32
     ops: list[Op] = [SetData(job_path(job.job_id), encode_job_record(job), _BIG_INT)]
-    ops += _old_children(job, "0" * 32)
+    ops += _old_children(job, old)
     for shard in range(job.shard_count):
         ops.append(Create(shard_path(job.job_id, job.mark_id, shard), encode_shard(empty_shard(0))))
         ops.append(Create(marker_path(job.job_id, job.mark_id, shard, SHARD_SIZE), b""))
-    return [*ops, _retire()]
+    return [*ops, _retire(), _doom_boundaries(job, old)]
 
 
 def report_progress(limits: Limits) -> list[Op]:
@@ -439,7 +473,11 @@ def report_progress(limits: Limits) -> list[Op]:
 
 def clear_backlog(limits: Limits) -> list[Op]:
     job = _job(limits)
-    return [*_old_children(job, job.mark_id), Delete(job_path(job.job_id), _BIG_INT)]
+    return [
+        *_old_children(job, job.mark_id),
+        Delete(job_path(job.job_id), _BIG_INT),
+        _doom_boundaries(job, job.mark_id),
+    ]
 
 
 def _reads_only(limits: Limits) -> list[Op]:

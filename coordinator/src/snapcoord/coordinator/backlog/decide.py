@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
 from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.backlog import (
@@ -127,13 +128,23 @@ def mark(
         unfinished = remaining(empty_shard(len(span)), ours.values(span))
         if unfinished:
             ops.append(Create(marker_path(job_id, record.mark_id, shard, unfinished), b""))
-    replaced = current.record.mark_id if current is not None else None
+    if current is None:
+        return Commit(
+            ops,
+            Marked("marked", record),
+            uploads={boundaries_key(job_id, ours.mark_id): request.payload},
+            ensure=(JOBS,),
+        )
+    # A reset makes the old mark's boundaries garbage.
+    replaced = current.record.mark_id
+    doomed, doom = intents.doom([boundaries_key(job_id, replaced)], now, replaced)
     return Commit(
-        ops,
-        Marked("reset" if current is not None else "marked", record, replaced),
+        [*ops, doom],
+        Marked("reset", record, replaced),
         uploads={boundaries_key(job_id, ours.mark_id): request.payload},
-        # A reset makes the old mark's boundaries garbage.
-        cleanup=(boundaries_key(job_id, replaced),) if replaced is not None else (),
+        cleanup=(boundaries_key(job_id, replaced),),
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, now),),
         ensure=(JOBS,),
     )
 
@@ -142,10 +153,11 @@ def mark(
 
 
 def clear(
-    job_id: str, reads: Reads, pending: Commit[str | None] | None
+    job_id: str, reads: Reads, pending: Commit[str | None] | None, now: int
 ) -> Done[str | None] | Commit[str | None] | More:
     """Delete the mark's nodes and record in one version-checked transaction (the boundaries after
-    it); the result is the mark id cleared, None when there was none."""
+    it, announced by an intent the transaction makes: ``intents.doom``); the result is the mark id
+    cleared, None when there was none."""
     path = job_path(job_id)
     current = stored_job(job_id, reads.node(path))
     if pending is not None and (current is None or current.record.mark_id != pending.result):
@@ -157,7 +169,15 @@ def clear(
     ops: list[Op] = [Delete(f"{path}/{name}", None) for name in reads.children(path)]
     ops.append(Delete(path, current.version))
     mark_id = current.record.mark_id
-    return Commit(ops, mark_id, cleanup=(boundaries_key(job_id, mark_id),))
+    doomed, doom = intents.doom([boundaries_key(job_id, mark_id)], now, mark_id)
+    ops.append(doom)
+    return Commit(
+        ops,
+        mark_id,
+        cleanup=(boundaries_key(job_id, mark_id),),
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, now),),
+    )
 
 
 # --- ReportProgress: one transaction of shards --------------------------------------------------

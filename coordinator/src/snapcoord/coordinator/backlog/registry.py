@@ -173,7 +173,7 @@ class BacklogRegistry:
             "backlog_clear",
             {"job_id": job_id},
             [ReadNode(path), ReadChildren(path)],
-            lambda reads, pending: decide.clear(job_id, reads, pending),
+            lambda reads, pending: decide.clear(job_id, reads, pending, self._clock.now_ms()),
         )
         self._jobs.forget(job_id)
         if cleared is None:

@@ -7,13 +7,16 @@ Each takes the request, the kernel's ``Reads`` (the record node), the commit sti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.commit import Commit, Done, Reads, landed
 from snapcoord.coordinator.domain.codec import decode_producer_record, encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -58,34 +61,48 @@ def register(
         return Done(Registered(False, current.record))
     record = replace(request.fresh, created_at_ms=now, expires_at_ms=now + request.ttl_ms)
     data = encode_producer_record(record)
-    ops: list[Op]
     if current is None:
-        ops = [Create(record_path(record.producer_id), data), Create(index_path(record), b"")]
-    else:
-        # SetData, not delete + create: the version check then also fences a janitor that read
-        # the expired record and is about to delete it.
-        ops = [
-            SetData(record_path(record.producer_id), data, current.version),
-            Delete(index_path(current.record), None),
-            Create(index_path(record), b""),
-        ]
+        ops: list[Op] = [Create(record_path(record.producer_id), data), Create(index_path(record), b"")]
+        return Commit(
+            ops,
+            Registered(True, record),
+            uploads={key: request.payload},
+            buckets=((EXPIRY, record.expires_at_ms),),
+            ensure=(RECORDS,),
+        )
+    # SetData, not delete + create: the version check then also fences a janitor that read the
+    # expired record and is about to delete it. Its payload becomes garbage.
+    doomed, doom = intents.doom([current.record.object_key], now, current.record.registration_id)
+    ops = [
+        SetData(record_path(record.producer_id), data, current.version),
+        Delete(index_path(current.record), None),
+        Create(index_path(record), b""),
+        doom,
+    ]
     return Commit(
         ops,
         Registered(True, record),
         uploads={key: request.payload},
-        # Replacing an expired record makes its payload garbage.
-        cleanup=(current.record.object_key,) if current is not None else (),
-        buckets=((EXPIRY, record.expires_at_ms),),
+        cleanup=(current.record.object_key,),
+        withdraw=(doomed,),
+        buckets=((EXPIRY, record.expires_at_ms), (intents.ROOT, now)),
         ensure=(RECORDS,),
     )
 
 
-def delete_ops(current: Stored) -> list[Op]:
-    """Remove the record and its index entry (the entry names the registration: see layout)."""
-    return [
+def unreference(current: Stored, now: int, result: R) -> Commit[R]:
+    """Remove the record and its index entry (the entry names the registration: see layout); its
+    payload is deleted after the commit, announced by an intent the commit makes (the pool's keys
+    do not name their producer: no listing sweep would find it if that delete never happens)."""
+    doomed, doom = intents.doom([current.record.object_key], now, current.record.registration_id)
+    ops: list[Op] = [
         Delete(record_path(current.record.producer_id), current.version),
         Delete(index_path(current.record), None),
+        doom,
     ]
+    return Commit(
+        ops, result, cleanup=(current.record.object_key,), withdraw=(doomed,), buckets=((intents.ROOT, now),)
+    )
 
 
 def delete(
@@ -97,9 +114,7 @@ def delete(
         return landed(pending)  # the record we deleted is gone
     if current is None:
         return Done(False)
-    return Commit(
-        delete_ops(current), not current.record.is_expired(now), cleanup=(current.record.object_key,)
-    )
+    return unreference(current, now, not current.record.is_expired(now))
 
 
 Expiry = Literal["expired", "not_due", "stale"]
@@ -118,4 +133,4 @@ def expire(
         return landed(pending) if pending is not None else Done("stale")
     if not current.record.is_expired(now):
         return Done("not_due")
-    return Commit(delete_ops(current), "expired", cleanup=(current.record.object_key,))
+    return unreference(current, now, "expired")

@@ -7,8 +7,9 @@ are due. Blobs: ``producers/<uuid>.json`` holds the offsets (a key the intent po
 announced before the put; servers before the pool wrote ``producers/<producer_id>/<uuid>.json``).
 
 Ordering. The payload is written before the record that references it and deleted after the
-record is gone, so a reader never sees a record without its payload; a crash in between leaves an
-unreferenced object, which the orphan sweep deletes once it is older than the grace period.
+record is gone, so a reader never sees a record without its payload. Both ways an intent names
+it meanwhile (made before the put, and by the transaction that unreferences it), so what a crash
+or a failed delete leaves behind, the orphan sweep deletes once it is older than the grace.
 
 Identity. A record's znode version alone cannot tell two registrations apart (delete and create
 again restarts at version 0), so every conditional change also deletes or checks the index entry

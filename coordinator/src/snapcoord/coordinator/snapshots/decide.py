@@ -7,6 +7,7 @@ time, and returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals ra
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -436,12 +437,17 @@ class Step(enum.Enum):
     GONE = "gone"  # someone else finished it (or it was never marked)
 
 
+#: What one key adds to an intent's JSON list (its quotes and comma).
+INTENT_KEY_OVERHEAD = 3
+
+
 def delete_step(
-    app_id: str, generation: int, reads: Reads, pending: Commit[Step] | None, batch_bytes: int
+    app_id: str, generation: int, reads: Reads, pending: Commit[Step] | None, batch_bytes: int, now: int
 ) -> Done[Step] | Commit[Step] | More:
     """Steps 2..n of a deletion: remove a batch of at most ``batch_bytes`` of task nodes (and their
-    objects, after the commit), or, when none are left, the tasks node and the header last. Every
-    step checks the DELETING header's version, so it never touches a snapshot someone recreated."""
+    objects, after the commit, announced by an intent the commit makes: ``intents.doom``), or,
+    when none are left, the tasks node and the header last. Every step checks the DELETING
+    header's version, so it never touches a snapshot someone recreated."""
     header = stored_any(reads.node(gen_path(app_id, generation)))
     if header is None or header.record.state is not State.DELETING:
         return landed(pending) if pending is not None else Done(Step.GONE)
@@ -464,11 +470,35 @@ def delete_step(
     missing = [r for r in task_reads if not reads.has(r)]
     if missing:
         return More(missing)
-    nodes = [(r.path, reads.node(r.path)) for r in task_reads]
-    reports = [decode_task_report(n.data) for _, n in nodes if n is not None]
-    # No version on the task deletes: a task node never changes once written.
-    ops = [guard, *(Delete(path, None) for path, n in nodes if n is not None)]
-    return Commit(ops, Step.MORE, cleanup=tuple(c.object_key for r in reports for c in r.checkpoints))
+    # The batch again, now with each task's object keys, which its intent lists: at least one
+    # task (a report's refs fit in half a request), more while within ``batch_bytes``.
+    deletes: list[Op] = []
+    keys: list[str] = []
+    size = 0
+    for path, node in ((r.path, reads.node(r.path)) for r in task_reads):
+        if node is None:
+            continue
+        mine = [c.object_key for c in decode_task_report(node.data).checkpoints]
+        cost = (
+            len(path.encode()) + DELETE_OP_OVERHEAD + sum(len(k.encode()) + INTENT_KEY_OVERHEAD for k in mine)
+        )
+        if deletes and size + cost > batch_bytes:
+            break
+        deletes.append(Delete(path, None))  # no version: a task node never changes once written
+        keys += mine
+        size += cost
+    if not keys:
+        return Commit([guard, *deletes], Step.MORE)
+    # Named after this header and batch: every attempt of the step names the same intent.
+    unique = hashlib.sha256(f"{header.record.created_at_ms}/{deletes[0].path}".encode()).hexdigest()[:32]
+    doomed, doom = intents.doom(keys, now, unique)
+    return Commit(
+        [guard, *deletes, doom],
+        Step.MORE,
+        cleanup=tuple(keys),
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, now),),
+    )
 
 
 # --- SetRetentionPolicy -------------------------------------------------------------------------

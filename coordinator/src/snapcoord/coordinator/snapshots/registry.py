@@ -564,7 +564,9 @@ class SnapshotRegistry:
                 "snapshot_delete_step",
                 {"app_id": app_id, "generation": generation},
                 decide.delete_step_reads(app_id, generation),
-                lambda reads, pending: decide.delete_step(app_id, generation, reads, pending, batch_bytes),
+                lambda reads, pending: decide.delete_step(
+                    app_id, generation, reads, pending, batch_bytes, self._clock.now_ms()
+                ),
             )
             if step is not decide.Step.MORE:
                 break
