@@ -359,3 +359,26 @@ def test_a_payload_left_behind_by_the_commit_that_unreferenced_it_is_swept_later
     if how == "replacement":
         assert producers.get("sink").offsets == B
     assert doomed not in IntentIndex(stores.metadata).announced_keys()  # swept with its object
+
+
+def test_an_expiry_pass_withdraws_the_intents_of_the_payloads_it_deleted_in_one_transaction(
+    producers: ProducerRegistry, stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(5):
+        producers.register(f"sink-{i}", A, 1_000)
+    payloads = set(objects(stores.blobs))
+    clock.advance(EXPIRY_BUCKET_MS)
+    sent: list[Sequence[Op]] = []
+    commit = stores.metadata.transaction
+
+    def recorded(ops: Sequence[Op]) -> None:
+        sent.append(ops)
+        commit(ops)
+
+    monkeypatch.setattr(stores.metadata, "transaction", recorded)
+    assert producers.expire_due(100) == 5
+    assert objects(stores.blobs) == []
+    assert not payloads & IntentIndex(stores.metadata).announced_keys()
+    # Five commits (each deleting a record and making its payload's intent), then one withdrawal.
+    intent_only = [ops for ops in sent if all(op.path.startswith("/intents/") for op in ops)]
+    assert len(sent) == 6 and len(intent_only) == 1 and len(intent_only[0]) == 5

@@ -276,6 +276,7 @@ def test_retention_keeps_the_newest_completed_and_honours_ttl(
     assert remaining == [5, 4, 3]
     assert objects(stores.blobs, "app") == sorted(objects(stores.blobs, "app"))  # listable
     assert {k.split("/")[2] for k in objects(stores.blobs, "app")} == {"3", "4"}  # payloads of 1, 2 gone
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()  # and their intents after them
 
     policy = snapshots.set_retention("app", 5, HOUR_MS)
     assert (policy.keep_last_completed, policy.completed_ttl_ms) == (5, HOUR_MS)

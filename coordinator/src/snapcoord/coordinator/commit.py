@@ -27,10 +27,12 @@ no extra round trip.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
@@ -212,6 +214,11 @@ class RetryPolicy:
         return random.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** min(lost, 10)))
 
 
+#: Intents withdrawn per transaction by ``CommitKernel.withdrawing_later`` (a Delete op each: about
+#: 100 bytes, far below any request limit).
+WITHDRAW_BATCH = 256
+
+
 class CommitKernel:
     """Runs operations against one metadata store and one blob store; shared by the registries
     (it caches which expiry buckets and layout paths exist)."""
@@ -235,6 +242,22 @@ class CommitKernel:
         self._indexes: dict[str, ExpiryIndex] = {}
         self._ensured: set[str] = set()  # made on the first commit that needs them: no I/O at build
         self.intents = IntentIndex(metadata)
+        self._local = threading.local()  # withdrawals held back in this thread (``withdrawing_later``)
+
+    @contextlib.contextmanager
+    def withdrawing_later(self) -> Iterator[None]:
+        """Within (in this thread): the intents that commits made for the objects they unreferenced
+        are withdrawn together on the way out, ``WITHDRAW_BATCH`` per transaction, instead of one
+        request per commit (a janitor pass expiring many records). A crash meanwhile leaves them
+        to the sweep, which finds their objects already gone."""
+        held: list[str] = []
+        self._local.withdrawals = held
+        try:
+            yield
+        finally:
+            self._local.withdrawals = None
+            for i in range(0, len(held), WITHDRAW_BATCH):
+                self.intents.withdraw_each(held[i : i + WITHDRAW_BATCH])
 
     def expiry(self, root: str) -> ExpiryIndex:
         """The expiry index under ``root`` (one per root, so its bucket cache is shared)."""
@@ -533,4 +556,8 @@ class CommitKernel:
         if unreferenced and withdraw:
             # Their objects are gone: so is the intent's reason. Left (a failed delete), it leads
             # the sweep to them.
-            self.intents.withdraw_each(withdraw)
+            held: list[str] | None = getattr(self._local, "withdrawals", None)
+            if held is not None:
+                held.extend(withdraw)
+            else:
+                self.intents.withdraw_each(withdraw)

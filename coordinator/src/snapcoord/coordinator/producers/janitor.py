@@ -35,7 +35,12 @@ class ProducerJanitor:
         self._metrics = metrics
 
     def expire_due(self, limit: int) -> int:
-        """Delete up to ``limit`` expired records, reading only the expiry buckets that are due."""
+        """Delete up to ``limit`` expired records, reading only the expiry buckets that are due
+        (the intents their payloads' deletes leave to withdraw go together at the end)."""
+        with self._kernel.withdrawing_later():
+            return self._expire_due(limit)
+
+    def _expire_due(self, limit: int) -> int:
         now = self._clock.now_ms()
         expired = 0
         index = self._kernel.expiry(EXPIRY)

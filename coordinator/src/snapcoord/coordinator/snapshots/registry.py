@@ -608,8 +608,10 @@ class SnapshotRegistry:
         return self._janitor.abort_timed_out(limit)
 
     def apply_retention(self, limit: int) -> int:
-        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots."""
-        return self._janitor.apply_retention(limit)
+        """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots
+        (the intents their payloads' deletes leave to withdraw go together at the end)."""
+        with self._kernel.withdrawing_later():
+            return self._janitor.apply_retention(limit)
 
     def sweep_intents(self, grace_ms: int, limit: int) -> int:
         """Delete the payloads of up to ``limit`` upload intents older than ``grace_ms`` whose
