@@ -397,6 +397,29 @@ def test_a_report_whose_commit_reply_was_lost_keeps_its_payloads(
     assert snapshots.get("app", 1, include_checkpoints=True).payloads == {("q1", "state"): b"q1"}
 
 
+def test_a_deletion_batch_whose_commit_reply_was_lost_deletes_its_objects_at_once(
+    snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch in doubt that landed is recognised (its tasks are gone): its objects go now and its
+    intent after them, not after the sweep's grace; the snapshot kept keeps its checkpoints."""
+    victim = complete(snapshots, "app")
+    kept = complete(snapshots, "app")
+    real = stores.metadata.transaction
+
+    def applied_but_reply_lost(ops: Sequence[Op]) -> None:
+        real(ops)
+        if any(op.path.endswith("/tasks/q1") for op in ops):  # the batch step, once
+            raise CommitOutcomeUnknown("connection lost after the commit (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", applied_but_reply_lost)
+    assert snapshots.delete("app", victim.record.generation)
+    monkeypatch.undo()
+    assert [k for k in objects(stores.blobs, "app") if k.startswith("snapshots/app/1/")] == []
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
+    got = snapshots.get("app", kept.record.generation, include_checkpoints=True)
+    assert got.payloads == {("q1", "state"): b"q1", ("q2", "state"): b"q2"}
+
+
 def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualClock) -> None:
     metrics = CoordinatorMetrics(new_registry())
     reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)

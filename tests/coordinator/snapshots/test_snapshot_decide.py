@@ -510,6 +510,29 @@ def test_delete_step(case: str, reads: Reads, budget: int, expected: Decision[de
     assert decide.delete_step("app", 2, reads, None, budget, NOW) == expected
 
 
+IN_DOUBT = batch(("t1", "t2"), (REF.object_key, "k2"))
+STEP_IN_DOUBT_CASES: list[tuple[str, Reads, Decision[decide.Step]]] = [
+    (
+        "a batch in doubt that landed (its tasks are no longer listed): its objects, then its intent",
+        step_reads(MARKED, ("t3",)),
+        Done(decide.Step.MORE, keep=frozenset(), cleanup=IN_DOUBT.cleanup, withdraw=IN_DOUBT.withdraw),
+    ),
+    ("a batch in doubt that did not land: again", BOTH, IN_DOUBT),
+    (
+        "the header went meanwhile: landed (the last step was someone's)",
+        step_reads(None),
+        Done(decide.Step.MORE, keep=frozenset(), cleanup=IN_DOUBT.cleanup, withdraw=IN_DOUBT.withdraw),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reads", "expected"), STEP_IN_DOUBT_CASES, ids=[c[0] for c in STEP_IN_DOUBT_CASES]
+)
+def test_delete_step_in_doubt(case: str, reads: Reads, expected: Decision[decide.Step]) -> None:
+    assert decide.delete_step("app", 2, reads, IN_DOUBT, 10_000, NOW) == expected
+
+
 # --- set_retention --------------------------------------------------------------------------------
 
 

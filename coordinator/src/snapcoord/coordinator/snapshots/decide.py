@@ -451,10 +451,17 @@ def delete_step(
     header = stored_any(reads.node(gen_path(app_id, generation)))
     if header is None or header.record.state is not State.DELETING:
         return landed(pending) if pending is not None else Done(Step.GONE)
+    listed = reads.children(tasks_path(app_id, generation))
+    if pending is not None and pending.result is Step.MORE:
+        # A batch in doubt landed if none of its tasks is listed any more: delete its objects
+        # now (and withdraw its intent) rather than leave them to the sweep.
+        batch_paths = {op.path for op in pending.ops if isinstance(op, Delete)}
+        if batch_paths.isdisjoint(task_path(app_id, generation, name) for name in listed):
+            return landed(pending)
     guard = Check(gen_path(app_id, generation), header.version)
     batch: list[str] = []
     size = 0
-    for name in sorted(reads.children(tasks_path(app_id, generation))):
+    for name in sorted(listed):
         cost = len(task_path(app_id, generation, name).encode()) + DELETE_OP_OVERHEAD
         if batch and size + cost > batch_bytes:
             break
