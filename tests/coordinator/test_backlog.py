@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.concurrency import run_threads
-from harness.faults import SimulatedCrash, fail_blob_deletes
+from harness.faults import SimulatedCrash, call_while_blob_deletes_fail
 from harness.stores import Stores
 from snapcoord.coordinator.backlog.layout import JOBS
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
@@ -516,7 +516,6 @@ def test_boundaries_left_behind_by_the_commit_that_unreferenced_them_are_swept_l
     backlog: BacklogRegistry,
     stores: Stores,
     clock: ManualClock,
-    monkeypatch: pytest.MonkeyPatch,
     how: str,
     failure: str,
 ) -> None:
@@ -526,16 +525,10 @@ def test_boundaries_left_behind_by_the_commit_that_unreferenced_them_are_swept_l
     backlog.mark("keep", BOUNDARIES, reset=False)
     backlog.mark("job", BOUNDARIES, reset=False)
     doomed = f"backlog/job/{mark_id_of(stores.metadata, 'job')}.json"
-    fail_blob_deletes(monkeypatch, stores.blobs, failure)
     call = (
         (lambda: backlog.clear("job")) if how == "clear" else (lambda: backlog.mark("job", BOUNDARIES, True))
     )
-    if failure == "crash":
-        with pytest.raises(SimulatedCrash):
-            call()
-    else:
-        call()
-    monkeypatch.undo()
+    call_while_blob_deletes_fail(stores.blobs, failure, call)
     assert doomed in objects(stores.blobs)
     live = {f"backlog/{j}/{mark_id_of(stores.metadata, j)}.json" for j in stores.metadata.children(JOBS)}
     assert doomed not in live and len(live) == (1 if how == "clear" else 2)

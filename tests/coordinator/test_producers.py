@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from harness.concurrency import run_threads
-from harness.faults import SimulatedCrash, fail_blob_deletes
+from harness.faults import SimulatedCrash, call_while_blob_deletes_fail
 from harness.seaweed import SeaweedS3Server
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -319,7 +319,6 @@ def test_a_payload_left_behind_by_the_commit_that_unreferenced_it_is_swept_later
     producers: ProducerRegistry,
     stores: Stores,
     clock: ManualClock,
-    monkeypatch: pytest.MonkeyPatch,
     how: str,
     failure: str,
 ) -> None:
@@ -330,8 +329,6 @@ def test_a_payload_left_behind_by_the_commit_that_unreferenced_it_is_swept_later
     kept = producers_object(stores, "keep")
     producers.register("sink", A, 1_000)
     doomed = producers_object(stores, "sink")
-    delete = stores.blobs.delete
-    fail_blob_deletes(monkeypatch, stores.blobs, failure)
     clock.advance(EXPIRY_BUCKET_MS)
     if how == "delete":
         call: Callable[[], object] = lambda: producers.delete("sink")  # noqa: E731
@@ -339,12 +336,7 @@ def test_a_payload_left_behind_by_the_commit_that_unreferenced_it_is_swept_later
         call = lambda: producers.expire_due(100)  # noqa: E731
     else:
         call = lambda: producers.register("sink", B, 24 * HOUR_MS)  # noqa: E731
-    if failure == "crash":
-        with pytest.raises(SimulatedCrash):
-            call()
-    else:
-        call()
-    monkeypatch.setattr(stores.blobs, "delete", delete)
+    call_while_blob_deletes_fail(stores.blobs, failure, call)
     assert doomed in objects(stores.blobs)  # left behind, unreferenced
     live = {producers_object(stores, p) for p in stores.metadata.children(RECORDS)}
     assert doomed not in live

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness.concurrency import run_threads
-from harness.faults import SimulatedCrash, fail_blob_deletes
+from harness.faults import call_while_blob_deletes_fail
 from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -317,7 +317,6 @@ def test_checkpoints_left_behind_by_a_deletion_are_swept_by_their_intent(
     snapshots: SnapshotRegistry,
     stores: Stores,
     clock: ManualClock,
-    monkeypatch: pytest.MonkeyPatch,
     failure: str,
 ) -> None:
     """A deletion deletes each batch's objects after the batch's commit. When those deletes fail
@@ -328,15 +327,12 @@ def test_checkpoints_left_behind_by_a_deletion_are_swept_by_their_intent(
     kept = complete(snapshots, "app")
     doomed = [k for k in objects(stores.blobs, "app") if k.startswith("snapshots/app/1/")]
     assert len(doomed) == 2
-    fail_blob_deletes(monkeypatch, stores.blobs, failure)
+    deleted = call_while_blob_deletes_fail(
+        stores.blobs, failure, lambda: snapshots.delete("app", victim.record.generation)
+    )
     if failure == "crash":
-        with pytest.raises(SimulatedCrash):
-            snapshots.delete("app", victim.record.generation)
-        monkeypatch.undo()
-        assert snapshots.delete("app", victim.record.generation)  # the next call finishes it
-    else:
-        assert snapshots.delete("app", victim.record.generation)
-        monkeypatch.undo()
+        deleted = snapshots.delete("app", victim.record.generation)  # the next call finishes it
+    assert deleted
     with pytest.raises(NotFound):
         snapshots.get("app", victim.record.generation, include_checkpoints=False)
     assert set(doomed) <= set(objects(stores.blobs, "app"))

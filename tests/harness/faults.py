@@ -16,12 +16,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.connection import _CONNECTION_DROP
 
 from harness.ports import LOOPBACK
+
+T = TypeVar("T")
 
 
 class _StateWatch:
@@ -401,10 +403,13 @@ class SimulatedCrash(BaseException):
     """The process dies here: no cleanup code runs (BaseException skips ``except Exception``)."""
 
 
-def fail_blob_deletes(monkeypatch: Any, blobs: Any, failure: str) -> None:
-    """Make ``blobs.delete`` fail until ``monkeypatch`` is undone: ``"unavailable"`` as an S3
-    outage does (StoreUnavailable, which callers survive), ``"crash"`` as a process that dies
-    there (``SimulatedCrash``)."""
+def call_while_blob_deletes_fail(blobs: Any, failure: str, call: Callable[[], T]) -> T | None:
+    """Run ``call`` while ``blobs.delete`` fails, then make the deletes work again: as an S3
+    outage does (``"unavailable"``: StoreUnavailable, which the call must survive; its result is
+    returned), or as a process that dies there (``"crash"``: the call must end in
+    ``SimulatedCrash``; None)."""
+    import pytest
+
     from snapcoord.coordinator.errors import StoreUnavailable
 
     def failing(key: str) -> None:
@@ -412,4 +417,10 @@ def fail_blob_deletes(monkeypatch: Any, blobs: Any, failure: str) -> None:
             raise SimulatedCrash
         raise StoreUnavailable(f"blob store down (test): cannot delete {key}")
 
-    monkeypatch.setattr(blobs, "delete", failing)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(blobs, "delete", failing)
+        if failure != "crash":
+            return call()
+        with pytest.raises(SimulatedCrash):
+            call()
+        return None

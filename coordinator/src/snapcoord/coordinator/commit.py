@@ -241,7 +241,7 @@ class CommitKernel:
         self._sleep = sleep
         self._indexes: dict[str, ExpiryIndex] = {}
         self._ensured: set[str] = set()  # made on the first commit that needs them: no I/O at build
-        self.intents = IntentIndex(metadata)
+        self.intents = IntentIndex(metadata, self.expiry(intents.ROOT))
         self._local = threading.local()  # withdrawals held back in this thread (``withdrawing_later``)
 
     @contextlib.contextmanager

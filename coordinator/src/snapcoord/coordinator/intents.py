@@ -169,9 +169,11 @@ def commit_op(path: str, version: int) -> Delete:
 class IntentIndex:
     """Writes, retires and sweeps intents in one metadata store (shared per kernel)."""
 
-    def __init__(self, metadata: MetadataStore) -> None:
+    def __init__(self, metadata: MetadataStore, buckets: ExpiryIndex | None = None) -> None:
+        """``buckets``: the index of ``ROOT`` to share (a kernel's, whose commits also make
+        intents: ``doom``), so that a bucket is made, and known, once."""
         self._metadata = metadata
-        self._buckets = ExpiryIndex(metadata, ROOT)
+        self._buckets = buckets or ExpiryIndex(metadata, ROOT)
 
     def announce(self, keys: Sequence[str], now_ms: int, upload: UploadInfo | None = None) -> tuple[str, str]:
         """Create an intent for ``keys`` (before any of them is put); returns (path, id)."""
