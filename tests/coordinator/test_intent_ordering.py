@@ -349,8 +349,9 @@ def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
 def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_two_round_trips(
     zk_stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intent's create and the header's read go in one pipeline, the commit is one multi;
-    nothing else (the app's pointer is read only to refuse, the task's node only on a repeat)."""
+    """The intent's create and the reads of the header and the report counter go in one
+    pipeline, the commit is one multi; nothing else (the app's pointer is read only to refuse,
+    the task's node only on a repeat)."""
     metadata = zk_stores.metadata
     assert isinstance(metadata, ZooKeeperMetadataStore)
     snapshots = snapshot_registry(zk_stores, zk_stores.blobs, clock)
@@ -362,20 +363,20 @@ def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_tw
     snapshots.report("counted", generation, "t2", (Offset("s", 0, 1),), {"s": b"payload"})
 
     # The task's node is not read (absent on a first report: the multi's Create checks it).
-    assert log.log == ["Create", "GetData", "Transaction"]
-    assert log.rounds == 2  # the create and the header's read were sent together: one round trip
+    assert log.log == ["Create", "MultiRead", "Transaction"]
+    assert log.rounds == 2  # the create and the reads were sent together: one round trip
 
     # A report without a payload announces nothing: its reads and its commit. (None of these
     # completes the snapshot: the first completion of a minute makes its retention bucket.)
     log.reset()
     snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
-    assert log.log == ["GetData", "Transaction"]
+    assert log.log == ["MultiRead", "Transaction"]
     # A repeat (a retry after a lost reply) meets the stored node in the commit, reads it and
     # answers as the first call did.
     log.reset()
     again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
     assert again.tasks[0].committed_offsets == (Offset("s", 0, 2),)
-    assert log.log == ["GetData", "Transaction", "MultiRead"]  # then header and task node together
+    assert log.log == ["MultiRead", "Transaction", "MultiRead"]  # then header, counter and task node
 
     # UploadCheckpoint: its intent is created with the check's reads (header and pointer), then
     # completed once the stream is stored.

@@ -179,6 +179,6 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
 
 #: A report with one inline checkpoint (not the last), a CreateSnapshot of a new generation of an
 #: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
-REPORT = ["Create", "GetData", "Transaction"]  # the upload intent with the header read, the commit
+REPORT = ["Create", "MultiRead", "Transaction"]  # the intent with the header and counter read, the commit
 CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
 PROGRESS = ["Transaction"]  # the commit (the copies of the job record and of its shard stand in for reads)

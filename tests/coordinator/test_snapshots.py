@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,15 +16,22 @@ from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State
+from snapcoord.coordinator.domain.snapshot_codec import (
+    decode_reported,
+    decode_snapshot,
+    encode_snapshot,
+    encode_task_report,
+)
+from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State, TaskReport
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import pin_path
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
+from snapcoord.coordinator.snapshots.layout import gen_path, task_path, tasks_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import Node, Op
+from snapcoord.coordinator.storage.metadata import Create, Node, Op, SetData
 
 HOUR_MS = 3_600_000
 POLICY = SnapshotPolicy(
@@ -86,7 +94,8 @@ def test_lifecycle(snapshots: SnapshotRegistry, stores: Stores, clock: ManualClo
     assert snapshots.create("app", ["other"], 0, 0, {}) == created  # a retry returns it unchanged
 
     partial = snapshots.report("app", 1, "q1", OFFSETS, {"store-a": b"\x00\x01", "store-b": b"bb"})
-    assert partial.record.state is State.CREATED and partial.record.reported == 1
+    assert partial.record.state is State.CREATED and [t.task_id for t in partial.tasks] == ["q1"]
+    assert [t.task_id for t in snapshots.get("app", 1, include_checkpoints=False).snapshot.tasks] == ["q1"]
     assert snapshots.report(
         "app", 1, "q1", list(reversed(OFFSETS)), {"store-b": b"bb", "store-a": b"\x00\x01"}
     ) == (partial)  # the same report again (any order) is idempotent
@@ -207,6 +216,64 @@ def test_fifty_concurrent_reports_complete_exactly_once(snapshots: SnapshotRegis
     assert got.snapshot.record.state is State.COMPLETED
     assert [t.task_id for t in got.snapshot.tasks] == tasks
     assert all(got.payloads[(f"task-{i:02d}", "s")] == bytes([i]) for i in range(50))
+
+
+def test_a_report_counts_in_the_counter_node_and_leaves_the_header_alone_until_the_last(
+    snapshots: SnapshotRegistry, stores: Stores
+) -> None:
+    """A report that does not complete the snapshot writes its node and the few bytes of the
+    counter, not the header with its whole task set (which it only checks, by version); the
+    report that completes it writes the header COMPLETED."""
+    snapshots.create("app", ["t0", "t1", "t2"], 0, 0, {})
+    before = stores.metadata.get(gen_path("app", 1))
+    snapshots.report("app", 1, "t0", OFFSETS, {})
+    snapshots.report("app", 1, "t1", OFFSETS, {"s": b"state"})
+    assert stores.metadata.get(gen_path("app", 1)) == before
+    counter = stores.metadata.get(tasks_path("app", 1))
+    assert counter is not None and decode_reported(counter.data) == 2
+    assert snapshots.current("app", consistent=True).record.state is State.CREATED
+    done = snapshots.report("app", 1, "t2", OFFSETS, {})
+    assert done.record.state is State.COMPLETED
+    after = stores.metadata.get(gen_path("app", 1))
+    assert before is not None and after is not None and after.version == before.version + 1
+    assert decode_snapshot(after.data).state is State.COMPLETED
+
+
+def older_servers_report(stores: Stores, task_id: str) -> None:
+    """A report as servers before the counter node committed it: the task's node, and the
+    header rewritten with its own count raised (checked by version)."""
+    stored = stores.metadata.get(gen_path("app", 1))
+    assert stored is not None
+    record = decode_snapshot(stored.data)
+    stores.metadata.transaction(
+        [
+            Create(
+                task_path("app", 1, task_id), encode_task_report(TaskReport(task_id, OFFSETS, (), task_id))
+            ),
+            SetData(
+                gen_path("app", 1),
+                encode_snapshot(replace(record, reported=record.reported + 1)),
+                stored.version,
+            ),
+        ]
+    )
+
+
+def test_reports_counted_in_the_header_by_older_servers_count_toward_completion(
+    snapshots: SnapshotRegistry, stores: Stores
+) -> None:
+    """During an upgrade, servers of both kinds report to one snapshot: each report raises one
+    of the two counts, and the snapshot completes with its last report, not one before."""
+    tasks = ["t0", "t1", "t2", "t3"]
+    snapshots.create("app", tasks, 0, 0, {})
+    older_servers_report(stores, "t0")
+    assert snapshots.report("app", 1, "t1", OFFSETS, {}).record.state is State.CREATED
+    older_servers_report(stores, "t2")
+    assert snapshots.current("app", consistent=True).record.state is State.CREATED
+    last = snapshots.report("app", 1, "t3", OFFSETS, {})
+    assert last.record.state is State.COMPLETED
+    got = snapshots.get("app", 1, include_checkpoints=False).snapshot
+    assert got.record.state is State.COMPLETED and [t.task_id for t in got.tasks] == tasks
 
 
 def test_concurrent_creates_yield_one_new_generation(snapshots: SnapshotRegistry) -> None:
@@ -371,7 +438,7 @@ def test_a_failed_report_removes_its_uploads(
         snapshots.report("app", 1, "q1", OFFSETS, {"state": b"payload"})
     monkeypatch.undo()
     assert objects(stores.blobs, "app") == []
-    assert snapshots.current("app", consistent=True).record.reported == 0
+    assert snapshots.get("app", 1, include_checkpoints=False).snapshot.tasks == ()
 
 
 def test_a_report_whose_commit_reply_was_lost_keeps_its_payloads(
@@ -388,7 +455,7 @@ def test_a_report_whose_commit_reply_was_lost_keeps_its_payloads(
     monkeypatch.setattr(stores.metadata, "transaction", applied_but_reply_lost)
     reported = snapshots.report("app", 1, "q1", OFFSETS, {"state": b"q1"})
     monkeypatch.undo()
-    assert reported.record.reported == 1
+    assert [t.task_id for t in reported.tasks] == ["q1"]
     assert len(objects(stores.blobs, "app")) == 1
     assert snapshots.get("app", 1, include_checkpoints=True).payloads == {("q1", "state"): b"q1"}
 
@@ -493,7 +560,7 @@ def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
 ) -> None:
     """A cold cache read arms its watches and reads in one call to the store (one ZooKeeper round
     trip), a second only when the pointer names a header it did not guess; and the entry then
-    follows a report made elsewhere."""
+    follows the report that completes the snapshot, made elsewhere."""
     metrics = CoordinatorMetrics(new_registry())
     writer = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
     reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)
@@ -505,9 +572,12 @@ def test_a_cold_cached_read_is_one_round_of_overlapped_requests(
     assert reader.current("app", consistent=False).record.generation == 1
     assert calls == ["watch_and_get_many"] * (1 if known else 2)
     writer.report("app", 1, "q1", OFFSETS, {})
+    writer.report("app", 1, "q2", OFFSETS, {})
     calls.clear()
     wait_until(
-        lambda: reader.current("app", consistent=False).record.reported == 1, timeout=30, what="refresh"
+        lambda: reader.current("app", consistent=False).record.state is State.COMPLETED,
+        timeout=30,
+        what="refresh",
     )
     assert calls == [], "cached reads after the first read nothing"
 

@@ -11,8 +11,10 @@ import pytest
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
     KEY_PREFIX_BYTES,
+    decode_reported,
     decode_snapshot,
     decode_task_report,
+    encode_reported,
     encode_snapshot,
     encode_task_report,
 )
@@ -166,3 +168,25 @@ def test_small_headers_are_memoised_and_still_decode_to_their_own_records() -> N
         record = replace(small, reported=reported)
         assert decode_snapshot(plain_dump(record)) == record
         assert decode_snapshot(encode_snapshot(record)) == record
+
+
+def test_the_report_counter_round_trips_and_reads_the_empty_node_as_zero() -> None:
+    """CreateSnapshot makes the counter node empty; servers before the counter leave it so."""
+    assert decode_reported(b"") == 0
+    assert [decode_reported(encode_reported(n)) for n in (0, 1, 100_000)] == [0, 1, 100_000]
+    assert encode_reported(3) == b'{"reported":3,"version":1}'
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b'{"reported":-1,"version":1}', "negative"),
+        (b'{"reported":"x","version":1}', "malformed"),
+        (b'{"version":1}', "malformed"),
+        (b'{"reported":1,"version":2}', "newer"),
+        (b"not json", "not JSON"),
+    ],
+)
+def test_a_damaged_report_counter_is_an_internal_error(data: bytes, match: str) -> None:
+    with pytest.raises(Internal, match=match):
+        decode_reported(data)

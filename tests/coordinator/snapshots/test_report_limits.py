@@ -83,7 +83,7 @@ def test_too_many_checkpoints_are_refused_before_any_upload(
     )
     assert refused.value.metadata == {"field": "task.checkpoints", "limit": "32"}
     assert objects(stores) == []
-    assert snapshots.get("app", g, include_checkpoints=False).snapshot.record.reported == 0
+    assert snapshots.get("app", g, include_checkpoints=False).snapshot.tasks == ()
 
 
 def test_a_reports_payloads_go_in_parallel_and_all_read_back(

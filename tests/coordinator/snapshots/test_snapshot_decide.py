@@ -14,6 +14,7 @@ from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
     encode_app,
+    encode_reported,
     encode_retention,
     encode_snapshot,
     encode_task_report,
@@ -32,7 +33,7 @@ from snapcoord.coordinator.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.decide import CreateRequest, Outcome, ReportRequest
 from snapcoord.coordinator.snapshots.layout import APPS, DEADLINES, RETENTION
-from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, SetData
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 NOW = 6_000_000
 MINUTE = 60_000
@@ -136,30 +137,48 @@ MINE = TaskReport("t1", OFFSETS, (REF,), "digest-1")
 TASK = f"{gen(2)}/tasks/t1"
 
 
-def report_reads(record: SnapshotRecord | None, current: int, existing: TaskReport | None = None) -> Reads:
+COUNTER = f"{gen(2)}/tasks"
+
+
+def report_reads(
+    record: SnapshotRecord | None, current: int, existing: TaskReport | None = None, counted: int | None = 0
+) -> Reads:
+    """The reads of a report: the header, the counter node (``counted``: its count, b"" for 0 as
+    CreateSnapshot makes it; None: absent), the task's node and the app's pointer."""
+    counter = (
+        None if counted is None or record is None else node(encode_reported(counted) if counted else b"", 9)
+    )
     return read(
         (gen(2), node(encode_snapshot(record), 4) if record is not None else None),
+        (COUNTER, counter),
         (TASK, node(encode_task_report(existing)) if existing is not None else None),
         (APP, node(encode_app(current))),
     )
 
 
 def test_a_report_reads_the_pointer_only_to_refuse() -> None:
-    """A report reads the header and the task; the app's pointer only names the current
-    generation in a refusal, so it is read (a second round) only then."""
-    assert REPORT.reads() == [ReadNode(gen(2)), ReadNode(TASK)] and REPORT.task_read() == ReadNode(TASK)
-    first = read((gen(2), node(encode_snapshot(header(2)), 4)), (TASK, None))
+    """A report reads the header, the counter and the task; the app's pointer only names the
+    current generation in a refusal, so it is read (a second round) only then."""
+    assert REPORT.reads() == [ReadNode(gen(2)), ReadNode(COUNTER), ReadNode(TASK)]
+    assert REPORT.task_read() == ReadNode(TASK) and REPORT.counter_read() == ReadNode(COUNTER)
+    first = read((gen(2), node(encode_snapshot(header(2)), 4)), (COUNTER, node(b"", 9)), (TASK, None))
     assert isinstance(decide.report(REPORT, first, None, NOW), Commit)
-    fenced = read((gen(2), node(encode_snapshot(header(2, State.ABORTED)), 4)), (TASK, None))
+    fenced = read(
+        (gen(2), node(encode_snapshot(header(2, State.ABORTED)), 4)), (COUNTER, node(b"")), (TASK, None)
+    )
     assert decide.report(REPORT, fenced, None, NOW) == More([ReadNode(APP)])
-    assert decide.report(REPORT, read((gen(2), None), (TASK, None)), None, NOW) == More([ReadNode(APP)])
+    gone = read((gen(2), None), (COUNTER, None), (TASK, None))
+    assert decide.report(REPORT, gone, None, NOW) == More([ReadNode(APP)])
+    # A round without the counter (not a report's own first round) asks for it.
+    without_counter = read((gen(2), node(encode_snapshot(header(2)), 4)), (TASK, None))
+    assert decide.report(REPORT, without_counter, None, NOW) == More([ReadNode(COUNTER)])
 
 
 def test_a_report_without_the_task_read_commits_on_an_open_header_and_asks_otherwise() -> None:
     """The first round may leave the task's node out (deferred): on a CREATED header the report
     commits as a first report, its Create checking the node is absent; on any other header the
     answer depends on the node (a repeat after completion is idempotent), so it asks for it."""
-    without_task = read((gen(2), node(encode_snapshot(header(2)), 4)))
+    without_task = read((gen(2), node(encode_snapshot(header(2)), 4)), (COUNTER, node(b"", 9)))
     assert decide.report(REPORT, without_task, None, NOW) == decide.report(
         REPORT, report_reads(header(2), 2), None, NOW
     )
@@ -167,7 +186,7 @@ def test_a_report_without_the_task_read_commits_on_an_open_header_and_asks_other
         first = read((gen(2), node(encode_snapshot(ended), 4) if ended is not None else None))
         assert decide.report(REPORT, first, None, NOW) == More([ReadNode(TASK), ReadNode(APP)])
     # A refusal on an open header waits for the node too: a stored report answers first.
-    outside = read((gen(2), node(encode_snapshot(header(2, tasks=("t9",))), 4)))
+    outside = read((gen(2), node(encode_snapshot(header(2, tasks=("t9",))), 4)), (COUNTER, node(b"", 9)))
     assert decide.report(REPORT, outside, None, NOW) == More([ReadNode(TASK)])
     # With both read, a repeat after completion is answered as before.
     done = decide.report(REPORT, report_reads(LAST_OF_TWO, 2, MINE), None, NOW)
@@ -176,11 +195,80 @@ def test_a_report_without_the_task_read_commits_on_an_open_header_and_asks_other
 
 FIRST_OF_TWO = replace(header(2), reported=1)
 LAST_OF_TWO = replace(header(2), reported=2, state=State.COMPLETED, completed_at_ms=NOW, ended_at_ms=NOW)
+LAST_OF_THREE = replace(
+    header(2, tasks=("t1", "t2", "t3")),
+    reported=3,
+    state=State.COMPLETED,
+    completed_at_ms=NOW,
+    ended_at_ms=NOW,
+)
+ENDED_OPS: list[Op] = [
+    Delete(f"{DEADLINES}/{(NOW + 900) // MINUTE}/app@2", None),
+    Create(f"{RETENTION}/{NOW // MINUTE}/app@2", b""),
+]
+
+
+def completing(reads: Reads, after: SnapshotRecord, counter: int) -> tuple[Reads, Decision[Outcome]]:
+    return (
+        reads,
+        Commit(
+            [
+                Create(TASK, encode_task_report(MINE)),
+                SetData(COUNTER, encode_reported(counter), 9),
+                SetData(gen(2), encode_snapshot(after), 4),
+                *ENDED_OPS,
+            ],
+            Outcome(Snapshot(after, (MINE,)), True),
+            uploads={REF.object_key: b"payload"},
+            buckets=((RETENTION, NOW),),
+        ),
+    )
+
 
 REPORT_CASES: list[tuple[str, Reads, Decision[Outcome]]] = [
     (
-        "the first report: create the task node and bump the header by version",
+        "the first report: create the task node, count it in the counter node by version, and "
+        "check the header's version (a few bytes written, not the task set)",
         report_reads(header(2), 2),
+        Commit(
+            [
+                Create(TASK, encode_task_report(MINE)),
+                SetData(COUNTER, encode_reported(1), 9),
+                Check(gen(2), 4),
+            ],
+            Outcome(Snapshot(header(2), (MINE,)), False),
+            uploads={REF.object_key: b"payload"},
+        ),
+    ),
+    (
+        "the last report completes the snapshot: the header is written, its deadline dropped, "
+        "retention triggered",
+        *completing(report_reads(header(2), 2, counted=1), LAST_OF_TWO, 2),
+    ),
+    (
+        "reports counted by servers before the counter node (in the header) count as well",
+        *completing(
+            report_reads(replace(header(2, tasks=("t1", "t2", "t3")), reported=1), 2, counted=1),
+            LAST_OF_THREE,
+            2,
+        ),
+    ),
+    (
+        "one report short of the task set, counting both: not complete",
+        report_reads(replace(header(2, tasks=("t1", "t2", "t3")), reported=1), 2, counted=0),
+        Commit(
+            [
+                Create(TASK, encode_task_report(MINE)),
+                SetData(COUNTER, encode_reported(1), 9),
+                Check(gen(2), 4),
+            ],
+            Outcome(Snapshot(replace(header(2, tasks=("t1", "t2", "t3")), reported=1), (MINE,)), False),
+            uploads={REF.object_key: b"payload"},
+        ),
+    ),
+    (
+        "no counter node: the header counts, as before it",
+        report_reads(header(2), 2, counted=None),
         Commit(
             [Create(TASK, encode_task_report(MINE)), SetData(gen(2), encode_snapshot(FIRST_OF_TWO), 4)],
             Outcome(Snapshot(FIRST_OF_TWO, (MINE,)), False),
@@ -188,14 +276,13 @@ REPORT_CASES: list[tuple[str, Reads, Decision[Outcome]]] = [
         ),
     ),
     (
-        "the last report completes the snapshot: drop its deadline, trigger retention",
-        report_reads(replace(header(2), reported=1), 2),
+        "no counter node, the last report: the header completes",
+        report_reads(FIRST_OF_TWO, 2, counted=None),
         Commit(
             [
                 Create(TASK, encode_task_report(MINE)),
                 SetData(gen(2), encode_snapshot(LAST_OF_TWO), 4),
-                Delete(f"{DEADLINES}/{(NOW + 900) // MINUTE}/app@2", None),
-                Create(f"{RETENTION}/{NOW // MINUTE}/app@2", b""),
+                *ENDED_OPS,
             ],
             Outcome(Snapshot(LAST_OF_TWO, (MINE,)), True),
             uploads={REF.object_key: b"payload"},

@@ -34,7 +34,12 @@ from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
 from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, Offset
 from snapcoord.coordinator.domain.producers import ProducerPolicy, ProducerRecord
-from snapcoord.coordinator.domain.snapshot_codec import encode_app, encode_retention, encode_snapshot
+from snapcoord.coordinator.domain.snapshot_codec import (
+    encode_app,
+    encode_reported,
+    encode_retention,
+    encode_snapshot,
+)
 from snapcoord.coordinator.domain.snapshot_codec import encode_task_report as encode_report
 from snapcoord.coordinator.domain.snapshots import (
     MAX_LABEL_BYTES,
@@ -266,11 +271,13 @@ def _report(limits: Limits, app_id: str, *, uploaded: bool = True) -> TaskReport
 
 
 def report_task_snapshot(limits: Limits) -> list[Op]:
-    """The report that completes the snapshot: report node, header, ended ops (decide.report)."""
+    """The report that completes the snapshot: report node, counter, header, ended ops
+    (decide.report)."""
     record = _header(limits, State.COMPLETED)
     report = _report(limits, record.app_id)
     return [
         Create(task_path(record.app_id, record.generation, report.task_id), encode_report(report)),
+        SetData(tasks_path(record.app_id, record.generation), encode_reported(record.reported), _BIG_INT),
         SetData(gen_path(record.app_id, record.generation), encode_snapshot(record), _BIG_INT),
         *_ended_ops(record),
         # Every checkpoint an upload: its intent retired in the same transaction (and the inline

@@ -1,12 +1,15 @@
 """Stored formats of generation snapshots (versioned JSON; see ``codec`` for the conventions).
 
-A snapshot header carries its whole task set, and every report reads, decodes, re-encodes and
-writes it back with one counter changed: at 1000 tasks that JSON work dominated a report's CPU.
-So headers are memoised on both sides (``Lru``), with the bytes unchanged: decoding bytes seen
-before (the header this process just wrote, read back by the next report; the header a
-consistent read or a repeated create reads again) returns the record made then, and encoding
-reuses a large task set's JSON array, spliced into the rest of the document exactly where
-``json.dumps(sort_keys=True)`` puts it.
+A snapshot header carries its whole task set, and every report reads and decodes it (the report
+that completes the snapshot also re-encodes and writes it): at 1000 tasks that JSON work
+dominated a report's CPU. So headers are memoised on both sides (``Lru``), with the bytes
+unchanged: decoding bytes seen before (the header this process wrote or read last, read again by
+the next report; the header a consistent read or a repeated create reads again) returns the
+record made then, and encoding reuses a large task set's JSON array, spliced into the rest of the
+document exactly where ``json.dumps(sort_keys=True)`` puts it.
+
+Reports are counted in the small ``tasks`` node (``encode_reported``), not in the header, so that
+a report writes a few bytes, not the task set again.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from snapcoord.coordinator.lru import Lru
 
 APP_VERSION = 1
 SNAPSHOT_VERSION = 1
+REPORTED_VERSION = 1
 TASK_REPORT_VERSION = 1
 RETENTION_VERSION = 1
 
@@ -46,6 +50,26 @@ def decode_app(data: bytes) -> int:
         return int(doc["current_generation"])
     except (KeyError, TypeError, ValueError) as e:
         raise _malformed("snapshot app record", e) from e
+
+
+def encode_reported(count: int) -> bytes:
+    """The data of a snapshot's ``tasks`` node: how many reports it counted."""
+    return _dump({"version": REPORTED_VERSION, "reported": count})
+
+
+def decode_reported(data: bytes) -> int:
+    """``encode_reported``'s count; 0 for the empty node CreateSnapshot makes. (Servers before
+    this counter counted in the header's ``reported``: a snapshot's count is the sum of both.)"""
+    if not data:
+        return 0
+    doc = _load(data, "snapshot report counter", REPORTED_VERSION)
+    try:
+        count = int(doc["reported"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed("snapshot report counter", e) from e
+    if count < 0:
+        raise _malformed("snapshot report counter", ValueError(f"negative count {count}"))
+    return count
 
 
 #: Task-set arrays smaller than this are encoded directly: that memo only pays off where the task

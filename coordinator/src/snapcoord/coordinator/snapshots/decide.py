@@ -17,9 +17,11 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
     decode_app,
+    decode_reported,
     decode_snapshot,
     decode_task_report,
     encode_app,
+    encode_reported,
     encode_retention,
     encode_snapshot,
     encode_task_report,
@@ -181,13 +183,19 @@ class ReportRequest:
     encoded: bytes | None = None
 
     def reads(self) -> list[ReadNode]:
-        """The header, the task's node and the intents of the uploads it references, read
-        together. (The app's pointer only names the current generation in a refusal: read then.)"""
+        """The header, the report counter, the task's node and the intents of the uploads it
+        references, read together. (The app's pointer only names the current generation in a
+        refusal: read then.)"""
         return [
             ReadNode(gen_path(self.app_id, self.generation)),
+            self.counter_read(),
             self.task_read(),
             *(ReadNode(path) for _, _, path in self.uploads),
         ]
+
+    def counter_read(self) -> ReadNode:
+        """The snapshot's ``tasks`` node, which counts its reports (``encode_reported``)."""
+        return ReadNode(tasks_path(self.app_id, self.generation))
 
     def task_read(self) -> ReadNode:
         """The task's node: absent until the task reports, which the commit's ``Create`` checks;
@@ -246,18 +254,27 @@ def report(
             # one: REPORT_CONFLICT).
             return More([task_read])
         raise
+    counter_read = request.counter_read()
+    if not reads.has(counter_read):
+        return More([counter_read])
+    counter = reads.node(counter_read.path)
     refs = tuple(sorted((*request.refs, *uploaded), key=lambda r: r.store))
     task_report = TaskReport(task_id, request.offsets, refs, request.digest)
-    after = after_report(header.record, now)
     data = request.encoded if request.encoded is not None and refs == request.refs else None
     ops: list[Op] = [
         Create(
             task_path(app_id, generation, task_id),
             data if data is not None else encode_task_report(task_report),
         ),
-        SetData(gen_path(app_id, generation), encode_snapshot(after), header.version),
+        *count_report(counter, counter_read.path),
         *retire,
     ]
+    after = after_report(header.record, counter, now)
+    if after is header.record:
+        # Not written, but checked: abort, timeout and deletion all change the header.
+        ops.append(Check(gen_path(app_id, generation), header.version))
+    else:
+        ops.append(SetData(gen_path(app_id, generation), encode_snapshot(after), header.version))
     completed = after.state is State.COMPLETED
     if completed:
         ops += ended_ops(after)
@@ -331,11 +348,33 @@ def fence(app_id: str, generation: int, header: Stored | None, current: int) -> 
     )
 
 
-def after_report(record: SnapshotRecord, now: int) -> SnapshotRecord:
-    reported = record.reported + 1
-    if reported < len(record.task_ids):
-        return replace(record, reported=reported)
-    return replace(record, reported=reported, state=State.COMPLETED, completed_at_ms=now, ended_at_ms=now)
+def count_report(counter: Node | None, counter_path: str) -> list[Op]:
+    """The op that counts one more report: a few bytes in the snapshot's ``tasks`` node, whose
+    version check also orders concurrent reports (each must see the others' count), instead of
+    the whole header rewritten with its task set per report. Without that node (it goes only
+    with the header) the header counts, as servers before it did."""
+    if counter is None:
+        return []
+    return [SetData(counter_path, encode_reported(decode_reported(counter.data) + 1), counter.version)]
+
+
+def after_report(record: SnapshotRecord, counter: Node | None, now: int) -> SnapshotRecord:
+    """The header after one more report: COMPLETED once every task reported, else unchanged
+    (the same object: the counter node counts) or, without a counter node, with its own count
+    raised.
+
+    Reports are counted in the counter node and, for reports that servers before it committed,
+    in the header's ``reported``: each report raises exactly one of them, and a report through
+    either kind of server changes the header or checks its version, so the sum is the count."""
+    if counter is None:
+        reported = record.reported + 1
+        if reported < len(record.task_ids):
+            return replace(record, reported=reported)
+    elif record.reported + decode_reported(counter.data) + 1 < len(record.task_ids):
+        return record
+    return replace(
+        record, reported=len(record.task_ids), state=State.COMPLETED, completed_at_ms=now, ended_at_ms=now
+    )
 
 
 # --- AbortSnapshot ------------------------------------------------------------------------------
