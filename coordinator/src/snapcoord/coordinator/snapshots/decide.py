@@ -258,6 +258,8 @@ def report(
     if not reads.has(counter_read):
         return More([counter_read])
     counter = reads.node(counter_read.path)
+    # None without that node (it goes only with the header): the header counts, as before it.
+    counted = decode_reported(counter.data) if counter is not None else None
     refs = tuple(sorted((*request.refs, *uploaded), key=lambda r: r.store))
     task_report = TaskReport(task_id, request.offsets, refs, request.digest)
     data = request.encoded if request.encoded is not None and refs == request.refs else None
@@ -266,10 +268,16 @@ def report(
             task_path(app_id, generation, task_id),
             data if data is not None else encode_task_report(task_report),
         ),
-        *count_report(counter, counter_read.path),
+        # One more report counted in a few bytes, whose version check also orders concurrent
+        # reports (each must see the others' count), not in the header with its whole task set.
+        *(
+            [SetData(counter_read.path, encode_reported(counted + 1), counter.version)]
+            if counter is not None and counted is not None
+            else []
+        ),
         *retire,
     ]
-    after = after_report(header.record, counter, now)
+    after = after_report(header.record, counted, now)
     if after is header.record:
         # Not written, but checked: abort, timeout and deletion all change the header.
         ops.append(Check(gen_path(app_id, generation), header.version))
@@ -348,29 +356,19 @@ def fence(app_id: str, generation: int, header: Stored | None, current: int) -> 
     )
 
 
-def count_report(counter: Node | None, counter_path: str) -> list[Op]:
-    """The op that counts one more report: a few bytes in the snapshot's ``tasks`` node, whose
-    version check also orders concurrent reports (each must see the others' count), instead of
-    the whole header rewritten with its task set per report. Without that node (it goes only
-    with the header) the header counts, as servers before it did."""
-    if counter is None:
-        return []
-    return [SetData(counter_path, encode_reported(decode_reported(counter.data) + 1), counter.version)]
-
-
-def after_report(record: SnapshotRecord, counter: Node | None, now: int) -> SnapshotRecord:
+def after_report(record: SnapshotRecord, counted: int | None, now: int) -> SnapshotRecord:
     """The header after one more report: COMPLETED once every task reported, else unchanged
-    (the same object: the counter node counts) or, without a counter node, with its own count
-    raised.
+    (the same object: the counter node counts, ``counted`` so far) or, without a counter node
+    (``counted`` None), with its own count raised.
 
     Reports are counted in the counter node and, for reports that servers before it committed,
     in the header's ``reported``: each report raises exactly one of them, and a report through
     either kind of server changes the header or checks its version, so the sum is the count."""
-    if counter is None:
+    if counted is None:
         reported = record.reported + 1
         if reported < len(record.task_ids):
             return replace(record, reported=reported)
-    elif record.reported + decode_reported(counter.data) + 1 < len(record.task_ids):
+    elif record.reported + counted + 1 < len(record.task_ids):
         return record
     return replace(
         record, reported=len(record.task_ids), state=State.COMPLETED, completed_at_ms=now, ended_at_ms=now
