@@ -101,10 +101,11 @@ def print_table(title: str, rows: list[tuple[Sample, Sample | None]]) -> None:
 
 
 @contextmanager
-def real_servers() -> Iterator[tuple[ZooKeeperServer, SeaweedS3Server]]:
-    """A standalone ZooKeeper and a SeaweedFS S3 gateway on loopback, stopped on exit."""
+def real_servers(*, fsync: bool = False) -> Iterator[tuple[ZooKeeperServer, SeaweedS3Server]]:
+    """A standalone ZooKeeper and a SeaweedFS S3 gateway on loopback, stopped on exit. ZooKeeper
+    fsyncs each transaction only with ``fsync`` (as deployed; the default, like the tests, skips it)."""
     with tempfile.TemporaryDirectory(prefix="snapcoord-bench-") as tmp:
-        zk = ZooKeeperServer(Path(tmp) / "zk")
+        zk = ZooKeeperServer(Path(tmp) / "zk", force_sync=fsync)
         s3 = SeaweedS3Server(Path(tmp) / "s3")
         with zk, s3:
             yield zk, s3

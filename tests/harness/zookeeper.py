@@ -77,6 +77,7 @@ class ZooKeeperServer:
         heap_mb: int = 256,
         start_timeout_s: float = 60.0,
         tls: ZooKeeperTls | None = None,
+        force_sync: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         #: With TLS, a second (secure) client port; the plain one stays for readiness checks.
@@ -88,6 +89,8 @@ class ZooKeeperServer:
         self.tick_time_ms = tick_time_ms
         self.heap_mb = heap_mb
         self.start_timeout_s = start_timeout_s
+        #: fsync each transaction, as a deployed ZooKeeper does (benchmarks' ``--fsync``); tests need not.
+        self.force_sync = force_sync
         self._port_fixed = port is not None
         self._port: int | None = port
         self._proc: ManagedProcess | None = None
@@ -216,7 +219,7 @@ class ZooKeeperServer:
                 # The default of 60 connections per client IP is easy to reach when every client is 127.0.0.1.
                 "maxClientCnxns=0",
                 # Test data need no fsync per transaction (unknown keys become zookeeper.* system properties).
-                "forceSync=no",
+                f"forceSync={'yes' if self.force_sync else 'no'}",
                 "",
             ]
         )
