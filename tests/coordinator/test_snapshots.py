@@ -460,6 +460,31 @@ def test_a_report_whose_commit_reply_was_lost_keeps_its_payloads(
     assert snapshots.get("app", 1, include_checkpoints=True).payloads == {("q1", "state"): b"q1"}
 
 
+def test_a_report_with_inline_and_uploaded_checkpoints_whose_reply_was_lost_keeps_both(
+    snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The landed report references the inline payload and the upload: the re-read that settles
+    the commit in doubt must keep both (it once kept only when the stored refs equalled the
+    inline ones, and deleted the inline payload of a COMPLETED snapshot)."""
+    snapshots.create("app", ["q1"], 0, 0, {})
+    upload = snapshots.upload("app", 1, "q1", "big", iter([b"B" * 1000]))
+    real = stores.metadata.transaction
+
+    def applied_but_reply_lost(ops: Sequence[Op]) -> None:
+        real(ops)
+        if any(op.path.endswith("/tasks/q1") for op in ops):
+            raise CommitOutcomeUnknown("connection lost after the commit (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", applied_but_reply_lost)
+    reported = snapshots.report("app", 1, "q1", OFFSETS, {"small": b"inline"}, {"big": upload.upload_id})
+    monkeypatch.undo()
+    assert reported.record.state is State.COMPLETED
+    stored = snapshots.get("app", 1, include_checkpoints=True)
+    assert stored.payloads == {("q1", "small"): b"inline", ("q1", "big"): b"B" * 1000}
+    assert len(objects(stores.blobs, "app")) == 2
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
+
+
 def test_a_deletion_batch_whose_commit_reply_was_lost_deletes_its_objects_at_once(
     snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:

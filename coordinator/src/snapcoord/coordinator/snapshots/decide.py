@@ -224,8 +224,12 @@ def report(
     task_node = reads.node(task_read.path) if reads.has(task_read) else None
     existing = decode_task_report(task_node.data) if task_node is not None else None
     if header is not None and existing is not None and existing.digest == request.digest:
-        keep = {r.object_key for r in request.refs} if existing.checkpoints == request.refs else set()
-        return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=frozenset(keep))
+        # This call's inline payloads that the stored report references (after a commit in doubt
+        # that landed: all of them, beside its uploads' refs); another call's report references
+        # its own objects, so ours are orphans.
+        stored_refs = set(existing.checkpoints)
+        keep = frozenset(r.object_key for r in request.refs if r in stored_refs)
+        return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=keep)
     if not open_header:
         # Refused: the pointer names the current generation in the error.
         pointer = ReadNode(app_path(app_id))
