@@ -343,7 +343,9 @@ class CommitKernel:
         # makes), each made before its objects' puts; the commit that owns the objects retires the
         # intent in its own transaction.
         mine: dict[str, frozenset[str]] = dict(announced or {})
-        in_doubt: frozenset[str] = frozenset()  # uploads of the commit whose outcome is unknown
+        # Uploads of the commits whose outcome is unknown: kept until a decision made on a synced
+        # read settles them (a Done keeping what landed references), never deleted on the way out.
+        in_doubt: frozenset[str] = frozenset()
         pending: Commit[R] | None = None
         lost = 0
         try:
@@ -354,10 +356,11 @@ class CommitKernel:
                 if attempt == 0 and announce and assume is None and self.intents.ready(now):
                     given = self._announce_and_read(first, announce, mine, now)
                 decision = self._decide(first, decide, pending, given, synced)
-                # What was read after a commit in doubt settles whether it landed; a Done that
-                # keeps uploads says they are referenced, whatever ``finish`` then raises.
-                in_doubt = frozenset(decision.keep) if isinstance(decision, Done) else frozenset()
                 if isinstance(decision, Done):
+                    # What was read (synced) after a commit in doubt settles whether it landed: a
+                    # Done that keeps uploads says they are referenced, whatever ``finish`` raises.
+                    # A new commit settles nothing: a commit in doubt may still have landed.
+                    in_doubt = frozenset(decision.keep)
                     if finish is None:
                         result: R | T = decision.result
                     else:
@@ -365,10 +368,10 @@ class CommitKernel:
                             result = finish(decision.result)
                         except Reread:
                             continue  # ``pending`` stays: still this call's last commit
-                    self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup, decision.withdraw)
+                    kept = self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup, decision.withdraw)
                     uploaded.clear()
                     # Their objects are gone (or kept: then a landed commit retired the intent).
-                    self._withdraw(mine)
+                    self._withdraw(mine, kept)
                     return result
                 pending = None
                 todo = {k: v for k, v in decision.uploads.items() if k not in uploaded}
@@ -411,13 +414,13 @@ class CommitKernel:
                     self._sleep(self._policy.pause_s(lost))
                     continue
                 except CommitOutcomeUnknown:
-                    pending, in_doubt = decision, owned
-                    continue  # re-read: the next decision sees whether it landed
+                    pending, in_doubt = decision, in_doubt | owned
+                    continue  # re-read (synced): the next decision sees whether it landed
                 for path in retire:
                     del mine[path]
-                self._delete(sorted(uploaded - owned), decision.cleanup, decision.withdraw)
+                kept = self._delete(sorted(uploaded - owned), decision.cleanup, decision.withdraw)
                 uploaded.clear()
-                self._withdraw(mine)
+                self._withdraw(mine, kept)
                 return decision.result if finish is None else finish(decision.result)
             describe = " ".join(
                 f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in resource.items()
@@ -430,8 +433,8 @@ class CommitKernel:
             # rather than leave them to the orphan sweep, then their intents. A commit in doubt
             # keeps its intents: if it landed they are gone, if not the sweep takes intent and
             # objects together. (A crash skips all this: the intents lead the sweep to them.)
-            self._delete(sorted(uploaded - in_doubt), ())
-            self._withdraw({p: keys for p, keys in mine.items() if not keys & in_doubt})
+            kept = self._delete(sorted(uploaded - in_doubt), ())
+            self._withdraw(mine, kept | in_doubt)
             raise
 
     def _announce_and_read(
@@ -444,9 +447,13 @@ class CommitKernel:
         announced[path] = frozenset(keys)
         return Reads(nodes, self._listings(first))
 
-    def _withdraw(self, announced: Mapping[str, frozenset[str]]) -> None:
-        """Remove intents whose objects were deleted (best effort: the sweep takes what is left)."""
-        for path in announced:
+    def _withdraw(self, announced: Mapping[str, frozenset[str]], left: frozenset[str]) -> None:
+        """Remove the intents whose objects were deleted (best effort: the sweep takes what is
+        left); one naming an object in ``left`` (a failed delete, a commit in doubt) stays, so that
+        the sweep finds that object."""
+        for path, keys in announced.items():
+            if keys & left:
+                continue
             try:
                 self.intents.withdraw(path, intents.CREATED_VERSION)
             except StoreUnavailable as e:
@@ -502,16 +509,20 @@ class CommitKernel:
     def delete_objects(self, keys: Iterable[str]) -> bool:
         """Best effort: an object left behind is an orphan, which the janitor sweeps later.
         Returns whether every one was deleted."""
+        return not self._delete_each(keys)
+
+    def _delete_each(self, keys: Iterable[str]) -> frozenset[str]:
+        """Delete each object; returns the ones left behind (the store failed)."""
         if self._blobs is None:
-            return True
-        deleted = True
+            return frozenset()
+        left: set[str] = set()
         for key in keys:
             try:
                 self._blobs.delete(key)
             except StoreUnavailable as e:
-                deleted = False
+                left.add(key)
                 _log.warning("could not delete %s now (the orphan sweep will): %s", key, e)
-        return deleted
+        return frozenset(left)
 
     def _decide(
         self,
@@ -521,7 +532,15 @@ class CommitKernel:
         assume: Reads | None,
         synced: list[bool],
     ) -> Done[R] | Commit[R]:
-        reads = assume if assume is not None else self.read(first)
+        if assume is not None:
+            reads = assume
+        elif pending is not None:
+            # After a commit in doubt: the ZooKeeper server kazoo reconnected to may not have
+            # applied it yet; a read that missed it would decide again as if it never landed.
+            synced[0] = True
+            reads = self.read(first, sync=True)
+        else:
+            reads = self.read(first)
         while True:
             try:
                 decision = decide(reads, pending)
@@ -550,9 +569,13 @@ class CommitKernel:
         for root, due_ms in commit.buckets:
             self.expiry(root).prepare(due_ms)
 
-    def _delete(self, unowned: Sequence[str], cleanup: Sequence[str], withdraw: Sequence[str] = ()) -> None:
-        unreferenced = self.delete_objects(cleanup)
-        self.delete_objects(unowned)
+    def _delete(
+        self, unowned: Sequence[str], cleanup: Sequence[str], withdraw: Sequence[str] = ()
+    ) -> frozenset[str]:
+        """Delete a call's unowned uploads and the objects its commit unreferenced; returns the
+        uploads left behind (a failed delete), whose intents must stay."""
+        unreferenced = not self._delete_each(cleanup)
+        left = self._delete_each(unowned)
         if unreferenced and withdraw:
             # Their objects are gone: so is the intent's reason. Left (a failed delete), it leads
             # the sweep to them.
@@ -561,3 +584,4 @@ class CommitKernel:
                 held.extend(withdraw)
             else:
                 self.intents.withdraw_each(withdraw)
+        return left
