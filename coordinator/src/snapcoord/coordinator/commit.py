@@ -368,7 +368,8 @@ class CommitKernel:
                             result = finish(decision.result)
                         except Reread:
                             continue  # ``pending`` stays: still this call's last commit
-                    kept = self._delete(sorted(uploaded - set(decision.keep)), decision.cleanup, decision.withdraw)
+                    unused = sorted(uploaded - set(decision.keep))
+                    kept = self._delete(unused, decision.cleanup, decision.withdraw)
                     uploaded.clear()
                     # Their objects are gone (or kept: then a landed commit retired the intent).
                     self._withdraw(mine, kept)
