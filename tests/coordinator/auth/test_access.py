@@ -6,6 +6,7 @@ missing (never a secret), and the stored records are exactly as before.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -234,6 +235,52 @@ def test_list_calls_return_only_what_the_scopes_cover(as_: Any) -> None:
     assert producers(admin) == producers(reader) == {"team-a-p1", "team-a-p2", "team-b-p1"}
     assert leases(team_a) == {"team-a-lease"}
     assert leases(admin) == {"team-a-lease", "team-b-lease"}
+
+
+def test_a_scoped_list_page_token_names_no_id_outside_the_scopes(as_: Any) -> None:
+    """The token of a scoped caller's page names the last record it was shown, never the registry's
+    last id (another team's record); paging still returns every covered record exactly once."""
+    team_a, admin = as_(TEAM_A_TOKEN), as_(ADMIN_TOKEN)
+    ids = ["aaa-other", "team-a-1", "team-a-2", "team-b-secret-restore", "team-c-other"]
+    for id_ in ids:
+        admin.producers.RegisterProducerOffsets(
+            producer_pb2.RegisterProducerOffsetsRequest(producer_id=id_, offsets=offsets(1)), timeout=30
+        )
+        admin.leases.AcquireSnapshots(
+            lease_pb2.AcquireSnapshotsRequest(lease_id=id_, duration_ms=60_000), timeout=30
+        )
+
+    def pages(list_page: Any, decode: Any) -> tuple[list[str], list[str]]:
+        listed: list[str] = []
+        tokens: list[str] = []
+        token = ""
+        while True:
+            page_ids, token = list_page(token)
+            listed += page_ids
+            if not token:
+                return listed, tokens
+            tokens.append(decode(token))
+            assert len(tokens) < 10
+
+    def leases(token: str) -> tuple[list[str], str]:
+        page = team_a.leases.ListLeases(
+            lease_pb2.ListLeasesRequest(page_size=1, page_token=token), timeout=30
+        )
+        return [lease.lease_id for lease in page.leases], page.next_page_token
+
+    def producers(token: str) -> tuple[list[str], str]:
+        page = team_a.producers.ListProducerOffsets(
+            producer_pb2.ListProducerOffsetsRequest(page_size=1, page_token=token), timeout=30
+        )
+        return [s.producer_id for s in page.snapshots], page.next_page_token
+
+    def unbase64(token: str) -> str:
+        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+
+    for listing, decode in ((leases, str), (producers, unbase64)):
+        listed, tokens = pages(listing, decode)
+        assert listed == ["team-a-1", "team-a-2"]
+        assert tokens and all(t.startswith("team-a-") for t in tokens), tokens
 
 
 def test_reflection_needs_an_authenticated_principal(as_: Any) -> None:

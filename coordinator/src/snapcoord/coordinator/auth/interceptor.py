@@ -33,6 +33,7 @@ from snapcoord.coordinator.auth.rules import (
     RULES,
     Rule,
 )
+from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH, is_valid_id
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
 from snapcoord.coordinator.request_decoding import MalformedRequest
 from snapcoord.coordinator.status import status_for
@@ -210,9 +211,10 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     if decision.refused is not None:
                         meta.update(kind=decision.refused[0].value, id=decision.refused[1])
                     raise PermissionDenied(decision.message, metadata=meta)
-                response = behavior(request, context)
                 if rule.results is not None and rule.access.filters is not None:
-                    _keep_covered(response, rule, principal)
+                    response = _scoped_page(behavior, request, context, rule, principal)
+                else:
+                    response = behavior(request, context)
                 code = context.code() or grpc.StatusCode.OK
                 return response
             except BaseException as e:
@@ -276,19 +278,88 @@ class _Head:
         self.stream = stream
 
 
-def _keep_covered(response: Any, rule: Rule, principal: Principal) -> None:
-    """Drop the items of a List response that are outside the principal's scopes."""
-    assert rule.results is not None and rule.access.filters is not None
+def _scoped_page(
+    behavior: Callable[[Any, grpc.ServicerContext], Any],
+    request: Any,
+    context: grpc.ServicerContext,
+    rule: Rule,
+    principal: Principal,
+) -> Any:
+    """A List call as ``principal``: only the records its scopes cover, and a next_page_token that
+    names none outside them.
+
+    The registry pages over every id in order, and its token names the last id of its page. For a
+    scoped principal the page keeps only the covered records, and the token names the last record
+    kept (the caller has seen it); a registry page with no covered record is not returned but
+    followed here, skipping to just before the next scope prefix (between two covered ranges no id
+    is covered), so a scoped page may hold fewer than page_size records and never reveals another
+    id. When no prefix lies after the page, the listing ends (empty token).
+    """
+    assert rule.results is not None and rule.access.filters is not None and rule.page_token is not None
     field, id_field = rule.results
     kind = rule.access.filters
-    items = getattr(response, field)
-    keep = [item for item in items if principal.covers(kind, getattr(item, id_field))]
-    if len(keep) != len(items):
-        kept = [type(item)() for item in keep]
-        for copy, item in zip(kept, keep, strict=True):
-            copy.CopyFrom(item)
-        del items[:]
-        items.extend(kept)
+    if principal.role is Role.ADMIN or principal.scopes is None:
+        return behavior(request, context)
+    prefixes = principal.scopes.get(kind, ())
+    while True:
+        response = behavior(request, context)
+        items = getattr(response, field)
+        ids = [str(getattr(item, id_field)) for item in items]
+        keep = [item for item, id_ in zip(items, ids, strict=True) if principal.covers(kind, id_)]
+        token = str(response.next_page_token)
+        after = _resume_after(ids[-1], prefixes) if token and ids else None
+        if token and ids and after is None:
+            token = ""  # nothing covered comes after this page
+        elif token and keep:
+            token = rule.page_token(str(getattr(keep[-1], id_field)))
+        elif token:
+            # Nothing covered on this page: read on (the caller never sees this token).
+            request = _with_token(request, rule.page_token(after) if after is not None else token)
+            continue
+        if len(keep) != len(items):
+            kept = [type(item)() for item in keep]
+            for copy, item in zip(kept, keep, strict=True):
+                copy.CopyFrom(item)
+            del items[:]
+            items.extend(kept)
+        response.next_page_token = token
+        return response
+
+
+def _with_token(request: Any, token: str) -> Any:
+    again = type(request)()
+    again.CopyFrom(request)
+    again.page_token = token
+    return again
+
+
+#: The characters of an id, in order (domain.ids).
+_ID_CHARS = "".join(sorted("-.0123456789:ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"))
+
+
+def _resume_after(last: str, prefixes: tuple[str, ...]) -> str | None:
+    """The id to list on after, having listed up to ``last``, so that no covered id is skipped;
+    None when no id after ``last`` starts with one of ``prefixes``."""
+    if any(last.startswith(p) for p in prefixes):
+        return last
+    later = [p for p in prefixes if p > last]
+    if not later:
+        return None
+    # Every id from ``last`` up to the next prefix is outside the scopes: skip them.
+    jump = _just_before(min(later))
+    return jump if jump is not None and jump > last else last
+
+
+def _just_before(prefix: str) -> str | None:
+    """The greatest valid id below ``prefix`` (so listing after it starts at ``prefix``), or None."""
+    if not prefix or any(c not in _ID_CHARS for c in prefix):
+        return None
+    below = _ID_CHARS.index(prefix[-1]) - 1
+    if below >= 0:
+        jump = prefix[:-1] + _ID_CHARS[below] + _ID_CHARS[-1] * (MAX_ID_LENGTH - len(prefix))
+    else:
+        jump = prefix[:-1]
+    return jump if is_valid_id(jump) else None
 
 
 def _code_of(exc: BaseException, context: grpc.ServicerContext) -> grpc.StatusCode:

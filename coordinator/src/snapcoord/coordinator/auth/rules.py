@@ -17,6 +17,7 @@ from typing import Any
 from grpc_health.v1 import health
 
 from snapcoord.coordinator.auth.policy import Access, IdRef, Kind
+from snapcoord.coordinator.domain.paging import encode_id_token, encode_name_token
 from snapcoord.coordinator.reflection import SERVICE_NAMES as REFLECTION_SERVICE_NAMES
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
@@ -29,6 +30,8 @@ class Rule:
     #: For a List RPC filtered per principal: the repeated response field and the id field of its
     #: items (``Access.filters`` names the kind).
     results: tuple[str, str] | None = None
+    #: For such a List RPC: the page token that continues after a given id (its registry's shape).
+    page_token: Callable[[str], str] | None = None
     #: A client-streaming RPC whose first message names the ids (``ids`` gets that message).
     first_message: bool = False
 
@@ -66,7 +69,10 @@ RULES: Mapping[str, Rule] = {
     _P + "GetProducerOffsets": Rule(_READ, _one(Kind.PRODUCER_ID)),
     _P + "DeleteProducerOffsets": Rule(_WRITE, _one(Kind.PRODUCER_ID)),
     _P + "ListProducerOffsets": Rule(
-        Access(mutates=False, filters=Kind.PRODUCER_ID), _none, results=("snapshots", "producer_id")
+        Access(mutates=False, filters=Kind.PRODUCER_ID),
+        _none,
+        results=("snapshots", "producer_id"),
+        page_token=encode_name_token,
     ),
     _S + "CreateSnapshot": Rule(_WRITE, _one(Kind.APP_ID)),
     _S + "GetCurrentSnapshot": Rule(_READ, _one(Kind.APP_ID)),
@@ -85,7 +91,10 @@ RULES: Mapping[str, Rule] = {
     _L + "DropLease": Rule(_WRITE, _one(Kind.LEASE_ID)),
     _L + "GetLease": Rule(_READ, _one(Kind.LEASE_ID)),
     _L + "ListLeases": Rule(
-        Access(mutates=False, filters=Kind.LEASE_ID), _none, results=("leases", "lease_id")
+        Access(mutates=False, filters=Kind.LEASE_ID),
+        _none,
+        results=("leases", "lease_id"),
+        page_token=encode_id_token,
     ),
     _B + "MarkBacklog": Rule(_WRITE, _one(Kind.JOB_ID)),
     _B + "ReportProgress": Rule(_WRITE, _one(Kind.JOB_ID)),
