@@ -27,7 +27,8 @@ the newer last committed batch, a bounded number of times.
 
 ``archive_chunks`` streams a staged directory as an uncompressed POSIX tar, file by file in pieces
 of at most 1 MiB (never whole in memory); ``extract_archive`` unpacks such a stream (``tarfile``'s
-``data`` filter: no absolute paths, links or devices). Only local checkpoints (a path or a
+``data`` filter: no absolute paths, links or devices; ``unpack_archive`` stops before the
+rename). Only local checkpoints (a path or a
 ``file:`` URI) can be cut: the copy is made by the process that calls it, which under Spark Connect
 must see the server's checkpoint directory at the same path.
 """
@@ -237,11 +238,12 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
-def extract_archive(
+def unpack_archive(
     chunks: Iterable[bytes], target: Path, *, prepare: Callable[[Path], object] | None = None
-) -> None:
-    """Unpack an ``archive_chunks`` stream into ``target`` (created; must not exist), atomically: it
-    is unpacked next to ``target``, ``prepare``d, and renamed into place only when complete."""
+) -> Path:
+    """Unpack an ``archive_chunks`` stream into a new hidden directory next to ``target`` (which must
+    not exist), ``prepare`` it and return it: the caller renames it to ``target`` when it is ready
+    (``extract_archive``), or removes it. Nothing is left behind when this raises."""
     if target.exists():
         raise FileExistsError(f"{target} exists: restore into a new checkpoint directory")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -251,6 +253,19 @@ def extract_archive(
             tar.extractall(partial, filter="data")
         if prepare is not None:
             prepare(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return partial
+
+
+def extract_archive(
+    chunks: Iterable[bytes], target: Path, *, prepare: Callable[[Path], object] | None = None
+) -> None:
+    """Unpack an ``archive_chunks`` stream into ``target`` (created; must not exist), atomically: it
+    is unpacked next to ``target``, ``prepare``d, and renamed into place only when complete."""
+    partial = unpack_archive(chunks, target, prepare=prepare)
+    try:
         os.rename(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

@@ -1,14 +1,16 @@
 """Restore an app's queries from a COMPLETED snapshot taken by ``app_snapshots.take_snapshot``.
 
 ``restore_snapshot`` holds a lease on the snapshot for the whole restore (retention cannot delete it
-meanwhile) and, per query:
+meanwhile) and, for the queries to restore:
 
-1. rolls the sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
+1. streams each query's archive from the coordinator into a hidden directory next to its *new*
+   checkpoint directory and gives it a new query id in ``metadata``: everything the restore needs
+   from the coordinator is read before anything is changed;
+2. rolls each sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
    sink with it (a still-running old driver can no longer make anything visible) and removes every
    write at or after the positions, of any run, keeping everything before them
    (``RestorableSink.restore_to``);
-2. streams the query's archive from the coordinator into a *new* checkpoint directory, which
-   appears only when complete, with a new query id in ``metadata``.
+3. renames each unpacked copy to its checkpoint directory, which so appears only when complete.
 
 A query started on that checkpoint runs batch ``N+1`` next, from the snapshot's source offsets and
 state, into a sink that holds exactly the output of batches ``<= N``: no loss, no duplicate. The
@@ -16,15 +18,19 @@ new query id keeps ``exactly_once`` honest: every batch record of the old checkp
 numbers, still in the coordinator) is another query's, so it is replaced and never rolls anything
 back; the restored run claims an epoch above the restore's, so it is never fenced by it.
 
-The sink is cut first: a crash before the checkpoint appears leaves no checkpoint to start from,
-and running the restore again cuts at the same positions (idempotent). Restore every query of a
-pipeline from one snapshot, with their readers stopped, so the cut between them holds.
+No sink is cut before every archive is on local disk: a failed read (a lost connection, the
+stream's deadline ``archive_timeout_s``) leaves the sinks and the old checkpoints as they were. A crash
+after a cut and before the rename leaves no new checkpoint to start from; running the restore again
+cuts at the same positions (idempotent). Restore every query of a pipeline from one snapshot, with
+their readers stopped, so the cut between them holds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,7 +42,7 @@ from snapcoord.spark_connector.app_snapshots import (
     BATCH_ID_KEY,
     SINK_POSITIONS_KEY,
 )
-from snapcoord.spark_connector.checkpoint_archive import extract_archive, local_checkpoint
+from snapcoord.spark_connector.checkpoint_archive import local_checkpoint, unpack_archive
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.epochs import claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.sinks import RestorableSink
@@ -95,22 +101,25 @@ def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions:
     log.info("%s: sink %r restored to %s as epoch %d", target.query_name, sink, list(positions), epoch)
 
 
-def _restore_one(client: CoordinatorClient, app_id: str, generation: int, t: RestoreTarget) -> RestoredQuery:
+def _stage_one(
+    client: CoordinatorClient, app_id: str, generation: int, t: RestoreTarget, archive_timeout_s: float
+) -> tuple[RestoredQuery, Path]:
+    """Read one query's keys and unpack its archive next to its new checkpoint; changes nothing."""
+
     def small(key: str) -> str:
         return b"".join(client.read_checkpoint(app_id, generation, t.query_name, key)).decode("utf-8")
 
     batch_id = int(small(BATCH_ID_KEY))
     positions = tuple(Offset(s, p, o) for s, p, o in json.loads(small(SINK_POSITIONS_KEY)))
-    if t.sink is not None:
-        if not positions:
-            raise ValueError(f"the snapshot has no sink positions of {t.query_name}: cannot restore its sink")
-        _roll_back_sink(client, t, positions)
+    if t.sink is not None and not positions:
+        raise ValueError(f"the snapshot has no sink positions of {t.query_name}: cannot restore its sink")
     target = local_checkpoint(t.checkpoint_location)
-    archive = client.read_checkpoint(app_id, generation, t.query_name, ARCHIVE_KEY)
-    extract_archive(archive, target, prepare=_new_query_id)
-    query_id = str(json.loads((target / "metadata").read_text("utf-8").splitlines()[0])["id"])
-    log.info("%s: restored from %s generation %d at batch %d", t.query_name, app_id, generation, batch_id)
-    return RestoredQuery(t.query_name, t.checkpoint_location, batch_id, positions, query_id)
+    archive = client.read_checkpoint(
+        app_id, generation, t.query_name, ARCHIVE_KEY, timeout_s=archive_timeout_s
+    )
+    partial = unpack_archive(archive, target, prepare=_new_query_id)
+    query_id = str(json.loads((partial / "metadata").read_text("utf-8").splitlines()[0])["id"])
+    return RestoredQuery(t.query_name, t.checkpoint_location, batch_id, positions, query_id), partial
 
 
 def restore_snapshot(
@@ -120,9 +129,11 @@ def restore_snapshot(
     targets: Iterable[RestoreTarget],
     *,
     lease_s: float = 600.0,
+    archive_timeout_s: float = 3600.0,
 ) -> dict[str, RestoredQuery]:
     """Restore ``targets`` (a subset of the snapshot's queries) from ``app_id`` generation
-    ``generation``; see the module docstring. Returns what was restored, by query name."""
+    ``generation``; see the module docstring. Returns what was restored, by query name.
+    ``archive_timeout_s`` bounds the read of each query's archive (one stream, the whole copy)."""
     require_driver("restore_snapshot")
     wanted = list(targets)
     if not wanted:
@@ -144,6 +155,18 @@ def restore_snapshot(
         missing = [t.query_name for t in wanted if t.query_name not in reported]
         if missing:
             raise ValueError(f"{what} has no query {missing} (it has {sorted(reported)})")
-        for t in wanted:
-            restored[t.query_name] = _restore_one(client, app_id, generation, t)
+        staged: list[tuple[RestoreTarget, RestoredQuery, Path]] = []
+        try:
+            for t in wanted:  # 1. every archive unpacked; nothing changed yet
+                staged.append((t, *_stage_one(client, app_id, generation, t, archive_timeout_s)))
+            for t, r, _ in staged:  # 2. the sinks cut
+                if t.sink is not None:
+                    _roll_back_sink(client, t, r.sink_positions)
+            for t, r, partial in staged:  # 3. the checkpoints appear
+                os.rename(partial, local_checkpoint(t.checkpoint_location))
+                restored[t.query_name] = r
+                log.info("%s: restored from %s at batch %d", t.query_name, what, r.batch_id)
+        finally:
+            for _, _, partial in staged:
+                shutil.rmtree(partial, ignore_errors=True)  # those not renamed
     return restored

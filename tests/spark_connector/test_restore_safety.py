@@ -1,0 +1,122 @@
+"""Restores and fences that must never lose committed output: the order of a restore's steps, which
+commits a snapshot's positions name, and the races between a restore, a zombie and a newer run.
+
+Unit-level: the sink classes on a local directory, batches written by a real local PySpark driver,
+hand-made checkpoints laid out as Spark writes them, and a real coordinator where a snapshot is
+needed. Races are made deterministic by running the other party at a fixed point (a subclass hook).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from harness.coordinator import CoordinatorProcess
+from snapcoord.client import CoordinatorClient, DeadlineExceeded
+from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.checkpoint_archive import cut_checkpoint
+from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.sinks import PartitionedFileSink
+
+pytestmark = pytest.mark.spark
+
+ROWS = 3
+
+
+def rows(batch: int) -> list[tuple[int, int]]:
+    """Batch ``b`` holds ids ``100b .. 100b+2``."""
+    return [(batch * 100 + i, batch) for i in range(ROWS)]
+
+
+def write(spark: SparkSession, sink: PartitionedFileSink, batch: int, batch_id: int | None = None) -> int:
+    df = spark.createDataFrame(rows(batch), "id long, b long").coalesce(1)
+    return sink.write(df, batch if batch_id is None else batch_id)
+
+
+def batches(table: Path) -> list[int]:
+    """The batches a fresh reader of ``table`` sees (each once)."""
+    seen = Counter(int(r["b"]) for r in PartitionedFileSink(table).read_json_records())
+    assert all(n == ROWS for n in seen.values()), seen
+    return sorted(seen)
+
+
+def make_checkpoint(root: Path, query_id: str, offsets: range, commits: range) -> Path:
+    """What a file-source query's checkpoint holds: metadata, offsets/<N> and commits/<N>."""
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}}
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    (root / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    for n in offsets:
+        (root / "offsets" / str(n)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps({'logOffset': n})}\n")
+    for n in commits:
+        spark_commits(root, n)
+    return root
+
+
+def spark_commits(checkpoint: Path, batch_id: int) -> None:
+    (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with CoordinatorProcess(tmp_path_factory.mktemp("coordinator")) as coord:
+        yield coord
+
+
+class ArchiveStreamLost(CoordinatorClient):
+    """A client whose archive streams break after their first piece (a dropped connection or the
+    stream's deadline, as ``read_checkpoint`` raises them)."""
+
+    def read_checkpoint(
+        self, app_id: str, generation: int, task_id: str, store: str, **kw: Any
+    ) -> Iterator[bytes]:
+        stream = super().read_checkpoint(app_id, generation, task_id, store, **kw)
+        if store != ARCHIVE_KEY:
+            return stream
+
+        def broken() -> Iterator[bytes]:
+            yield next(stream)
+            raise DeadlineExceeded("the archive stream outlived its deadline", method="ReadCheckpoint")
+
+        return broken()
+
+
+# -- finding: the sink was cut before the archive was read -------------------------------------------
+
+
+def test_a_failed_archive_read_cuts_no_sink(
+    spark: SparkSession, tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    checkpoint = make_checkpoint(tmp_path / "cp", "q-1", range(4), range(2))
+    (checkpoint / "state" / "0" / "0").mkdir(parents=True)
+    (checkpoint / "state" / "0" / "0" / "1.delta").write_bytes(bytes(3 * 1024 * 1024))  # several pieces
+    table = tmp_path / "table"
+    sink = PartitionedFileSink(table)
+    sink.fence(1)
+    for n in range(4):
+        write(spark, sink, n)
+    with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+        snapshot = take_snapshot(
+            client, "order-app", [SnapshotQuery("q", str(checkpoint), sink)], timeout_s=60
+        )
+    spark_commits(checkpoint, 2)
+    spark_commits(checkpoint, 3)  # the query went on after the snapshot: batches 2, 3 are committed
+    restored = tmp_path / "cp-restored"
+    target = RestoreTarget("q", str(restored), PartitionedFileSink(table))
+
+    with ArchiveStreamLost(coordinator.target, timeout_s=30) as lossy, pytest.raises(DeadlineExceeded):
+        restore_snapshot(lossy, "order-app", snapshot.generation, [target])
+    # Nothing changed: the sink keeps every committed batch and the old checkpoint stays usable.
+    assert batches(table) == [0, 1, 2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp", "table"]  # no partial copy left
+
+    with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+        done = restore_snapshot(client, "order-app", snapshot.generation, [target])
+    assert batches(table) == [0, 1]
+    assert cut_checkpoint(restored).batch_id == 1 and done["q"].batch_id == 1
