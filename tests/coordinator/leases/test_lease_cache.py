@@ -7,7 +7,7 @@ one writes makes the other's copy stale, which is the race these tests play out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -25,7 +25,7 @@ from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots.layout import gen_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
-from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.metadata import MetadataStore, Op, SetData
 
 HOUR_MS = 3_600_000
 SKEW_MS = 5_000
@@ -314,8 +314,10 @@ def test_a_holder_another_clock_shows_expired_keeps_its_place_and_renewed_its_sn
     other = LeaseRegistry(stores.metadata, ahead, LEASES, snapshots, CoordinatorMetrics(new_registry()))
     b = here.acquire("b", 10_000, [ref]).lease
 
-    clock.advance(10_000 + SKEW_MS - 1)  # b is alive here for 1 ms more...
-    ahead.advance(10_000 + SKEW_MS)  # ...and listed as expired by the other process's clock
+    # b is current here for 1 ms more, and listed as expired by the other process's clock (further
+    # ahead than --max-clock-skew allows: the mechanism must hold anyway).
+    clock.advance(10_000 - 1)
+    ahead.advance(10_000 + SKEW_MS)
     c = other.acquire("c", HOUR_MS, [ref]).lease
     assert holders(stores, ref) == {"b": b.expires_at_ms, "c": c.expires_at_ms}
     renewed = here.renew("b", HOUR_MS)
@@ -341,8 +343,8 @@ def test_a_renewal_landing_between_a_deletes_read_and_its_commit_fails_the_delet
 ) -> None:
     """The race a renewal that no longer rewrites the pin index must still win: the deleting
     process (clock ahead) reads b's record and finds it expired; b's own process (clock behind,
-    within the skew margin) renews before the delete's transaction commits. The delete checked
-    b's record version, so it fails, reads again, finds b alive and refuses."""
+    just before its expiry) renews before the delete's transaction commits. The delete rewrites
+    b's record at the version it read, so it fails, reads again, finds b alive and refuses."""
     ref = completed(snapshots, "app")
     completed(snapshots, "app")
     b = here.acquire("b", 10_000, [ref]).lease
@@ -354,7 +356,7 @@ def test_a_renewal_landing_between_a_deletes_read_and_its_commit_fails_the_delet
         SnapshotPolicy(default_keep_last_completed=1, max_clock_skew_ms=SKEW_MS),
         CoordinatorMetrics(new_registry()),
     )
-    clock.advance(10_000 + SKEW_MS - 1)  # ...and alive for 1 ms more by b's
+    clock.advance(10_000 - 1)  # ...and current for 1 ms more by b's
     real = stores.metadata.transaction
     renewed: list[Lease] = []
     started: list[bool] = []
@@ -373,6 +375,74 @@ def test_a_renewal_landing_between_a_deletes_read_and_its_commit_fails_the_delet
     assert renewed and renewed[0].expires_at_ms > b.expires_at_ms
     header = stores.metadata.get(gen_path(ref.app_id, ref.generation))
     assert header is not None and decode_snapshot(header.data).state is State.COMPLETED
+
+
+def deleter_at(stores: Stores, ahead: ManualClock) -> SnapshotRegistry:
+    """Another process deleting snapshots, by its own clock."""
+    policy = SnapshotPolicy(default_keep_last_completed=1, max_clock_skew_ms=SKEW_MS)
+    return SnapshotRegistry(stores.metadata, stores.blobs, ahead, policy, CoordinatorMetrics(new_registry()))
+
+
+@pytest.mark.parametrize("via", ["renew", "acquire"])
+def test_a_renewal_decided_before_a_delete_that_commits_first_fails(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock, via: str
+) -> None:
+    """Data loss guard, the other order: b decides its renewal 1 ms before its expiry; before its
+    transaction lands, time passes and a process whose clock is ahead (within the margin) finds b
+    dead and deletes the snapshot. A delete that only checked b's record left the renewal's write
+    at that version to land after it: a live lease holding a deleted snapshot. The delete
+    rewrites b's record, so the renewal fails, reads again and finds b expired."""
+    ref = completed(snapshots, "app")
+    completed(snapshots, "app")
+    b = here.acquire("b", 10_000, [ref]).lease
+    ahead = ManualClock(b.expires_at_ms + SKEW_MS)  # b is over by this clock...
+    deleter = deleter_at(stores, ahead)
+    clock.advance(b.expires_at_ms - 1 - clock.now_ms())  # ...and current for 1 ms more by b's
+    real = stores.metadata.transaction
+    deleted: list[bool] = []
+
+    def delete_first(ops: Sequence[Op]) -> None:
+        if not deleted and any(isinstance(op, SetData) and op.path == record_path("b") for op in ops):
+            deleted.append(True)  # b's own transaction, decided already: the delete overtakes it
+            clock.advance(2)  # b's clock moves on with the deleter's (1 ms apart, within the margin)
+            assert deleter.delete(ref.app_id, ref.generation) is True
+        real(ops)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stores.metadata, "transaction", delete_first)
+        if via == "renew":
+            with pytest.raises(NotFound) as refused:
+                here.renew("b", HOUR_MS)
+            assert refused.value.reason is Reason.EXPIRED
+        else:
+            again = here.acquire("b", HOUR_MS, [ref])
+            assert again.unavailable == (ref,) and again.lease.snapshots == ()
+    assert deleted
+    with pytest.raises(NotFound):
+        snapshots.get(ref.app_id, ref.generation, include_checkpoints=False)
+    lease = stored(stores, "b")
+    assert lease is None or ref not in lease[0].snapshots or not lease[0].is_current(clock.now_ms())
+
+
+def test_a_lease_past_its_expiry_is_not_renewed_after_a_delete_by_a_clock_ahead(
+    stores: Stores, here: LeaseRegistry, snapshots: SnapshotRegistry, clock: ManualClock
+) -> None:
+    """No race needed: the deleting process's clock runs 2 s ahead (the margin is 5 s). It finds b
+    dead at b's expiry plus the margin and deletes the snapshot; b, 3 s past its expiry by its own
+    clock, then renews. That renewal once succeeded, holding a deleted snapshot: a lease can be
+    renewed only before its expiry, and the margin keeps that apart from any deletion."""
+    ref = completed(snapshots, "app")
+    completed(snapshots, "app")
+    b = here.acquire("b", 10_000, [ref]).lease
+    clock.advance(b.expires_at_ms + SKEW_MS - 2_000 - clock.now_ms())
+    assert deleter_at(stores, ManualClock(clock.now_ms() + 2_000)).delete(ref.app_id, ref.generation) is True
+    with pytest.raises(NotFound) as refused:
+        here.renew("b", HOUR_MS)
+    assert refused.value.reason is Reason.EXPIRED
+    with pytest.raises(NotFound):
+        here.get("b")
+    again = here.acquire("b", HOUR_MS, [ref])
+    assert again.unavailable == (ref,) and again.lease.snapshots == ()
 
 
 def test_an_expired_holder_takes_a_place_until_the_janitor_removes_it(

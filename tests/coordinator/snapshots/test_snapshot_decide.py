@@ -454,7 +454,7 @@ MARK_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
         More([ReadNode(record_path("gone")), ReadNode(record_path("lease"))]),
     ),
     (
-        "their records show them expired (or gone): guard by the index's and each record's version",
+        "their records show them expired (or gone): guard by the index's version, rewrite each record",
         delete_reads(
             ENDED,
             {"lease": NOW - 10_000, "gone": NOW - 20_000},
@@ -464,7 +464,11 @@ MARK_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
         Commit(
             [
                 Check(PIN, 3),
-                Check(record_path("lease"), 5),  # a renewal racing this mark fails one of the two
+                # Rewritten as it was: a renewal racing this mark fails one of the two, also one
+                # decided before the mark read the record (a check would let it land after).
+                SetData(
+                    record_path("lease"), encode_lease(Lease("lease", 1_000, NOW - 10_000, (HELD_REF,))), 5
+                ),
                 SetData(gen(2), encode_snapshot(MARKED), 8),
                 Create(TRIGGER, b""),
             ],

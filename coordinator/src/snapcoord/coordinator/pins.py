@@ -12,8 +12,12 @@ one snapshot never collide renewing). So the expiry an index shows is a lower bo
 lease keeps the duration it pinned with: a holder whose listed expiry is still ahead (plus the
 clock-skew margin) holds the snapshot with no further read, and only one whose listed expiry has
 passed is looked up in its record (``to_confirm``). A snapshot deletion checks the pin index and
-the record of every holder it found dead in its own transaction (``guard``). So of an acquire, or
-a renewal, racing a delete on one snapshot, exactly one commits; never both.
+rewrites (same bytes, new version) the record of every holder it found dead in its own transaction
+(``guard``): a check alone would let a renewal decided before it, at that record's version, still
+commit after it. So of an acquire, or a renewal, racing a delete on one snapshot, exactly one
+commits; never both. A holder renews only before its expiry (``Lease.is_current``), a deleter
+finds it dead only from its expiry plus the skew margin on (``Lease.is_alive``): a renewal that
+reads after a deletion committed finds the lease expired.
 
 When pins go away, retention may now delete what they held: the ops of ``unpinned_triggers``
 have it look at those apps on its next pass. Pure: paths and ops only, no I/O.
@@ -92,10 +96,11 @@ def pinned(
 
 
 def guard(app_id: str, generation: int, node: Node | None, records: Records) -> list[Op]:
-    """Ops that fail a snapshot's delete transaction if a pin lands, or a holder found dead
-    renews, concurrently: a Check on the index's version (or, when there is no index, a create and
+    """Ops that make a snapshot's delete transaction and a pin, or a renewal of a holder found
+    dead, exclusive: a Check on the index's version (or, when there is no index, a create and
     delete of it, which fails if a lease created it meanwhile; the parent ``PINS`` must exist) and
-    a Check on the version of each listed holder's record that was read (``to_confirm``)."""
+    a rewrite, unchanged, of each listed holder's record that was read (``to_confirm``): it fails
+    if the holder renewed since, and fails a renewal decided before it."""
     path = pin_path(app_id, generation)
     if node is None:
         return [Create(path, b""), Delete(path, None)]
@@ -103,7 +108,7 @@ def guard(app_id: str, generation: int, node: Node | None, records: Records) -> 
     for lease_id in sorted(holders(node)):
         record = records.get(record_path(lease_id))
         if record is not None:
-            ops.append(Check(record_path(lease_id), record.version))
+            ops.append(SetData(record_path(lease_id), record.data, record.version))
     return ops
 
 

@@ -305,15 +305,19 @@ def abort_snapshot(limits: Limits) -> list[Op]:
 
 def delete_snapshot(limits: Limits) -> list[Op]:
     """The largest of a deletion's transactions (decide.delete_mark, decide.delete_step): the
-    mark (pin guard: the index and the record of each of the most holders it may list, all found
-    dead; the header rewritten DELETING, a trigger) or a batch of task deletes with the intent of
+    mark (pin guard: the index checked and the record of each of the most holders it may list, all
+    found dead and holding the most snapshots, rewritten; the header rewritten DELETING, a trigger)
+    or a batch of task deletes with the intent of
     their objects (the batch's budget counts both: many tasks of one key each, or one task of
     many keys)."""
     record = _header(limits, State.DELETING, "r" * MAX_REASON_CHARS)
     app, gen = record.app_id, record.generation
     mark: list[Op] = [
         Check(pins.pin_path(app, gen), _BIG_INT),
-        *[Check(leases_layout.record_path(h), _BIG_INT) for h in _holders(limits, _id("l"))],
+        *[
+            SetData(leases_layout.record_path(h), encode_lease(_lease(limits, _refs(limits, h))), _BIG_INT)
+            for h in _holders(limits, _id("l"))
+        ],
         SetData(gen_path(app, gen), encode_snapshot(record), _BIG_INT),
         Create(snapshots_decide.deleting_trigger(app, gen, _NOW_MS), b""),
     ]

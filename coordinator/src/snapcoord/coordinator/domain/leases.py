@@ -58,7 +58,16 @@ class Lease:
     incarnation: str = ""
 
     def is_alive(self, now_ms: int, skew_ms: int) -> bool:
+        """Does the lease still pin its snapshots, for whoever would delete them? Until its expiry
+        plus the clock-skew margin: a lease renewed by a replica whose clock runs behind must not
+        look expired to one whose clock runs ahead."""
         return now_ms < self.expires_at_ms + skew_ms
+
+    def is_current(self, now_ms: int) -> bool:
+        """May its holder still use it (renew it, release from it, read it)? Only until its expiry:
+        a renewal after it could land after a deletion that found the lease dead, and hold a
+        deleted snapshot. The skew margin between the two rules keeps them apart (``is_alive``)."""
+        return now_ms < self.expires_at_ms
 
 
 def validate_duration(duration_ms: int, policy: LeasePolicy) -> int:

@@ -131,10 +131,11 @@ def _commit(
 
 
 def live(lease_id: str, current: Stored | None, clocks: Clocks) -> Stored:
-    """The lease if alive; NOT_FOUND (reason EXPIRED once expired) otherwise."""
+    """The lease if its holder may still use it (``Lease.is_current``: before its expiry); NOT_FOUND
+    (reason EXPIRED once expired) otherwise."""
     if current is None:
         raise NotFound(f"no lease {lease_id!r}")
-    if not current.lease.is_alive(clocks.now, clocks.skew_ms):
+    if not current.lease.is_current(clocks.now):
         raise NotFound(
             f"lease {lease_id!r} expired at {current.lease.expires_at_ms} (now {clocks.now})",
             reason=Reason.EXPIRED,
@@ -157,8 +158,9 @@ def acquire(
     if pending is not None and current is not None and current.lease == pending.result.lease:
         return landed(pending)
     # An expired lease counts as absent: it pinned nothing since it expired, so its old snapshots
-    # may be gone; the new term starts from this call's snapshots only.
-    alive = current is not None and current.lease.is_alive(clocks.now, clocks.skew_ms)
+    # may be gone (a deletion may find it dead from its expiry plus the skew margin on, by a clock
+    # ahead of ours); the new term starts from this call's snapshots only, each checked again.
+    alive = current is not None and current.lease.is_current(clocks.now)
     held = set(current.lease.snapshots) if current is not None and alive else set()
     dropped = set(current.lease.snapshots) - held if current is not None else set()
     adding = [r for r in wanted if r not in held]

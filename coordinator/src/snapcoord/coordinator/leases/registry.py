@@ -156,7 +156,7 @@ class LeaseRegistry:
             for name in batch:
                 i += 1
                 current = decide.stored(nodes[record_path(name)])
-                if current is not None and current.lease.is_alive(now, self._policy.max_clock_skew_ms):
+                if current is not None and current.lease.is_current(now):
                     page.append(current.lease)
         return page, (encode_id_token(names[i - 1]) if i < len(names) else "")
 
@@ -186,7 +186,7 @@ class LeaseRegistry:
         current = decide.stored(node)
         if current is None or not current.lease.incarnation:
             return None
-        if refusals and not current.lease.is_alive(self._clock.now_ms(), self._policy.max_clock_skew_ms):
+        if refusals and not current.lease.is_current(self._clock.now_ms()):
             return None
         return Reads({path: node})
 
