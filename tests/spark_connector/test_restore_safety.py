@@ -120,3 +120,38 @@ def test_a_failed_archive_read_cuts_no_sink(
         done = restore_snapshot(client, "order-app", snapshot.generation, [target])
     assert batches(table) == [0, 1]
     assert cut_checkpoint(restored).batch_id == 1 and done["q"].batch_id == 1
+
+
+def restore(table: Path, positions: list[Any]) -> None:
+    """What ``restore_snapshot`` does to a sink: a new epoch above every fence, then the cut."""
+    restorer = PartitionedFileSink(table)
+    restorer.fence(restorer.max_epoch() + 1)
+    restorer.restore_to(positions)
+
+
+# -- finding: a snapshot after a checkpoint reset took the position of the earlier run's batch ---------
+
+
+def test_a_reset_checkpoints_batch_is_never_found_in_the_earlier_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "table"
+    old = PartitionedFileSink(table)
+    old.fence(1)
+    for n in range(10):  # the old checkpoint's batches 0..9
+        write(spark, old, n)
+    new = PartitionedFileSink(table)
+    new.fence(2)  # a reset checkpoint on the same sink: batch ids start again at 0
+    for n in range(8):
+        write(spark, new, 20 + n, batch_id=n)
+    # The new run's batch 8 wrote nothing (its batch function skipped it) and Spark committed it: only
+    # the old run has a batch 8, whose position would cut the new run's batches 0..7.
+    with pytest.raises(LookupError, match="earlier run"):
+        new.batch_end_positions(8)
+    with pytest.raises(LookupError, match="no visible commit of batch 10"):
+        new.batch_end_positions(10)
+    # The new run's own batches are found, and a cut there keeps both runs' output below it.
+    restore(table, new.batch_end_positions(7))
+    assert batches(table) == [*range(10), *range(20, 28)]
+    restore(table, new.batch_end_positions(3))
+    assert batches(table) == [*range(10), *range(20, 24)]

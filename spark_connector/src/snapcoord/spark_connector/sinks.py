@@ -100,8 +100,9 @@ class RestorableSink(FencedSink, Protocol):
     """A ``FencedSink`` that a snapshot can record and a restore can put back (``app_snapshots``).
 
     - ``batch_end_positions(batch_id)``: the positions right after the (visible) output of
-      ``batch_id``, the newest such batch when a reset checkpoint wrote the same id before. Raises
-      ``LookupError`` when no visible output of that batch exists.
+      ``batch_id`` written by the run that wrote the sink's newest output (never a batch of the same
+      id that a reset checkpoint's earlier run wrote). Raises ``LookupError`` when that run has no
+      visible output of that batch.
     - ``last_batch_id()``: the batch id of the newest visible output (None when empty): how far a
       downstream reader may have read.
     - ``restore_to(positions)``: make the content exactly what it was at ``positions``: remove every
@@ -202,14 +203,34 @@ class PartitionedFileSink:
     # -- snapshots and restores ------------------------------------------------------------------------
     def batch_end_positions(self, batch_id: int) -> list[Offset]:
         """``[Offset(name, 0, S + 1)]`` where ``S`` is the sequence of the newest visible commit of
-        ``batch_id``: every write below ``S + 1`` is the output of that batch or of earlier ones."""
-        ours = [c for c in self.commits() if c.batch_id == batch_id]
+        ``batch_id`` *in the current run of batch ids*: every write below ``S + 1`` is the output of
+        that batch or of earlier ones.
+
+        The current run is the visible commits after the last place where batch ids go down (a
+        checkpoint reset starts again at a lower id; one checkpoint's batches only go up, a
+        rolled-back attempt is no longer visible). A batch id that only an earlier run wrote is
+        another checkpoint's batch: taking its position would cut the current run's output, so that
+        raises ``LookupError`` like a batch without any visible commit."""
+        commits = [(c.seq, c.batch_id) for c in self.commits() if c.batch_id is not None]
+        start = 0
+        for i in range(1, len(commits)):
+            if commits[i][1] < commits[i - 1][1]:
+                start = i
+        ours = [seq for seq, b in commits[start:] if b == batch_id]
         if not ours:
-            raise LookupError(
-                f"{self!r} has no visible commit of batch {batch_id}: write every batch with sink.write "
-                "(exactly_once's default) so that a snapshot can find where the batch's output ends"
+            earlier = any(b == batch_id for _, b in commits[:start])
+            why = (
+                f"no visible commit of batch {batch_id} in its current run of batch ids (from sequence "
+                f"{commits[start][0]}); an earlier run (a reset checkpoint) wrote one, which is not this "
+                "checkpoint's"
+                if earlier
+                else f"no visible commit of batch {batch_id}"
             )
-        return [Offset(self.name, 0, ours[-1].seq + 1)]
+            raise LookupError(
+                f"{self!r} has {why}: write every batch with sink.write (exactly_once's default) so "
+                "that a snapshot can find where the batch's output ends"
+            )
+        return [Offset(self.name, 0, ours[-1] + 1)]
 
     def last_batch_id(self) -> int | None:
         commits = self.commits()
