@@ -508,6 +508,39 @@ def test_a_deletion_batch_whose_commit_reply_was_lost_deletes_its_objects_at_onc
     assert got.payloads == {("q1", "state"): b"q1", ("q2", "state"): b"q2"}
 
 
+def test_retention_keeps_what_a_racing_delete_makes_the_newest_completed_snapshot(
+    snapshots: SnapshotRegistry, stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data loss guard: keeping the last 1, retention picks generation 1 because 2 is newer; an
+    operator deletes 2 between retention's read and its mark. The mark checks that 2 is still
+    there, so 1 (now the newest completed snapshot) stays, with its payloads."""
+    snapshots.set_retention("app", 1, 0)
+    complete(snapshots, "app")
+    complete(snapshots, "app")
+    operator = SnapshotRegistry(
+        stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(new_registry())
+    )
+    real = stores.metadata.transaction
+    raced: list[bool] = []
+
+    def operator_first(ops: Sequence[Op]) -> None:
+        if not raced and any(op.path == gen_path("app", 1) for op in ops):
+            raced.append(True)  # retention's mark of 1, decided on reads that showed 2 COMPLETED
+            assert operator.delete("app", 2) is True
+        real(ops)
+
+    monkeypatch.setattr(stores.metadata, "transaction", operator_first)
+    assert snapshots.apply_retention(100) == 0
+    monkeypatch.undo()
+    assert raced
+    kept = snapshots.get("app", 1, include_checkpoints=True)
+    assert kept.snapshot.record.state is State.COMPLETED
+    assert kept.payloads == {("q1", "state"): b"q1", ("q2", "state"): b"q2"}
+    with pytest.raises(NotFound):
+        snapshots.get("app", 2, include_checkpoints=False)
+    assert snapshots.apply_retention(100) == 0  # and later passes keep it: the newest completed
+
+
 def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualClock) -> None:
     metrics = CoordinatorMetrics(new_registry())
     reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)

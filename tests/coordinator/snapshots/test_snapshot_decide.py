@@ -515,6 +515,31 @@ def test_refused_delete(case: str, reads: Reads, reason: Reason) -> None:
     assert raised.value.metadata == {"app_id": "app", "generation": "2"}
 
 
+def with_newer(reads: Reads, record: SnapshotRecord | None) -> Reads:
+    """``reads`` and the header of generation 3, the newer completed one retention keeps."""
+    return reads.merged(Reads({gen(3): node(encode_snapshot(record), 11) if record is not None else None}))
+
+
+def test_a_retention_mark_checks_the_newer_completed_snapshot_it_keeps() -> None:
+    """Retention never deletes the newest completed snapshot: its mark of generation 2 checks that
+    generation 3 is still COMPLETED, at the version read, in the same transaction."""
+    reads = with_newer(delete_reads(ENDED, None), replace(ENDED, generation=3))
+    assert decide.delete_mark("app", 2, reads, None, NOW, 1_000, 3) == Commit(
+        [*MARK.ops[:2], Check(gen(3), 11), *MARK.ops[2:]], True, buckets=((RETENTION, NOW),), ensure=(PINS,)
+    )
+
+
+@pytest.mark.parametrize(
+    "newer", [None, replace(ENDED, generation=3, state=State.DELETING)], ids=["gone", "deleting"]
+)
+def test_a_retention_mark_is_refused_once_the_newer_completed_snapshot_went(
+    newer: SnapshotRecord | None,
+) -> None:
+    with pytest.raises(FailedPrecondition) as raised:
+        decide.delete_mark("app", 2, with_newer(delete_reads(ENDED, None), newer), None, NOW, 1_000, 3)
+    assert "generation 3, the newer completed snapshot" in str(raised.value)
+
+
 def step_reads(record: SnapshotRecord | None, tasks: tuple[str, ...] = ()) -> Reads:
     return Reads({gen(2): node(encode_snapshot(record), 9) if record is not None else None}, {TASKS: tasks})
 

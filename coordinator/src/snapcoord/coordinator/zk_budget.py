@@ -306,7 +306,8 @@ def abort_snapshot(limits: Limits) -> list[Op]:
 def delete_snapshot(limits: Limits) -> list[Op]:
     """The largest of a deletion's transactions (decide.delete_mark, decide.delete_step): the
     mark (pin guard: the index checked and the record of each of the most holders it may list, all
-    found dead and holding the most snapshots, rewritten; the header rewritten DELETING, a trigger)
+    found dead and holding the most snapshots, rewritten; the header rewritten DELETING, a trigger;
+    for retention, the newer completed header checked)
     or a batch of task deletes with the intent of
     their objects (the batch's budget counts both: many tasks of one key each, or one task of
     many keys)."""
@@ -320,6 +321,7 @@ def delete_snapshot(limits: Limits) -> list[Op]:
         ],
         SetData(gen_path(app, gen), encode_snapshot(record), _BIG_INT),
         Create(snapshots_decide.deleting_trigger(app, gen, _NOW_MS), b""),
+        Check(gen_path(app, gen + 1), _BIG_INT),  # retention: the newer completed one stays
     ]
     budget = limits.snapshots.max_request_bytes // 2
 

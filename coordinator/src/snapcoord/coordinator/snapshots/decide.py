@@ -416,22 +416,34 @@ def deleting_trigger(app_id: str, generation: int, now: int) -> str:
     return retention_entry(now, f"{app_id}@deleting-{generation}")
 
 
-def delete_reads(app_id: str, generation: int, now: int) -> list[ReadNode | ReadChildren]:
+def delete_reads(app_id: str, generation: int, now: int, newer: int = 0) -> list[ReadNode | ReadChildren]:
     return [
         ReadNode(gen_path(app_id, generation)),
         ReadNode(pins.pin_path(app_id, generation)),
         ReadNode(deleting_trigger(app_id, generation, now)),
+        *([ReadNode(gen_path(app_id, newer))] if newer else []),
     ]
 
 
 def delete_mark(
-    app_id: str, generation: int, reads: Reads, pending: Commit[bool] | None, now: int, skew_ms: int
+    app_id: str,
+    generation: int,
+    reads: Reads,
+    pending: Commit[bool] | None,
+    now: int,
+    skew_ms: int,
+    newer: int = 0,
 ) -> Done[bool] | Commit[bool] | More:
     """Step 1 of a deletion: an ended, unpinned snapshot becomes DELETING, in one transaction
     checked against its pins and the records of the holders found dead (so of a pin or a renewal
     and this mark racing, exactly one commits), with a retention trigger that outlives a crash.
     True when the snapshot is (now) DELETING, False when there was none. A DELETING snapshot
-    cannot be pinned any more (``pins.pinnable``)."""
+    cannot be pinned any more (``pins.pinnable``).
+
+    ``newer`` (retention): the newer completed generation that lets retention delete this one (it
+    never deletes the newest completed); refused unless that one is still COMPLETED, and checked
+    in the same transaction, so a deletion of it racing this mark (DeleteSnapshot) fails one of
+    the two instead of leaving the app without a completed snapshot."""
     header = stored_any(reads.node(gen_path(app_id, generation))) if generation > 0 else None
     if header is None:
         return landed(pending) if pending is not None else Done(False)
@@ -456,6 +468,15 @@ def delete_mark(
         )
     marked = replace(header.record, state=State.DELETING)
     ops: list[Op] = pins.guard(app_id, generation, pin_node, reads.nodes)
+    if newer:
+        kept = stored_any(reads.node(gen_path(app_id, newer)))
+        if kept is None or kept.record.state is not State.COMPLETED:
+            raise FailedPrecondition(
+                f"app {app_id!r} generation {newer}, the newer completed snapshot that let retention "
+                f"delete generation {generation}, is no longer there; retention decides again",
+                metadata={"app_id": app_id, "generation": generation},
+            )
+        ops.append(Check(gen_path(app_id, newer), kept.version))
     ops.append(SetData(gen_path(app_id, generation), encode_snapshot(marked), header.version))
     trigger = deleting_trigger(app_id, generation, now)
     if reads.node(trigger) is None:

@@ -56,7 +56,7 @@ class SnapshotJanitor:
         metrics: CoordinatorMetrics,
         *,
         abort: Callable[[str, int, str], Snapshot],
-        delete: Callable[[str, int], bool],
+        delete: Callable[[str, int, int], bool],
     ) -> None:
         self._kernel = kernel
         self._metadata = metadata
@@ -200,10 +200,13 @@ class SnapshotJanitor:
         pinned = [g for g in ended if pins.pinned(app_id, g, pin_of[g], holders, now, skew)]
         retained = [Retained(g, r.state, r.ended_at_ms, r.ttl_ms) for g, r in records.items()]
         victims = sorted([*deleting, *retention_victims(retained, retention, now, pinned)])
+        # Retention never deletes the newest completed snapshot: each deletion checks that it is
+        # still there (a DeleteSnapshot of it may race this pass). Half-done ones need no check.
+        newest = max((g for g, r in records.items() if r.state is State.COMPLETED), default=0)
         deleted = 0
         for generation in victims[:limit]:
             try:
-                deleted += self._delete(app_id, generation)
+                deleted += self._delete(app_id, generation, 0 if generation in deleting else newest)
             except (FailedPrecondition, Aborted):
                 continue  # pinned or changed meanwhile: the next evaluation decides again
         # The next time one of the survivors can expire, look at the app again.

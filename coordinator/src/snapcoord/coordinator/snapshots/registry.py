@@ -144,7 +144,14 @@ class SnapshotRegistry:
             4 * 1024 * 1024
         )
         self._janitor = SnapshotJanitor(
-            self._kernel, metadata, blobs, clock, policy, metrics, abort=self.abort, delete=self.delete
+            self._kernel,
+            metadata,
+            blobs,
+            clock,
+            policy,
+            metrics,
+            abort=self.abort,
+            delete=lambda app_id, generation, newer: self.delete(app_id, generation, newer=newer),
         )
 
     @property
@@ -538,8 +545,9 @@ class SnapshotRegistry:
             )
         return outcome.snapshot
 
-    def delete(self, app_id: str, generation: int) -> bool:
-        """Delete an ended snapshot and its payloads; False when there was none.
+    def delete(self, app_id: str, generation: int, *, newer: int = 0) -> bool:
+        """Delete an ended snapshot and its payloads; False when there was none. ``newer``
+        (retention): a newer completed generation that must still be there (``decide.delete_mark``).
 
         In steps, so that no transaction outgrows ZooKeeper's request limit whatever the task
         count: mark the header DELETING (checked against its pins; from then on it reads as gone),
@@ -551,9 +559,9 @@ class SnapshotRegistry:
         marked = self._kernel.run(
             "snapshot_delete",
             {"app_id": app_id, "generation": generation},
-            decide.delete_reads(app_id, generation, now) if generation > 0 else [],
+            decide.delete_reads(app_id, generation, now, newer) if generation > 0 else [],
             lambda reads, pending: decide.delete_mark(
-                app_id, generation, reads, pending, now, self._policy.max_clock_skew_ms
+                app_id, generation, reads, pending, now, self._policy.max_clock_skew_ms, newer
             ),
         )
         if not marked:
