@@ -21,6 +21,7 @@ from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, DeadlineExceeded
 from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.checkpoint_archive import cut_checkpoint
+from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
@@ -155,3 +156,38 @@ def test_a_reset_checkpoints_batch_is_never_found_in_the_earlier_run(
     assert batches(table) == [*range(10), *range(20, 28)]
     restore(table, new.batch_end_positions(3))
     assert batches(table) == [*range(10), *range(20, 24)]
+
+
+# -- finding: a restore's cut deleted the files of a newer run that committed meanwhile ----------------
+
+
+def test_a_cut_never_touches_a_newer_run_and_reports_it(spark: SparkSession, tmp_path: Path) -> None:
+    table = tmp_path / "table"
+    run = PartitionedFileSink(table)
+    run.fence(1)
+    for n in range(4):
+        write(spark, run, n)
+    positions = run.batch_end_positions(1)
+
+    class RacedRestorer(PartitionedFileSink):
+        """The old query, restarted by a supervisor, fences and commits batch 7 while the restore
+        is between the scan of the visible commits and the walk over the data files."""
+
+        raced = False
+
+        def _data_files(self) -> Iterator[tuple[Path, int, int]]:
+            if not self.raced:
+                self.raced = True
+                newer = PartitionedFileSink(table)
+                newer.fence(self.epoch + 1)
+                write(spark, newer, 7)
+            yield from super()._data_files()
+
+    restorer = RacedRestorer(table)
+    restorer.fence(2)
+    with pytest.raises(Fenced, match="fenced by epoch 3"):
+        restorer.restore_to(positions)  # not done: the newer run may have counted on what was cut
+    assert restorer.raced
+    reader = PartitionedFileSink(table)
+    assert all(f.exists() for f in reader.committed_files())  # the newer run's batch 7 is whole
+    assert batches(table) == [0, 1, 7]

@@ -106,8 +106,9 @@ class RestorableSink(FencedSink, Protocol):
     - ``last_batch_id()``: the batch id of the newest visible output (None when empty): how far a
       downstream reader may have read.
     - ``restore_to(positions)``: make the content exactly what it was at ``positions``: remove every
-      write at or after them, of any run, and never anything before them. The caller holds the
-      newest epoch (``fence``), so no run can write while it cuts.
+      write at or after them, of any run up to the caller's epoch, and never anything before them.
+      The caller holds the newest epoch (``fence``); it never touches a newer epoch's writes and
+      raises ``Fenced`` when a newer epoch fenced before or while it cut.
     """
 
     def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
@@ -237,11 +238,15 @@ class PartitionedFileSink:
         return commits[-1].batch_id if commits else None
 
     def restore_to(self, positions: Sequence[Offset]) -> None:
-        """Remove every commit at or above the snapshot's sequence (whichever run wrote it) and
-        every file no remaining visible commit lists; commits below it stay, visible ones intact.
+        """Remove every commit at or above the snapshot's sequence (whichever run wrote it, up to
+        this object's epoch) and every file of those epochs that no remaining visible commit lists;
+        commits below it stay, visible ones intact.
 
         Only the holder of the newest epoch may do this (``fence`` first): a run still writing
-        would otherwise commit again behind the cut.
+        would otherwise commit again behind the cut. A run that fences a newer epoch while the cut
+        is under way is never touched (its files, commits and staging directories are of a higher
+        epoch), and the cut then raises ``Fenced`` at its end: that run may have counted on output
+        the cut removed, so the restore must not be taken as done.
         """
         require_driver("PartitionedFileSink.restore_to")
         mine = {p.partition: p.offset for p in positions if p.stream == self.name}
@@ -252,15 +257,17 @@ class PartitionedFileSink:
             raise Fenced(f"{self!r}: fence the sink with a new epoch before restoring it")
         self.check_epoch()
         for c in self._commits():
-            if c.seq >= keep_below:
+            if c.seq >= keep_below and c.epoch <= self.epoch:
                 self._remove(self.path / COMMITS_DIR / c.file_name)
         listed = {f for c in visible(self._commits(), self._fences()) for f in c.files}
-        for file, _, _ in self._data_files():
-            if file.relative_to(self.path).as_posix() not in listed:
+        for file, _, epoch in self._data_files():
+            if epoch <= self.epoch and file.relative_to(self.path).as_posix() not in listed:
                 self._remove(file)
-        for staging, _ in self._staging_dirs():
-            shutil.rmtree(staging, ignore_errors=True)
+        for staging, epoch in self._staging_dirs():
+            if epoch <= self.epoch:
+                shutil.rmtree(staging, ignore_errors=True)
         self._next_seq = None
+        self.check_epoch()  # a newer run that fenced during the cut: the restore is not done
 
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
