@@ -405,9 +405,10 @@ def test_partitioned_file_sink_commits_fences_and_rolls_back_one_attempt(
     with pytest.raises(Fenced):
         sink.rollback_to(mark)
     # ...and one that passed its check just before the fence commits into the fenced range: the
-    # commit file exists, but no reader sees it.
+    # commit file exists, but no reader sees it, and the write fails (Spark never records it).
     monkeypatch.setattr(sink, "check_epoch", lambda: None)
-    sink.write(df, 2)
+    with pytest.raises(Fenced, match="hidden by its fence"):
+        sink.write(df, 2)
     assert len(list((table / "_commits").glob(f"*-e{1:012d}.json"))) == 2
     assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
     assert _ids(PartitionedFileSink(table, partition_by=["bucket"])) == [0, 1, 2, 3, 4, 4, 5, 5]

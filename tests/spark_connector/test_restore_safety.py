@@ -9,8 +9,9 @@ needed. Races are made deterministic by running the other party at a fixed point
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, DeadlineExceeded
 from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.checkpoint_archive import cut_checkpoint
+from snapcoord.spark_connector.commit_log import Commit
 from snapcoord.spark_connector.epochs import Fenced
+from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
@@ -191,3 +194,117 @@ def test_a_cut_never_touches_a_newer_run_and_reports_it(spark: SparkSession, tmp
     reader = PartitionedFileSink(table)
     assert all(f.exists() for f in reader.committed_files())  # the newer run's batch 7 is whole
     assert batches(table) == [0, 1, 7]
+
+
+# -- finding: a fence that landed between a writer's check and its commit file hid a written batch -----
+
+
+class PausesBeforeItsCommitFile(PartitionedFileSink):
+    """A writer that runs ``before_link`` once, after its fence check passed and before it links its
+    commit file: where a newer run's fence can land."""
+
+    before_link: Callable[[], None] | None = None
+    _committing = False
+
+    def _commit(self, commit: Commit) -> None:
+        self._committing = True
+        try:
+            super()._commit(commit)
+        finally:
+            self._committing = False
+
+    def check_epoch(self) -> None:
+        super().check_epoch()
+        hook, self.before_link = (self.before_link, None) if self._committing else (None, self.before_link)
+        if hook is not None:
+            hook()
+
+
+class DiesAfterItsFence(ExactlyOnceWriter):
+    def _hook(self, point: str, batch_id: int) -> None:
+        if point == "after_delete":
+            raise DriverKilled(f"killed in batch {batch_id} as epoch {self.epoch}")
+
+
+class DriverKilled(Exception):
+    pass
+
+
+def test_a_batch_a_newer_fence_hides_is_never_reported_written(
+    spark: SparkSession, tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    checkpoint = make_checkpoint(tmp_path / "cp", "query-1", range(6), range(0))
+    table = tmp_path / "table"
+
+    def df(batch: int) -> Any:
+        return spark.createDataFrame(rows(batch), "id long, b long").coalesce(1)
+
+    with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+        sink_a = PausesBeforeItsCommitFile(table)
+        a = exactly_once(sink_a, client, query_name="hidden", checkpoint_location=str(checkpoint))
+        a(df(0), 0)
+        spark_commits(checkpoint, 0)
+
+        def driver_b() -> None:  # a second driver on the checkpoint re-runs batch 1, fences, dies
+            b = DiesAfterItsFence(PartitionedFileSink(table), client, query_name="hidden")
+            b.checkpoint_location = str(checkpoint)
+            with pytest.raises(DriverKilled):
+                b(df(1), 1)
+
+        sink_a.before_link = driver_b
+        with pytest.raises(Fenced, match="hidden by its fence"):
+            a(df(1), 1)  # A's Spark does not write commits/1
+        assert sink_a.before_link is None and batches(table) == [0]
+
+        # The restarted driver resumes at batch 1: A's attempt is rolled back, nothing is lost.
+        c = exactly_once(
+            PartitionedFileSink(table), client, query_name="hidden", checkpoint_location=str(checkpoint)
+        )
+        for n in (1, 2, 3):
+            c(df(n), n)
+            spark_commits(checkpoint, n)
+    assert batches(table) == [0, 1, 2, 3]
+
+
+def test_a_commit_linked_while_a_fence_is_computed_fails_its_write(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "table"
+    b_scanned, a_done = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    class ScansThenWaits(PartitionedFileSink):
+        """Driver B: its fence has listed the commits (not A's) and waits before writing the fence."""
+
+        def _commits(self) -> list[Commit]:
+            found = super()._commits()
+            if not b_scanned.is_set():
+                b_scanned.set()
+                if not a_done.wait(120):
+                    failures.append(TimeoutError("A never finished its write"))
+            return found
+
+    def fence_b() -> None:
+        try:
+            ScansThenWaits(table).fence(2)
+        except BaseException as e:  # reported by the test thread
+            failures.append(e)
+
+    a = PausesBeforeItsCommitFile(table)
+    a.fence(1)
+    write(spark, a, 0)
+    b = threading.Thread(target=fence_b)
+
+    def start_b_and_wait_for_its_scan() -> None:
+        b.start()
+        assert b_scanned.wait(120)
+
+    a.before_link = start_b_and_wait_for_its_scan
+    try:
+        with pytest.raises(Fenced, match="not reported as written"):
+            write(spark, a, 1)  # linked after B's scan: B's fence will hide it, so the write must fail
+    finally:
+        a_done.set()
+        b.join(120)
+    assert not b.is_alive() and not failures
+    assert batches(table) == [0]  # hidden by B's fence: a re-run of batch 1 writes it

@@ -10,6 +10,9 @@ A batch is visible exactly when its commit file exists and no fence hides it:
   *lower* epoch at a sequence ``>= from_seq`` is invisible forever, whenever it was written: that is
   how a zombie driver's late commit (it passed its own fence check just before the new run fenced)
   stays out of every reader's view.
+- ``_fences/e<epoch:012d>.intent`` (empty) announces a fence before its ``from_seq`` is computed:
+  writers of a lower epoch check for it right after linking a commit file and fail then (readers
+  ignore it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ COMMITS_DIR = "_commits"
 FENCES_DIR = "_fences"
 _COMMIT_RE = re.compile(r"^(?P<seq>\d{12})-e(?P<epoch>\d{12})\.json$")
 _FENCE_RE = re.compile(r"^e(?P<epoch>\d{12})\.json$")
+_FENCE_INTENT_RE = re.compile(r"^e(?P<epoch>\d{12})\.intent$")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,15 @@ def commit_file_name(seq: int, epoch: int) -> str:
 
 def fence_file_name(epoch: int) -> str:
     return f"e{epoch:012d}.json"
+
+
+def fence_intent_name(epoch: int) -> str:
+    return f"e{epoch:012d}.intent"
+
+
+def parse_fence_intent_name(name: str) -> int | None:
+    m = _FENCE_INTENT_RE.match(name)
+    return int(m.group("epoch")) if m else None
 
 
 def parse_commit_name(name: str) -> tuple[int, int] | None:

@@ -16,8 +16,17 @@ commit log (``commit_log``) that makes each batch visible atomically. Every ``wr
 2. the driver renames each part file into its partition directory as
    ``part-<S:012d>-e<E:012d>-<attempt>-<n>.<ext>`` (not yet visible: no commit names them);
 3. the driver checks that no newer epoch fenced the sink and writes the commit file
-   ``_commits/<S>-e<E>.json`` listing those files, atomically (the batch's visibility point);
+   ``_commits/<S>-e<E>.json`` listing those files, atomically (the batch's visibility point), then
+   checks again: when a newer epoch announced its fence meanwhile, ``write`` raises ``Fenced`` (the
+   commit may be visible or hidden), so Spark never records such a batch as committed and its re-run
+   rolls it back;
 4. the staging directory is removed.
+
+``fence(E)`` goes in two steps: it announces ``E`` (``_fences/e<E>.intent``: from then on every lower
+epoch's check fails), then computes ``from_seq`` from the visible commits and writes the fence. A
+commit linked before the announcement is seen by that computation and stays visible; one linked
+after it fails its writer's second check. So a commit whose ``write`` returned is never hidden by a
+later fence, and a hidden commit was never reported as written.
 
 Readers use ``committed_files()`` / ``read(spark)``: files no visible commit lists (a crashed or
 rolled-back write, a zombie's late write) are never read. ``positions()`` is
@@ -45,7 +54,10 @@ from snapcoord.spark_connector.commit_log import (
     Commit,
     Fence,
     fence_file_name,
+    fence_intent_name,
+    is_visible,
     parse_commit_name,
+    parse_fence_intent_name,
     parse_fence_name,
     visible,
 )
@@ -84,7 +96,8 @@ class FencedSink(RollbackSink, Protocol):
     - ``max_epoch()``: the highest epoch fenced so far (0 when none); durable.
     - ``fence(epoch)``: from now on, writes of any lower epoch are invisible (also those committed
       after this call by a driver that checked just before it), and this sink object writes as
-      ``epoch``. Raises ``Fenced`` when a higher epoch already fenced.
+      ``epoch``. Raises ``Fenced`` when a higher epoch already fenced. A lower epoch's write that
+      a fence hides must raise, never return: Spark would record its batch as committed.
     - ``check_epoch()``: raise ``Fenced`` when a higher epoch than this object's fenced the sink.
     """
 
@@ -271,7 +284,9 @@ class PartitionedFileSink:
 
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
-        return max((f.epoch for f in self._fences()), default=0)
+        """The highest epoch fenced or announced (a fence's first step) so far."""
+        announced = (parse_fence_intent_name(p.name) for p in _list_dir(self.path / FENCES_DIR))
+        return max([f.epoch for f in self._fences()] + [e for e in announced if e is not None], default=0)
 
     def fence(self, epoch: int) -> None:
         require_driver("PartitionedFileSink.fence")
@@ -280,10 +295,19 @@ class PartitionedFileSink:
         highest = self.max_epoch()
         if highest > epoch:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
-        if highest < epoch:
-            # Everything committed so far stays visible; a lower epoch's commit at or above from_seq,
-            # now or later, is hidden. A zombie cannot commit below from_seq: its next sequence is
-            # above its own last commit, and every visible commit is below from_seq.
+        if not (self.path / FENCES_DIR / fence_file_name(epoch)).exists():
+            # 1. Announce: every lower epoch's check fails from here on, also the check a writer makes
+            #    right after linking its commit file.
+            with contextlib.suppress(FileExistsError):  # announced before, by a fence that failed
+                _create_exclusive(self.path / FENCES_DIR, fence_intent_name(epoch), "")
+            highest = self.max_epoch()
+            if highest > epoch:
+                raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
+            # 2. Everything committed so far stays visible; a lower epoch's commit at or above from_seq,
+            #    now or later, is hidden. A commit linked after the announcement is not seen here, and
+            #    its writer fails its check after the link (never reports it written). A zombie cannot
+            #    commit below from_seq: its next sequence is above its own last commit, and every
+            #    visible commit is below from_seq.
             from_seq = max((c.seq for c in visible(self._commits(), self._fences())), default=-1) + 1
             payload = json.dumps({"epoch": epoch, "from_seq": from_seq})
             _create_exclusive(self.path / FENCES_DIR, fence_file_name(epoch), payload)
@@ -331,7 +355,9 @@ class PartitionedFileSink:
 
     def _commit(self, commit: Commit) -> None:
         """The visibility point of a batch. The fence check makes a zombie fail here in the common
-        case; one that passes it just before a newer run fences is hidden by that fence instead."""
+        case. One that passes it just before a newer run announces its fence links its commit file
+        and fails the check after it (``Fenced``): its commit is hidden by that fence, or visible
+        and rolled back by the batch's re-run; either way Spark never records the batch committed."""
         self.check_epoch()
         payload = json.dumps(
             {
@@ -342,6 +368,14 @@ class PartitionedFileSink:
             }
         )
         _create_exclusive(self.path / COMMITS_DIR, commit.file_name, payload)
+        highest = self.max_epoch()
+        if highest > self.epoch:
+            state = "visible" if is_visible(commit, self._fences()) else "hidden by its fence"
+            raise Fenced(
+                f"{self!r}: epoch {highest} fenced the sink while epoch {self.epoch} committed sequence "
+                f"{commit.seq} (batch {commit.batch_id}, {state}): not reported as written; its "
+                "re-run rolls it back"
+            )
 
     def _remove(self, path: Path) -> None:
         """Delete one file of a rollback. Subclasses may hook here."""
