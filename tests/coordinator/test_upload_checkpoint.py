@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import random
+import threading
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from harness.coordinator import InProcessCoordinator, serve_in_process
+from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.client import (
     CoordinatorClient,
@@ -25,6 +28,7 @@ from snapcoord.client import (
 )
 from snapcoord.coordinator import intents
 from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 MiB = 1024 * 1024
@@ -181,3 +185,94 @@ def test_bad_references_are_refused_and_change_nothing(client: CoordinatorClient
     with pytest.raises(FailedPrecondition):
         client.report_task_snapshot("app", g, TaskSnapshot("t", (), {"x": b""}, uploads={"s": up.upload_id}))
     assert b"".join(client.read_checkpoint("app", g, "t", "s")) == b"payload"
+
+
+def test_an_upload_cancelled_or_past_its_deadline_mid_stream_is_not_internal(
+    coordinator: InProcessCoordinator,
+    client: CoordinatorClient,
+    stores: Stores,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The caller's cancel or deadline is what the server records (no INTERNAL, no traceback), and
+    an upload recorded as ended early leaves nothing behind."""
+    caplog.set_level(logging.WARNING, logger="snapcoord")
+    g = client.create_snapshot("app", ["t"]).generation
+    header = snapshot_pb2.UploadCheckpointRequest(
+        app_id="app", generation=g, task_id="t", store="s", data=b"a"
+    )
+
+    def handled(code: str) -> float:
+        labels = {
+            "grpc_type": "client_stream",
+            "grpc_service": "snapcoord.v1.SnapshotService",
+            "grpc_method": "UploadCheckpoint",
+            "grpc_code": code,
+        }
+        return coordinator.server.registry.get_sample_value("grpc_server_handled_total", labels) or 0.0
+
+    def recorded() -> float:
+        return sum(handled(code) for code in ("OK", "Canceled", "DeadlineExceeded", "Internal"))
+
+    released = threading.Event()
+
+    def held() -> Iterator[snapshot_pb2.UploadCheckpointRequest]:
+        yield header
+        yield snapshot_pb2.UploadCheckpointRequest(data=b"b" * MiB)
+        released.wait(120)
+
+    with coordinator.channel() as channel:
+        stub = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+        cancelled = stub.UploadCheckpoint.future(held())
+        wait_until(lambda: live_intents(stores), timeout=60, what="the upload to start")
+        cancelled.cancel()
+        wait_until(lambda: recorded() == 1, timeout=60, what="the cancelled upload to be recorded")
+
+        late = stub.UploadCheckpoint.future(held(), timeout=1)
+        with pytest.raises(grpc.RpcError) as ended:
+            late.result()
+        assert ended.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: recorded() == 2, timeout=60, what="the late upload to be recorded")
+        released.set()
+    assert handled("Internal") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    if handled("OK") == 0:  # (grpc may see a cancel only after the stream ended: then it completes)
+        assert live_intents(stores) == [] and stored_keys(stores) == set()
+
+
+class _EndedCall:
+    """The context of a call grpc has ended: inactive, with ``remaining`` seconds of deadline."""
+
+    def __init__(self, remaining: float) -> None:
+        self.remaining = remaining
+        self.aborted: grpc.StatusCode | None = None
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return self.remaining
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = code
+        raise Exception()  # what grpc's context.abort raises
+
+
+@pytest.mark.parametrize(
+    ("remaining", "code"),
+    [(1e9, grpc.StatusCode.CANCELLED), (0.0, grpc.StatusCode.DEADLINE_EXCEEDED)],
+)
+@pytest.mark.parametrize("ends", ["raises", "just ends"])
+def test_a_request_stream_that_ends_with_its_call_aborts_with_the_callers_code(
+    remaining: float, code: grpc.StatusCode, ends: str
+) -> None:
+    def requests() -> Iterator[bytes]:
+        yield b"first"
+        if ends == "raises":
+            raise grpc.RpcError()  # grpc's iterator, once the call is cancelled
+
+    context = _EndedCall(remaining)
+    stream = until_ended(requests(), context)
+    assert next(stream) == b"first"
+    with pytest.raises(Exception) as e:
+        next(stream)
+    assert type(e.value) is Exception and context.aborted is code

@@ -15,8 +15,9 @@ the standard type, so grpcurl and googleapis-based clients decode it as the real
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn, TypeVar
 
 import grpc
 
@@ -27,6 +28,11 @@ from snapcoord.v1 import error_details_pb2
 DOMAIN = "snapcoord.dev"
 #: The trailer gRPC reserves for a serialized ``google.rpc.Status``.
 DETAILS_KEY = "grpc-status-details-bin"
+#: Seconds left of a deadline at which a stream that ended early ended by the deadline (the
+#: server's timer and ``time_remaining`` read different clocks).
+_DEADLINE_SLACK_S = 0.05
+
+_T = TypeVar("_T")
 #: ``Any.type_url`` of the ErrorInfo detail: the standard message's name.
 ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
 
@@ -110,3 +116,33 @@ def status_for(exc: BaseException) -> Status:
 def unimplemented(message: str) -> Status:
     """The status of an RPC the proto has but this coordinator does not implement."""
     return Status(grpc.StatusCode.UNIMPLEMENTED, message, False, errors.Reason.UNIMPLEMENTED.value)
+
+
+def until_ended(requests: Iterator[_T], context: grpc.ServicerContext) -> Iterator[_T]:
+    """A client stream's ``requests``, ending the call as the client did when it ends early.
+
+    When the client cancels or its deadline passes mid-stream, grpc's request iterator raises a
+    bare ``grpc.RpcError`` (no code), which would be INTERNAL: a traceback and an Internal count for
+    what is the caller's doing. The call ends instead with CANCELLED or DEADLINE_EXCEEDED, what
+    the caller saw, through ``context.abort`` (the interceptor records an aborted call's code), and
+    the exception unwinds the servicer, which cleans up as after any failure. The pending read
+    may also fail before grpc marks the call cancelled, and the stream just end: it is ended the
+    same way when the call is inactive or past its deadline by then. (A cancel grpc marks only
+    later is not seen here: that upload completes, its id reaches no one, and the janitor's
+    intent sweep removes it.)
+    """
+    try:
+        yield from requests
+    except grpc.RpcError:
+        if context.is_active():
+            raise
+        _abort_ended(context)
+    if not context.is_active() or context.time_remaining() <= _DEADLINE_SLACK_S:
+        _abort_ended(context)
+
+
+def _abort_ended(context: grpc.ServicerContext) -> NoReturn:
+    late = context.time_remaining() <= _DEADLINE_SLACK_S
+    code = grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.CANCELLED
+    context.abort(code, f"the request stream ended early: {code.name}")
+    raise AssertionError("context.abort returned")  # pragma: no cover

@@ -36,7 +36,7 @@ from snapcoord.coordinator.auth.rules import (
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH, is_valid_id
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
 from snapcoord.coordinator.request_decoding import MalformedRequest
-from snapcoord.coordinator.status import status_for
+from snapcoord.coordinator.status import status_for, until_ended
 
 _log = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         )
 
         def run(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            request_iterator = until_ended(request_iterator, context)
             first = next(request_iterator, None)
             stream = itertools.chain(() if first is None else (first,), request_iterator)
             return guarded(_Head(first, stream), context)
