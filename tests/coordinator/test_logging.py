@@ -96,6 +96,27 @@ def test_request_ids_come_from_id_fields_only() -> None:
     assert call_log.request_ids(b"raw bytes") == {}
 
 
+def test_an_oversized_request_id_is_recorded_as_its_prefix_and_length() -> None:
+    huge = "abc" + "x" * (4 * 1024 * 1024 - 3)
+    ids = call_log.request_ids(snapshot_pb2.CreateSnapshotRequest(app_id=huge))
+    assert ids == {"app_id": f"abc{'x' * 61}…(4194304 chars)"}
+    longest = "y" * call_log.MAX_RECORDED_ID_CHARS
+    assert call_log.request_ids(lease_pb2.GetLeaseRequest(lease_id=longest)) == {"lease_id": longest}
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("snapcoord.rpc")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        call_log.log_finished("m", grpc.StatusCode.INVALID_ARGUMENT, 0.001, ids)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    line = stream.getvalue()
+    assert "app_id=abcx" in line and "(4194304 chars)" in line and len(line) < 200
+
+
 def test_the_level_follows_who_has_to_act() -> None:
     assert call_log.level_for(grpc.StatusCode.OK) == logging.DEBUG
     assert call_log.level_for(grpc.StatusCode.NOT_FOUND) == logging.INFO

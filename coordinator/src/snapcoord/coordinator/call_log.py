@@ -24,6 +24,11 @@ _log = logging.getLogger("snapcoord.rpc")
 
 #: Request fields worth a key in logs and span attributes: the nouns of the API.
 ID_FIELDS: tuple[str, ...] = ("app_id", "generation", "producer_id", "lease_id", "job_id", "task_id")
+#: Longest id value recorded whole (a valid id has at most 200 characters). A longer one, which
+#: the call refuses, is recorded as its first ``_KEPT_CHARS`` and its length, so a 4 MB id is not
+#: a 4 MB log line (twice: message and field) or span attribute.
+MAX_RECORDED_ID_CHARS = 200
+_KEPT_CHARS = 64
 
 _WARN = frozenset(
     {
@@ -57,10 +62,18 @@ def _collect(message: Any, ids: dict[str, str | int], *, depth: int) -> None:
         return
     for field, value in message.ListFields():  # only fields that are set, in field-number order
         if field.name in ID_FIELDS and not isinstance(value, (list, tuple)) and field.name not in ids:
-            if isinstance(value, (str, int)) and not isinstance(value, bool):
+            if isinstance(value, str):
+                ids[field.name] = _bounded(value)
+            elif isinstance(value, int) and not isinstance(value, bool):
                 ids[field.name] = value
         elif depth == 0 and field.message_type is not None and hasattr(value, "ListFields"):
             _collect(value, ids, depth=1)  # singular nested message; repeated ones are lists
+
+
+def _bounded(value: str) -> str:
+    if len(value) <= MAX_RECORDED_ID_CHARS:
+        return value
+    return f"{value[:_KEPT_CHARS]}…({len(value)} chars)"
 
 
 def log_finished(
