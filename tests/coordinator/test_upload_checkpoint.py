@@ -187,6 +187,21 @@ def test_bad_references_are_refused_and_change_nothing(client: CoordinatorClient
     assert b"".join(client.read_checkpoint("app", g, "t", "s")) == b"payload"
 
 
+def test_an_upload_id_is_accepted_only_as_upload_checkpoint_wrote_it(
+    client: CoordinatorClient, stores: Stores
+) -> None:
+    g = client.create_snapshot("app", ["t"]).generation
+    up = client.upload_checkpoint("app", g, "t", "s", b"payload")
+    minute, _, unique = up.upload_id.partition("-")
+    for padded in ("000" + up.upload_id, f"0{minute}-{unique}"):
+        with pytest.raises(InvalidArgument) as refused:
+            client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": padded}))
+        assert "not an upload_id that UploadCheckpoint returns" in str(refused.value)
+    assert client.get_snapshot("app", g).tasks == ()
+    client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": up.upload_id}))
+    assert b"".join(client.read_checkpoint("app", g, "t", "s")) == b"payload"
+
+
 def test_an_upload_cancelled_or_past_its_deadline_mid_stream_is_not_internal(
     coordinator: InProcessCoordinator,
     client: CoordinatorClient,

@@ -134,9 +134,13 @@ def new_name(now_ms: int) -> tuple[str, str]:
 
 
 def path_of(intent_id: str) -> str | None:
-    """The path of the intent ``intent_id`` names; None when it is not an intent id."""
+    """The path of the intent ``intent_id`` names; None when it is not an intent id as ``new_name``
+    writes it (a zero-padded minute would name the same intent under another id: a report naming
+    it and one naming the real id would differ in their digests)."""
     bucket, sep, unique = intent_id.partition("-")
     if not sep or not bucket.isascii() or not bucket.isdigit() or len(bucket) > 12:
+        return None
+    if bucket != str(int(bucket)):
         return None
     if len(unique) != 32 or not all(c in "0123456789abcdef" for c in unique):
         return None
