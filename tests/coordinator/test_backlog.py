@@ -387,6 +387,16 @@ def test_report_ids_are_scoped_to_a_mark(backlog: BacklogRegistry) -> None:
     assert not backlog.status("job-1").processing_backlog
 
 
+def test_any_report_id_the_docs_allow_is_accepted_dots_too(backlog: BacklogRegistry) -> None:
+    """docs/api.md: 1-128 characters of [A-Za-z0-9._:-]. A report id is only hashed into a tag, so
+    "." and ".." are ids like any other (identifiers that become path segments refuse them)."""
+    backlog.mark("job-1", [off("in", 0, 5), off("in", 1, 5)], reset=False)
+    assert backlog.report("job-1", [off("in", 0, 5)], ".").newly_finished == (off("in", 0, 5),)
+    assert backlog.report("job-1", [off("in", 1, 5)], "..").newly_finished == (off("in", 1, 5),)
+    assert backlog.report("job-1", [off("in", 0, 5)], ".").newly_finished == (off("in", 0, 5),)  # its retry
+    assert backlog.report("job-1", [off("in", 1, 5)], "...").newly_finished == ()
+
+
 def test_restart_survival(
     request: pytest.FixtureRequest, stores: Stores, clock: ManualClock, tmp_path: Path
 ) -> None:

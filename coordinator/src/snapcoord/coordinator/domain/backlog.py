@@ -319,8 +319,9 @@ def report_tag(report_id: str) -> str:
 
 
 def validate_report_id(report_id: str) -> str:
-    """Empty (the coordinator makes one), or 1-128 characters of ``[A-Za-z0-9._:-]``."""
-    if not report_id:
+    """Empty (the coordinator makes one), or 1-128 characters of ``[A-Za-z0-9._:-]``. It is only
+    ever hashed (``report_tag``), never a path or key segment, so ``.`` and ``..`` are ids too."""
+    if not report_id or report_id in (".", ".."):
         return report_id
     if len(report_id) > MAX_REPORT_ID_LENGTH:
         raise InvalidArgument(
