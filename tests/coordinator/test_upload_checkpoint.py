@@ -202,6 +202,18 @@ def test_an_upload_id_is_accepted_only_as_upload_checkpoint_wrote_it(
     assert b"".join(client.read_checkpoint("app", g, "t", "s")) == b"payload"
 
 
+def test_refusals_quote_the_whole_upload_id(client: CoordinatorClient, stores: Stores) -> None:
+    g = client.create_snapshot("app", ["t"]).generation
+    up = client.upload_checkpoint("app", g, "t", "s", b"payload")
+    with pytest.raises(InvalidArgument) as other_store:
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"other": up.upload_id}))
+    assert f"upload {up.upload_id!r} was made for" in str(other_store.value)
+    never = "999999999-" + "0" * 32
+    with pytest.raises(NotFound) as missing:
+        client.report_task_snapshot("app", g, TaskSnapshot("t", (), uploads={"s": never}))
+    assert f"upload {never!r} does not exist" in str(missing.value)
+
+
 def test_an_upload_cancelled_or_past_its_deadline_mid_stream_is_not_internal(
     coordinator: InProcessCoordinator,
     client: CoordinatorClient,

@@ -308,9 +308,10 @@ def claim_uploads(request: ReportRequest, reads: Reads) -> tuple[list[Checkpoint
         node = reads.node(path)
         intent = intents.decode(node.data) if node is not None else None
         field_name = f"task.uploaded_checkpoints[{quote_prefix(store)}]"
+        # upload_id is quoted whole: intents.path_of accepted it, so it is at most 45 characters.
         if node is None or intent is None or intent.swept or intent.upload is None:
             raise NotFound(
-                f"{field_name}: upload {quote_prefix(upload_id)} does not exist (never made, already used "
+                f"{field_name}: upload {upload_id!r} does not exist (never made, already used "
                 "by another report, or collected by the janitor): upload the checkpoint again",
                 metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
             )
@@ -318,14 +319,14 @@ def claim_uploads(request: ReportRequest, reads: Reads) -> tuple[list[Checkpoint
         target = (request.app_id, request.generation, request.task_id, store)
         if (u.app_id, u.generation, u.task_id, u.store) != target:
             raise InvalidArgument(
-                f"{field_name}: upload {quote_prefix(upload_id)} was made for app {quote_prefix(u.app_id)} "
+                f"{field_name}: upload {upload_id!r} was made for app {quote_prefix(u.app_id)} "
                 f"generation {u.generation} task {quote_prefix(u.task_id)} store {quote_prefix(u.store)}, "
                 "not for this report's task and store",
                 metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
             )
         if not u.complete:
             raise FailedPrecondition(
-                f"{field_name}: upload {quote_prefix(upload_id)} has not finished: report after "
+                f"{field_name}: upload {upload_id!r} has not finished: report after "
                 "UploadCheckpoint answered",
                 metadata={"field": "task.uploaded_checkpoints", "store": store, "upload_id": upload_id},
             )
