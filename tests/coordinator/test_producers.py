@@ -13,6 +13,7 @@ from harness.seaweed import SeaweedS3Server
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.paging import encode_name_token
 from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
 from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
@@ -150,6 +151,35 @@ def test_list_pages_through_live_records(producers: ProducerRegistry, clock: Man
         if not token:
             break
     assert seen == ["sink-0", "sink-1", "sink-3", "sink-4"]
+
+
+def test_a_list_page_ends_early_once_its_offsets_reach_the_byte_budget(
+    stores: Stores, clock: ManualClock
+) -> None:
+    """Records may hold 100k offsets each: a page of 100 would be GBs. A page ends once its
+    payloads reach the budget (after at least one record, however large); the token goes on."""
+    producers = ProducerRegistry(
+        stores.metadata,
+        stores.blobs,
+        clock,
+        POLICY,
+        CoordinatorMetrics(new_registry()),
+        list_page_bytes=5_000,
+    )
+    big = [Offset("orders", p, 10**12 + p) for p in range(100)]  # 5.8 KB stored, A 140 bytes
+    for i in range(5):
+        producers.register(f"sink-{i}", big if i in (1, 2) else A, HOUR_MS)
+    pages: list[list[str]] = []
+    token = ""
+    while True:
+        page, token = producers.list_page(100, token)
+        pages.append([s.producer_id for s in page])
+        if not token:
+            break
+    # sink-0 and sink-1 pass 5,000 bytes; sink-2 alone is over them: a page of its own.
+    assert pages == [["sink-0", "sink-1"], ["sink-2"], ["sink-3", "sink-4"]]
+    second, _ = producers.list_page(100, encode_name_token("sink-1"))
+    assert [s.producer_id for s in second] == ["sink-2"] and second[0].offsets == tuple(big)
 
 
 def test_exactly_one_of_twenty_concurrent_registrations_wins(

@@ -37,6 +37,9 @@ DEFAULT_PAGE_SIZE = 100
 #: orphan grace, at most this).
 DEFAULT_INTENT_MAX_AGE_MS = 30_000
 MAX_PAGE_SIZE = 1000
+#: A ListProducerOffsets page ends early once its records' stored offsets reach this many bytes (a
+#: record may hold 100k offsets: 100 of them would be GBs in the server and in one response).
+LIST_PAGE_BYTES = 8 * 1024 * 1024
 
 
 class ProducerRegistry:
@@ -51,8 +54,10 @@ class ProducerRegistry:
         metrics: CoordinatorMetrics,
         *,
         intent_max_age_ms: int = DEFAULT_INTENT_MAX_AGE_MS,
+        list_page_bytes: int = LIST_PAGE_BYTES,
     ) -> None:
         self._metadata = metadata
+        self._list_page_bytes = list_page_bytes
         self._blobs = blobs
         self._clock = clock
         self._policy = policy
@@ -137,7 +142,8 @@ class ProducerRegistry:
         )
 
     def list_page(self, page_size: int, page_token: str) -> tuple[list[ProducerSnapshot], str]:
-        """One page of live snapshots in producer_id order, and the token of the next page."""
+        """One page of live snapshots in producer_id order, and the token of the next page. The
+        page ends early, after at least one record, once its payloads reach ``list_page_bytes``."""
         if page_size < 0 or page_size > MAX_PAGE_SIZE:
             raise InvalidArgument(
                 f"page_size is {page_size}; use 1-{MAX_PAGE_SIZE}, or 0 for {DEFAULT_PAGE_SIZE}"
@@ -148,7 +154,8 @@ class ProducerRegistry:
         i = bisect.bisect_right(names, after) if after else 0
         page: list[ProducerSnapshot] = []
         now = self._clock.now_ms()
-        while i < len(names) and len(page) < size:
+        used = 0
+        while i < len(names) and len(page) < size and used < self._list_page_bytes:
             batch = names[i : i + size - len(page)]  # the records of a page are read together
             nodes = self._metadata.get_many([record_path(n) for n in batch])
             for name in batch:
@@ -157,9 +164,13 @@ class ProducerRegistry:
                 if current is None or current.record.is_expired(now):
                     continue
                 try:
-                    page.append(self._snapshot(current.record))
+                    snapshot, size_bytes = self._snapshot_sized(current.record)
                 except NotFound:
                     continue  # deleted while we paged
+                page.append(snapshot)
+                used += size_bytes
+                if used >= self._list_page_bytes:
+                    break
         return page, (encode_name_token(names[i - 1]) if i < len(names) else "")
 
     # --- the janitor's steps (janitor.py) -------------------------------------------------------
@@ -180,6 +191,10 @@ class ProducerRegistry:
 
     def _snapshot(self, record: ProducerRecord) -> ProducerSnapshot:
         """The record with its offsets from the payload; NOT_FOUND if it was deleted meanwhile."""
+        return self._snapshot_sized(record)[0]
+
+    def _snapshot_sized(self, record: ProducerRecord) -> tuple[ProducerSnapshot, int]:
+        """``_snapshot``, and the size of the payload it was read from."""
         try:
             payload = self._blobs.get(record.object_key)
         except BlobNotFound:
@@ -192,4 +207,5 @@ class ProducerRegistry:
                 f"the payload {record.object_key} of producer_id {record.producer_id!r} is missing"
             ) from None
         _, offsets = decode_producer_offsets(payload)
-        return ProducerSnapshot(record.producer_id, offsets, record.created_at_ms, record.expires_at_ms)
+        snapshot = ProducerSnapshot(record.producer_id, offsets, record.created_at_ms, record.expires_at_ms)
+        return snapshot, len(payload)
