@@ -29,6 +29,7 @@ from snapcoord.spark_connector.checkpoint_archive import (
     local_checkpoint,
     stage_cut,
 )
+from snapcoord.spark_connector.commit_log import commits_fingerprint
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 
@@ -198,6 +199,10 @@ def commit_to_sink(table: Path, seq: int, batch_id: int) -> None:
     (commits / f"{seq:012d}-e{1:012d}.json").write_text(json.dumps(doc))
 
 
+def fingerprint(sink: PartitionedFileSink, below: int) -> int:
+    return commits_fingerprint(sink.commits(), below)
+
+
 def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
     tmp_path: Path, zk_uri: str, s3_uri: str
 ) -> None:
@@ -230,8 +235,12 @@ def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
             return b"".join(client.read_checkpoint("pipe", gen, task, name)).decode()
 
         assert (key("a", BATCH_ID_KEY), key("b", BATCH_ID_KEY)) == ("4", "2")
-        assert json.loads(key("a", SINK_POSITIONS_KEY)) == [["a", 0, 5]]  # after everything B can have read
-        assert json.loads(key("b", SINK_POSITIONS_KEY)) == [["b-table", 0, 3]]
+        # After everything B can have read, and the fingerprint of the commits below it.
+        assert json.loads(key("a", SINK_POSITIONS_KEY)) == [["a", 0, 5], ["a", 2, fingerprint(a_sink, 5)]]
+        assert json.loads(key("b", SINK_POSITIONS_KEY)) == [
+            ["b-table", 0, 3],
+            ["b-table", 2, fingerprint(b_sink, 3)],
+        ]
         # The archive is the checkpoint at A's batch 4, whatever Spark does to the live one next.
         shutil.rmtree(a_cp)
         restored = tmp_path / "restored"

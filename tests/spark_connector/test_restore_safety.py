@@ -13,7 +13,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from pyspark.sql import SparkSession
@@ -26,11 +26,12 @@ from snapcoord.spark_connector.commit_log import Commit
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sinks import PartitionedFileSink, RestoreRefused
 
 pytestmark = pytest.mark.spark
 
 ROWS = 3
+S = TypeVar("S", bound=PartitionedFileSink)
 
 
 def rows(batch: int) -> list[tuple[int, int]]:
@@ -41,6 +42,15 @@ def rows(batch: int) -> list[tuple[int, int]]:
 def write(spark: SparkSession, sink: PartitionedFileSink, batch: int, batch_id: int | None = None) -> int:
     df = spark.createDataFrame(rows(batch), "id long, b long").coalesce(1)
     return sink.write(df, batch if batch_id is None else batch_id)
+
+
+def fenced_run(spark: SparkSession, kind: type[S], table: Path, epoch: int, written: range) -> S:
+    """A run of epoch ``epoch`` on ``table`` (a ``kind`` sink) that wrote batches ``written``."""
+    run = kind(table)
+    run.fence(epoch)
+    for n in written:
+        write(spark, run, n)
+    return run
 
 
 def batches(table: Path) -> list[int]:
@@ -140,10 +150,7 @@ def test_a_reset_checkpoints_batch_is_never_found_in_the_earlier_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     table = tmp_path / "table"
-    old = PartitionedFileSink(table)
-    old.fence(1)
-    for n in range(10):  # the old checkpoint's batches 0..9
-        write(spark, old, n)
+    fenced_run(spark, PartitionedFileSink, table, 1, range(10))  # the old checkpoint's batches 0..9
     new = PartitionedFileSink(table)
     new.fence(2)  # a reset checkpoint on the same sink: batch ids start again at 0
     for n in range(8):
@@ -166,10 +173,7 @@ def test_a_reset_checkpoints_batch_is_never_found_in_the_earlier_run(
 
 def test_a_cut_never_touches_a_newer_run_and_reports_it(spark: SparkSession, tmp_path: Path) -> None:
     table = tmp_path / "table"
-    run = PartitionedFileSink(table)
-    run.fence(1)
-    for n in range(4):
-        write(spark, run, n)
+    run = fenced_run(spark, PartitionedFileSink, table, 1, range(4))
     positions = run.batch_end_positions(1)
 
     class RacedRestorer(PartitionedFileSink):
@@ -308,3 +312,142 @@ def test_a_commit_linked_while_a_fence_is_computed_fails_its_write(
         b.join(120)
     assert not b.is_alive() and not failures
     assert batches(table) == [0]  # hidden by B's fence: a re-run of batch 1 writes it
+
+
+# -- finding: a newer snapshot restored after an older one's restore kept the wrong commits ------------
+
+
+def tree(table: Path, *, fences: bool = True) -> dict[str, bytes]:
+    """Every file under ``table`` and its bytes (``fences=False``: without ``_fences/``)."""
+    return {
+        p.relative_to(table).as_posix(): p.read_bytes()
+        for p in sorted(table.rglob("*"))
+        if p.is_file() and (fences or "_fences" not in p.relative_to(table).parts)
+    }
+
+
+def test_a_newer_snapshot_after_an_older_ones_restore_is_refused_and_cuts_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    table = tmp_path / "table"
+    run = fenced_run(spark, PartitionedFileSink, table, 1, range(10))
+    s1, s2 = run.batch_end_positions(5), run.batch_end_positions(9)  # snapshots at batches 5 and 9
+    assert [(p.partition, p.offset) for p in s1 if p.partition != 2] == [(0, 6)]
+    assert [p.partition for p in s2] == [0, 2]  # the cut and the fingerprint of what lies below it
+    restore(table, s1)
+    restored_run = PartitionedFileSink(table)
+    restored_run.fence(restored_run.max_epoch() + 1)
+    assert [write(spark, restored_run, n) for n in (6, 7)] == [10, 11]  # S1's checkpoint resumes at 6
+    before = tree(table)
+
+    # S2's checkpoint resumes at batch 10, but the sink below S2's cut holds 0-5 and the new 6-7.
+    with pytest.raises(RestoreRefused, match=r"restore to sequence 10: the sink no longer holds") as info:
+        PartitionedFileSink(table).check_restore(s2)
+    assert "6 visible commit(s) below it" in str(info.value) and "Nothing was cut" in str(info.value)
+    assert tree(table) == before
+    with pytest.raises(RestoreRefused, match="restore to sequence 10"):
+        restore(table, s2)  # restore_to refuses too (after its fence), before removing anything
+    assert tree(table, fences=False) == {k: v for k, v in before.items() if not k.startswith("_fences/")}
+    assert batches(table) == [*range(8)]
+
+    # The snapshot that cut the sink, and one taken after that restore, still restore.
+    s3 = restored_run.batch_end_positions(7)
+    restore(table, s1)
+    assert batches(table) == [*range(6)]
+    restore(table, s1)  # the same snapshot twice
+    assert batches(table) == [*range(6)]
+    with pytest.raises(RestoreRefused):
+        restore(table, s3)  # its batches 6-7 were cut by that restore of S1
+    # A snapshot recorded without the fingerprint restores as before: the cut is not checked.
+    restore(table, [p for p in s2 if p.partition != 2])
+    assert batches(table) == [*range(6)]
+
+
+def test_restores_of_what_the_sink_still_holds_pass(spark: SparkSession, tmp_path: Path) -> None:
+    """Rollbacks of partial batches, zombies' hidden commits and the fences of later runs and
+    restores never change what lies below a snapshot's cut: such restores are never refused."""
+    table = tmp_path / "table"
+    run = fenced_run(spark, PausesBeforeItsCommitFile, table, 1, range(3))
+    at_2 = run.batch_end_positions(2)
+    # The query runs on: batch 3's first attempt is rolled back by its re-run.
+    attempt = run.positions()
+    write(spark, run, 3)
+    run.rollback_to(attempt)
+    write(spark, run, 3)
+    # Run 1 becomes a zombie: a new driver fences while it commits batch 4, which stays hidden.
+    newer = PartitionedFileSink(table)
+    run.before_link = lambda: newer.fence(2)
+    with pytest.raises(Fenced, match="hidden by its fence"):
+        write(spark, run, 4)
+    zombie = [c for c in newer._commits() if c not in newer.commits()]
+    assert [(c.epoch, c.batch_id) for c in zombie] == [(1, 4)]
+    write(spark, newer, 4)
+    write(spark, newer, 5)
+    at_5 = newer.batch_end_positions(5)
+    assert zombie[0].seq < at_5[0].offset  # the hidden commit lies below this snapshot's cut
+    # The next batch's attempt is rolled back, which also removes the zombie's hidden commit.
+    attempt = newer.positions()
+    write(spark, newer, 6)
+    newer.rollback_to(attempt)
+    assert not (table / "_commits" / zombie[0].file_name).exists()
+    write(spark, newer, 6)
+
+    restore(table, at_5)  # after the query ran on, with the zombie's commit below the cut gone
+    assert batches(table) == [*range(6)]
+    restore(table, at_5)  # the same snapshot twice
+    assert batches(table) == [*range(6)]
+    restore(table, at_2)  # an older snapshot after the newer one's restore
+    assert batches(table) == [0, 1, 2]
+    restore(table, at_2)
+    assert batches(table) == [0, 1, 2]
+    with pytest.raises(RestoreRefused):
+        restore(table, at_5)  # the newer one again: its batches 3-5 are gone
+
+
+def test_restore_snapshot_checks_every_sink_before_it_cuts_one(
+    spark: SparkSession, tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    cp = {q: make_checkpoint(tmp_path / f"cp-{q}", f"{q}-1", range(10), range(2)) for q in "ab"}
+    sinks = {q: PartitionedFileSink(tmp_path / f"table-{q}") for q in "ab"}
+    queries = [SnapshotQuery(q, str(cp[q]), sinks[q]) for q in "ab"]
+    for sink in sinks.values():
+        sink.fence(1)
+        for n in range(2):
+            write(spark, sink, n)
+
+    def target(q: str, checkpoint: str) -> RestoreTarget:
+        return RestoreTarget(q, str(tmp_path / checkpoint), PartitionedFileSink(tmp_path / f"table-{q}"))
+
+    with CoordinatorClient(coordinator.target, timeout_s=30) as client:
+        s1 = take_snapshot(client, "refuse-app", queries, timeout_s=60)  # at batch 1
+        for q, sink in sinks.items():
+            for n in (2, 3):
+                write(spark, sink, n)
+                spark_commits(cp[q], n)
+        s2 = take_snapshot(client, "refuse-app", queries, timeout_s=60)  # at batch 3
+        # Query b alone is restored from S1, and its restored run writes batches 2 and 3 anew.
+        restore_snapshot(client, "refuse-app", s1.generation, [target("b", "cp-b-s1")])
+        b_run = PartitionedFileSink(tmp_path / "table-b")
+        b_run.fence(b_run.max_epoch() + 1)
+        for n in (2, 3):
+            write(spark, b_run, 10 + n, batch_id=n)
+        before = {q: tree(sinks[q].path) for q in "ab"}
+        listing = sorted(p.name for p in tmp_path.iterdir())
+
+        # S2 for both: a's sink is fine, b's no longer holds S2's batches 2-3. Nothing is touched,
+        # a's sink neither (not even fenced), and no checkpoint appears.
+        with pytest.raises(RestoreRefused, match=r"table-b.*restore to sequence 4"):
+            restore_snapshot(
+                client, "refuse-app", s2.generation, [target("a", "cp-a-2"), target("b", "cp-b-2")]
+            )
+        assert {q: tree(sinks[q].path) for q in "ab"} == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == listing
+        assert batches(tmp_path / "table-a") == [0, 1, 2, 3]
+        assert batches(tmp_path / "table-b") == [0, 1, 12, 13]
+
+        # S1, the snapshot that cut b, restores both.
+        done = restore_snapshot(
+            client, "refuse-app", s1.generation, [target("a", "cp-a-1"), target("b", "cp-b-1")]
+        )
+    assert {q: r.batch_id for q, r in done.items()} == {"a": 1, "b": 1}
+    assert batches(tmp_path / "table-a") == batches(tmp_path / "table-b") == [0, 1]

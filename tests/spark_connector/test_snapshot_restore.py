@@ -29,6 +29,7 @@ from harness.process import wait_until
 from harness.spark_connect import SparkConnectServer
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState
 from snapcoord.spark_connector.app_snapshots import BATCH_ID_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.commit_log import commits_fingerprint
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
@@ -151,7 +152,7 @@ def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession
     run2.fence(2)  # a later run of the same lineage writes batch 2
     run2.write(df.filter("id >= 2"), 2)
     at_batch_2 = run2.batch_end_positions(2)
-    assert at_batch_2 == [Offset("t", 0, 3)]
+    assert at_batch_2 == [Offset("t", 0, 3), Offset("t", 2, commits_fingerprint(run2.commits(), 3))]
     kept = committed_content(run2)
     assert run2.last_batch_id() == 2
 
@@ -219,7 +220,11 @@ def test_restore_into_the_same_sink_after_retention_is_exactly_once(
         done = restore_snapshot(
             client, app, snapshot.generation, [RestoreTarget(name, str(restored_cp), sink)]
         )
-        assert done[name].batch_id == 1 and done[name].sink_positions == (Offset(name, 0, 2),)
+        assert done[name].batch_id == 1
+        assert done[name].sink_positions == (
+            Offset(name, 0, 2),
+            Offset(name, 2, commits_fingerprint(sink.commits(), 2)),
+        )
         # The sink holds exactly the snapshot's output: nothing committed at or before it was touched.
         assert committed_content(sink) == at_snapshot
         assert ids(sink) == expected(2)

@@ -17,6 +17,7 @@ A batch is visible exactly when its commit file exists and no fence hides it:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,3 +84,12 @@ def visible(commits: Iterable[Commit], fences: Iterable[Fence]) -> list[Commit]:
     visible commit, because a later epoch always fences at or below the sequences it writes)."""
     fence_list = list(fences)
     return sorted((c for c in commits if is_visible(c, fence_list)), key=lambda c: (c.seq, c.epoch))
+
+
+def commits_fingerprint(commits: Iterable[Commit], below: int) -> int:
+    """A 63-bit digest of the names (sequence and epoch) of ``commits`` below sequence ``below``,
+    sorted: what a snapshot's cut keeps. Pass the visible commits; any change among them (one
+    removed, or another run's commit at a number a removed one had) changes the digest."""
+    names = sorted(c.file_name for c in commits if c.seq < below)
+    digest = hashlib.sha256("\n".join(names).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1

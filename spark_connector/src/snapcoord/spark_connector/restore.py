@@ -6,11 +6,15 @@ meanwhile) and, for the queries to restore:
 1. streams each query's archive from the coordinator into a hidden directory next to its *new*
    checkpoint directory and gives it a new query id in ``metadata``: everything the restore needs
    from the coordinator is read before anything is changed;
-2. rolls each sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
+2. checks every sink against its recorded positions (``RestoreCheckedSink.check_restore``): a sink
+   that no longer holds the output the snapshot recorded below its cut (another restore, of an older
+   snapshot, cut it back further since) refuses the whole restore with ``RestoreRefused``, before any
+   sink is fenced or cut;
+3. rolls each sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
    sink with it (a still-running old driver can no longer make anything visible) and removes every
    write at or after the positions, of any run, keeping everything before them
-   (``RestorableSink.restore_to``);
-3. renames each unpacked copy to its checkpoint directory, which so appears only when complete.
+   (``RestorableSink.restore_to``, which checks again after its fence);
+4. renames each unpacked copy to its checkpoint directory, which so appears only when complete.
 
 A query started on that checkpoint runs batch ``N+1`` next, from the snapshot's source offsets and
 state, into a sink that holds exactly the output of batches ``<= N``: no loss, no duplicate. The
@@ -18,8 +22,11 @@ new query id keeps ``exactly_once`` honest: every batch record of the old checkp
 numbers, still in the coordinator) is another query's, so it is replaced and never rolls anything
 back; the restored run claims an epoch above the restore's, so it is never fenced by it.
 
-No sink is cut before every archive is on local disk: a failed read (a lost connection, the
-stream's deadline ``archive_timeout_s``) leaves the sinks and the old checkpoints as they were. A crash
+No sink is cut before every archive is on local disk and every sink passed its check: a failed read
+(a lost connection, the stream's deadline ``archive_timeout_s``) or a refused sink leaves the sinks and
+the old checkpoints as they were. (A sink whose content changes between the check and its fence, which
+takes a query still writing to it, can still refuse after an earlier sink was cut: stop the queries
+first.) A crash
 after a cut and before the rename leaves no new checkpoint to start from; running the restore again
 cuts at the same positions (idempotent). Restore every query of a pipeline from one snapshot, with
 their readers stopped, so the cut between them holds.
@@ -45,7 +52,7 @@ from snapcoord.spark_connector.app_snapshots import (
 from snapcoord.spark_connector.checkpoint_archive import local_checkpoint, unpack_archive
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.epochs import claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sinks import RestorableSink
+from snapcoord.spark_connector.sinks import RestorableSink, RestoreCheckedSink
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,18 @@ def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions:
     log.info("%s: sink %r restored to %s as epoch %d", target.query_name, sink, list(positions), epoch)
 
 
+def _check_sink(target: RestoreTarget, positions: Sequence[Offset]) -> None:
+    """Raise, changing nothing, when the target's sink would refuse the cut (``RestoreRefused``)."""
+    if target.sink is None:
+        return
+    if not positions:
+        raise ValueError(
+            f"the snapshot has no sink positions of {target.query_name}: cannot restore its sink"
+        )
+    if isinstance(target.sink, RestoreCheckedSink):
+        target.sink.check_restore(positions)
+
+
 def _stage_one(
     client: CoordinatorClient, app_id: str, generation: int, t: RestoreTarget, archive_timeout_s: float
 ) -> tuple[RestoredQuery, Path]:
@@ -111,8 +130,7 @@ def _stage_one(
 
     batch_id = int(small(BATCH_ID_KEY))
     positions = tuple(Offset(s, p, o) for s, p, o in json.loads(small(SINK_POSITIONS_KEY)))
-    if t.sink is not None and not positions:
-        raise ValueError(f"the snapshot has no sink positions of {t.query_name}: cannot restore its sink")
+    _check_sink(t, positions)  # early: before the archive's stream
     target = local_checkpoint(t.checkpoint_location)
     archive = client.read_checkpoint(
         app_id, generation, t.query_name, ARCHIVE_KEY, timeout_s=archive_timeout_s
@@ -159,10 +177,12 @@ def restore_snapshot(
         try:
             for t in wanted:  # 1. every archive unpacked; nothing changed yet
                 staged.append((t, *_stage_one(client, app_id, generation, t, archive_timeout_s)))
-            for t, r, _ in staged:  # 2. the sinks cut
+            for t, r, _ in staged:  # 2. every sink still holds what its cut keeps; nothing changed yet
+                _check_sink(t, r.sink_positions)
+            for t, r, _ in staged:  # 3. the sinks cut
                 if t.sink is not None:
                     _roll_back_sink(client, t, r.sink_positions)
-            for t, r, partial in staged:  # 3. the checkpoints appear
+            for t, r, partial in staged:  # 4. the checkpoints appear
                 os.rename(partial, local_checkpoint(t.checkpoint_location))
                 restored[t.query_name] = r
                 log.info("%s: restored from %s at batch %d", t.query_name, what, r.batch_id)

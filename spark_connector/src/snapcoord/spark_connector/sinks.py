@@ -33,6 +33,15 @@ rolled-back write, a zombie's late write) are never read. ``positions()`` is
 ``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` removes the commits at or
 after ``next_seq`` written by the epoch named in the positions (the attempt that took them), then every
 file of this or an older epoch that no visible commit lists. It is idempotent.
+
+A snapshot records ``batch_end_positions``: ``[Offset(name, 0, cut), Offset(name, 2, fingerprint)]``,
+the fingerprint a digest of the visible commits below ``cut`` (``commit_log.commits_fingerprint``).
+``restore_to`` (and ``check_restore``, which a restore runs for every sink before it cuts any) refuses
+with ``RestoreRefused`` when the visible commits below the cut are no longer those: another restore
+cut the sink below it since (a restore of an older snapshot), so the snapshot's checkpoint would
+resume after output the sink no longer holds. Nothing a legitimate run does changes them: a rollback
+removes only commits at or above its attempt's positions (above every batch Spark committed), and a
+fence hides only lower epochs' commits at or above the newest visible one.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,6 +62,7 @@ from snapcoord.spark_connector.commit_log import (
     FENCES_DIR,
     Commit,
     Fence,
+    commits_fingerprint,
     fence_file_name,
     fence_intent_name,
     is_visible,
@@ -70,6 +80,14 @@ _FILE_RE = re.compile(
 _STAGING_RE = re.compile(r"^(?P<seq>\d{12})-e(?P<epoch>\d{12})-(?P<attempt>[0-9a-f]{12})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
 STAGING_DIR = "_staging"
+#: The partition of ``batch_end_positions`` that holds the fingerprint of the visible commits below the
+#: cut (``commit_log.commits_fingerprint``); positions without it (older snapshots) are not checked.
+FINGERPRINT_PARTITION = 2
+
+
+class RestoreRefused(RuntimeError):
+    """The sink no longer holds the output a snapshot recorded below its cut (another restore cut it
+    back further since): restoring it would lose output silently, so nothing was cut."""
 
 
 @runtime_checkable
@@ -121,7 +139,9 @@ class RestorableSink(FencedSink, Protocol):
     - ``restore_to(positions)``: make the content exactly what it was at ``positions``: remove every
       write at or after them, of any run up to the caller's epoch, and never anything before them.
       The caller holds the newest epoch (``fence``); it never touches a newer epoch's writes and
-      raises ``Fenced`` when a newer epoch fenced before or while it cut.
+      raises ``Fenced`` when a newer epoch fenced before or while it cut. When the sink no longer
+      holds what ``positions`` recorded below them (the output they name was cut by another
+      restore since), it must raise before removing anything instead of cutting.
     """
 
     def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
@@ -129,6 +149,16 @@ class RestorableSink(FencedSink, Protocol):
     def last_batch_id(self) -> int | None: ...
 
     def restore_to(self, positions: Sequence[Offset]) -> None: ...
+
+
+@runtime_checkable
+class RestoreCheckedSink(RestorableSink, Protocol):
+    """A ``RestorableSink`` that can tell, before any fence or cut, whether ``restore_to(positions)``
+    would refuse: ``check_restore(positions)`` raises then (``RestoreRefused`` or ``ValueError``) and
+    changes nothing. ``restore_snapshot`` runs it for every sink of the restore before it cuts the
+    first one, so a refusal leaves every sink as it was."""
+
+    def check_restore(self, positions: Sequence[Offset]) -> None: ...
 
 
 class PartitionedFileSink:
@@ -216,16 +246,18 @@ class PartitionedFileSink:
 
     # -- snapshots and restores ------------------------------------------------------------------------
     def batch_end_positions(self, batch_id: int) -> list[Offset]:
-        """``[Offset(name, 0, S + 1)]`` where ``S`` is the sequence of the newest visible commit of
-        ``batch_id`` *in the current run of batch ids*: every write below ``S + 1`` is the output of
-        that batch or of earlier ones.
+        """``[Offset(name, 0, S + 1), Offset(name, 2, F)]`` where ``S`` is the sequence of the newest
+        visible commit of ``batch_id`` *in the current run of batch ids*: every write below ``S + 1``
+        is the output of that batch or of earlier ones; ``F`` is the fingerprint of the visible
+        commits below ``S + 1`` (``commit_log.commits_fingerprint``), which ``restore_to`` checks.
 
         The current run is the visible commits after the last place where batch ids go down (a
         checkpoint reset starts again at a lower id; one checkpoint's batches only go up, a
         rolled-back attempt is no longer visible). A batch id that only an earlier run wrote is
         another checkpoint's batch: taking its position would cut the current run's output, so that
         raises ``LookupError`` like a batch without any visible commit."""
-        commits = [(c.seq, c.batch_id) for c in self.commits() if c.batch_id is not None]
+        shown = self.commits()
+        commits = [(c.seq, c.batch_id) for c in shown if c.batch_id is not None]
         start = 0
         for i in range(1, len(commits)):
             if commits[i][1] < commits[i - 1][1]:
@@ -244,16 +276,73 @@ class PartitionedFileSink:
                 f"{self!r} has {why}: write every batch with sink.write (exactly_once's default) so "
                 "that a snapshot can find where the batch's output ends"
             )
-        return [Offset(self.name, 0, ours[-1] + 1)]
+        cut = ours[-1] + 1
+        return [
+            Offset(self.name, 0, cut),
+            Offset(self.name, FINGERPRINT_PARTITION, commits_fingerprint(shown, cut)),
+        ]
 
     def last_batch_id(self) -> int | None:
         commits = self.commits()
         return commits[-1].batch_id if commits else None
 
+    def check_restore(self, positions: Sequence[Offset]) -> None:
+        """Raise, changing nothing, when ``restore_to(positions)`` would refuse for the sink's content:
+        ``ValueError`` when the positions do not name this sink, ``RestoreRefused`` when its visible
+        commits below the cut differ from those the positions' fingerprint recorded. Positions
+        without a fingerprint (snapshots taken before it existed) pass. ``restore_to`` checks again
+        after its fence (no older run can change the visible commits any more)."""
+        require_driver("PartitionedFileSink.check_restore")
+        keep_below, recorded = self._restore_point(positions)
+        self._check_kept(self.commits(), keep_below, recorded)
+
+    def _restore_point(self, positions: Sequence[Offset]) -> tuple[int, int | None]:
+        mine = {p.partition: p.offset for p in positions if p.stream == self.name}
+        if 0 not in mine:
+            raise ValueError(f"positions {list(positions)!r} do not name this sink ({self.name!r}, 0)")
+        return max(mine[0], 0), mine.get(FINGERPRINT_PARTITION)
+
+    def _check_kept(self, shown: Iterable[Commit], keep_below: int, recorded: int | None) -> None:
+        """Refuse a cut at ``keep_below`` when the visible commits below it are not the recorded ones.
+
+        What legitimately changes the visible commits after a snapshot does not reach below its cut:
+        a rollback removes commits at or above its attempt's positions, which lie above every batch
+        Spark committed; a fence (a later run's, a restore's, also this restore's own) hides only
+        lower epochs' commits at or above the newest visible one; a zombie's late commit is hidden.
+        So a restore of the same snapshot again, after the query ran on, or after a zombie wrote, passes.
+        A restore of an older snapshot in between removed commits below this cut (and the runs after it
+        wrote other commits): this snapshot's checkpoint would resume after batches the sink lost."""
+        if recorded is None:
+            return
+        below = [c for c in shown if c.seq < keep_below]
+        if commits_fingerprint(below, keep_below) == recorded:
+            return
+        if below:
+            now = (
+                f"{len(below)} visible commit(s) below it, sequences {below[0].seq}..{below[-1].seq}, "
+                f"the newest of batch {below[-1].batch_id} (epoch {below[-1].epoch})"
+            )
+        else:
+            now = "no visible commit below it"
+        raise RestoreRefused(
+            f"{self!r}: refusing to restore to sequence {keep_below}: the sink no longer holds the output "
+            f"the snapshot recorded below it (fingerprint {recorded}, now "
+            f"{commits_fingerprint(below, keep_below)}; the sink has {now}). Another restore cut the "
+            "sink back further since this snapshot was taken (a restore of an older snapshot), or "
+            "something else removed or rewrote committed batches; the snapshot's checkpoint would "
+            "resume after batches the sink no longer has, and they would be lost. Nothing was cut. "
+            "Restore the snapshot that cut the sink, or one taken after it (take_snapshot of the query "
+            "running on the restored checkpoint)."
+        )
+
     def restore_to(self, positions: Sequence[Offset]) -> None:
         """Remove every commit at or above the snapshot's sequence (whichever run wrote it, up to
         this object's epoch) and every file of those epochs that no remaining visible commit lists;
         commits below it stay, visible ones intact.
+
+        It refuses (``RestoreRefused``), before removing anything, when the positions carry a
+        fingerprint and the visible commits below the cut are not those it recorded
+        (``check_restore``).
 
         Only the holder of the newest epoch may do this (``fence`` first): a run still writing
         would otherwise commit again behind the cut. A run that fences a newer epoch while the cut
@@ -262,14 +351,13 @@ class PartitionedFileSink:
         the cut removed, so the restore must not be taken as done.
         """
         require_driver("PartitionedFileSink.restore_to")
-        mine = {p.partition: p.offset for p in positions if p.stream == self.name}
-        if 0 not in mine:
-            raise ValueError(f"positions {list(positions)!r} do not name this sink ({self.name!r}, 0)")
-        keep_below = max(mine[0], 0)
+        keep_below, recorded = self._restore_point(positions)
         if self.epoch <= 0:
             raise Fenced(f"{self!r}: fence the sink with a new epoch before restoring it")
         self.check_epoch()
-        for c in self._commits():
+        commits = self._commits()
+        self._check_kept(visible(commits, self._fences()), keep_below, recorded)
+        for c in commits:
             if c.seq >= keep_below and c.epoch <= self.epoch:
                 self._remove(self.path / COMMITS_DIR / c.file_name)
         listed = {f for c in visible(self._commits(), self._fences()) for f in c.files}
