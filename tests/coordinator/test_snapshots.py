@@ -541,6 +541,32 @@ def test_retention_keeps_what_a_racing_delete_makes_the_newest_completed_snapsho
     assert snapshots.apply_retention(100) == 0  # and later passes keep it: the newest completed
 
 
+def test_a_header_admitted_at_the_budget_stays_within_it_whatever_its_abort_reason(
+    snapshots: SnapshotRegistry, stores: Stores
+) -> None:
+    """The header budget keeps room for the widest abort reason: 1024 characters outside the BMP,
+    each stored as an escaped surrogate pair (12 bytes; the room kept was 1 byte per character)."""
+    budget = POLICY.header_budget_bytes
+
+    def tasks(n: int) -> tuple[str, ...]:
+        return tuple(f"{i:06d}" + "t" * 194 for i in range(n))
+
+    lo, hi = 1, 10_000  # the most tasks a CreateSnapshot admits (its own estimate, found by bisection)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if SnapshotRegistry._largest_header_bytes("app", tasks(mid), ()) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    with pytest.raises(InvalidArgument, match="use fewer or shorter task ids"):
+        snapshots.create("app", tasks(lo + 1), 0, 0, {})
+    snapshots.create("app", tasks(lo), 0, 0, {})
+    snapshots.abort("app", 1, "\U0001f600" * 1024)
+    header = stores.metadata.get(gen_path("app", 1))
+    assert header is not None and decode_snapshot(header.data).abort_reason == "\U0001f600" * 1024
+    assert len(header.data) <= budget
+
+
 def test_the_cache_follows_changes_made_elsewhere(stores: Stores, clock: ManualClock) -> None:
     metrics = CoordinatorMetrics(new_registry())
     reader = SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, metrics)

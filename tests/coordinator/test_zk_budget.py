@@ -75,9 +75,10 @@ def test_every_legal_request_fits_the_configured_limit(
     assert misfits == []
     if max_request_bytes == 1_048_575:
         # The byte budgets bind at the default and are used, not left idle: the largest
-        # completing report comes within 5% of the limit.
+        # completing report comes within 7% of the limit (a header keeps room for the widest
+        # abort reason, 12 KB when each of its characters is stored as an escaped surrogate pair).
         rows = {r.rpc: r for r in worst_case_table(limits, max_request_bytes)}
-        assert rows["SnapshotService/ReportTaskSnapshot"].request_bytes > 0.95 * max_request_bytes
+        assert rows["SnapshotService/ReportTaskSnapshot"].request_bytes > 0.93 * max_request_bytes
 
 
 def test_the_data_budget_matches_the_stores() -> None:

@@ -44,7 +44,7 @@ from snapcoord.coordinator.domain.snapshot_codec import encode_task_report as en
 from snapcoord.coordinator.domain.snapshots import (
     MAX_LABEL_BYTES,
     MAX_LABELS,
-    MAX_REASON_CHARS,
+    WIDEST_REASON,
     CheckpointRef,
     RetentionPolicy,
     SnapshotPolicy,
@@ -213,7 +213,7 @@ def _legal_tasks(limits: Limits) -> int:
     """The most maximum-length task ids a CreateSnapshot may name: ``max_tasks``, or fewer when
     the header budget admits fewer (``SnapshotRegistry._check_header_size``)."""
     budget = limits.snapshots.header_budget_bytes
-    widest = replace(_record(limits, 0, State.ABORTED, "r" * MAX_REASON_CHARS), generation=_BIG_INT)
+    widest = replace(_record(limits, 0, State.ABORTED, WIDEST_REASON), generation=_BIG_INT)
     return _most(
         limits.snapshots.max_tasks,
         lambda n: (
@@ -296,7 +296,7 @@ def upload_checkpoint(limits: Limits) -> list[Op]:
 
 
 def abort_snapshot(limits: Limits) -> list[Op]:
-    record = _header(limits, State.ABORTED, "r" * MAX_REASON_CHARS)
+    record = _header(limits, State.ABORTED, WIDEST_REASON)
     return [
         SetData(gen_path(record.app_id, record.generation), encode_snapshot(record), _BIG_INT),
         *_ended_ops(record),
@@ -311,7 +311,7 @@ def delete_snapshot(limits: Limits) -> list[Op]:
     or a batch of task deletes with the intent of
     their objects (the batch's budget counts both: many tasks of one key each, or one task of
     many keys)."""
-    record = _header(limits, State.DELETING, "r" * MAX_REASON_CHARS)
+    record = _header(limits, State.DELETING, WIDEST_REASON)
     app, gen = record.app_id, record.generation
     mark: list[Op] = [
         Check(pins.pin_path(app, gen), _BIG_INT),

@@ -25,6 +25,9 @@ TIMEOUT_REASON = "timeout"
 MAX_LABELS = 64
 MAX_LABEL_BYTES = 1024
 MAX_REASON_CHARS = 1024
+#: The abort reason that encodes widest, for the size budgets: stored JSON escapes a character
+#: outside the BMP as a surrogate pair, 12 bytes (``\\ud83d\\ude00``), where "r" takes 1.
+WIDEST_REASON = "\U0001f600" * MAX_REASON_CHARS
 #: Of a transaction's bytes, what is not a header's or a report's data: paths (with a chroot),
 #: op headers, the deadline and retention entries of a completion.
 REQUEST_RESERVE_BYTES = 16 * 1024

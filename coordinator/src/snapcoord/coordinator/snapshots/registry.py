@@ -30,6 +30,7 @@ from snapcoord.coordinator.domain.snapshot_codec import (
 from snapcoord.coordinator.domain.snapshots import (
     MAX_REASON_CHARS,
     TIMEOUT_REASON,
+    WIDEST_REASON,
     CheckpointRef,
     RetentionPolicy,
     Snapshot,
@@ -669,7 +670,7 @@ class SnapshotRegistry:
             widest,
             widest,
             labels,
-            "r" * MAX_REASON_CHARS,
+            WIDEST_REASON,
         )
         return len(encode_snapshot(largest))
 
