@@ -9,6 +9,7 @@ needed. Races are made deterministic by running the other party at a fixed point
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -451,3 +452,37 @@ def test_restore_snapshot_checks_every_sink_before_it_cuts_one(
         )
     assert {q: r.batch_id for q, r in done.items()} == {"a": 1, "b": 1}
     assert batches(tmp_path / "table-a") == batches(tmp_path / "table-b") == [0, 1]
+
+
+def test_a_commit_names_only_files_already_on_disk(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark writes part files without fsync, and their renames into the table are directory
+    entries: after a power loss a durable commit could list files that were lost. Every file a
+    commit lists, and every directory from it up to the table, is fsynced before the commit file
+    is linked."""
+    table = tmp_path / "table"
+    sink = PartitionedFileSink(table, partition_by=["b"])
+    synced: list[str] = []
+    real_fsync, real_link = os.fsync, os.link
+    linked_at: dict[str, int] = {}
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def recording_link(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        linked_at[str(dst)] = len(synced)
+        real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "link", recording_link)
+    seq = write(spark, sink, 7)
+    monkeypatch.undo()
+    (commit_file,) = (table / "_commits").iterdir()
+    files = json.loads(commit_file.read_text())["files"]
+    assert seq == 0 and files and all(f.startswith("b=7/") for f in files)
+    before_commit = set(synced[: linked_at[str(commit_file)]])
+    assert {str(table / f) for f in files} <= before_commit
+    assert {str(table / "b=7"), str(table)} <= before_commit
+    assert batches(table) == [7]

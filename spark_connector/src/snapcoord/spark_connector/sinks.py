@@ -14,7 +14,8 @@ commit log (``commit_log``) that makes each batch visible atomically. Every ``wr
 1. ``df.write`` puts the batch's part files into ``table/_staging/<S>-e<E>-<attempt>/`` (executors, in
    parallel; Spark's own committer);
 2. the driver renames each part file into its partition directory as
-   ``part-<S:012d>-e<E:012d>-<attempt>-<n>.<ext>`` (not yet visible: no commit names them);
+   ``part-<S:012d>-e<E:012d>-<attempt>-<n>.<ext>`` (not yet visible: no commit names them), then
+   fsyncs the files and their directories (``_sync_published``);
 3. the driver checks that no newer epoch fenced the sink and writes the commit file
    ``_commits/<S>-e<E>.json`` listing those files, atomically (the batch's visibility point), then
    checks again: when a newer epoch announced its fence meanwhile, ``write`` raises ``Fenced`` (the
@@ -433,6 +434,10 @@ class PartitionedFileSink:
             dst = dst_dir / f"part-{seq:012d}-e{self.epoch:012d}-{attempt}-{n:05d}{ext}"
             self._publish_file(src, dst)
             files.append(dst.relative_to(self.path).as_posix())
+        # Spark wrote the part files without fsync, and the renames are directory entries: both go
+        # to disk before the commit (which is fsynced), so that after a power loss a commit never
+        # lists a file that was lost.
+        _sync_published(self.path, files)
         self._commit(Commit(seq, self.epoch, batch_id, tuple(files)))
         shutil.rmtree(staging, ignore_errors=True)
         return seq
@@ -561,6 +566,31 @@ def _list_dir(path: Path) -> list[Path]:
         return sorted(path.iterdir())
     except FileNotFoundError:
         return []
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_published(root: Path, files: Sequence[str]) -> None:
+    """fsync each published file, then each directory between it and ``root`` (the renames'
+    entries, and those of partition directories made for them). A file's failure raises: the batch
+    is not committed. A directory's is ignored where the filesystem cannot fsync one."""
+    directories: set[Path] = set()
+    for name in files:
+        path = root / name
+        _fsync_path(path)
+        parent = path.parent
+        while parent != root and parent not in directories:
+            directories.add(parent)
+            parent = parent.parent
+    for directory in [*sorted(directories, key=lambda d: len(d.parts), reverse=True), root]:
+        with contextlib.suppress(OSError):
+            _fsync_path(directory)
 
 
 def _create_exclusive(directory: Path, name: str, text: str) -> None:
