@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.concurrency import run_threads
-from harness.faults import SimulatedCrash, call_while_blob_deletes_fail
+from harness.faults import LaggingReads, SimulatedCrash, call_while_blob_deletes_fail
 from harness.stores import Stores
-from snapcoord.coordinator.backlog.layout import JOBS
+from snapcoord.coordinator.backlog.layout import JOBS, job_path
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -591,3 +591,25 @@ def test_gauges_count_jobs_processing_backlog_and_partitions_remaining(
     assert gauges() == (1.0, 2.0)
     clock.advance(60_001)  # this replica stopped leading: its last values go stale
     assert gauges() == (0.0, 0.0)
+
+
+def test_a_status_racing_a_clear_through_a_lagging_server_is_not_found(
+    stores: Stores, clock: ManualClock
+) -> None:
+    """Another replica cleared the mark, then its boundaries; this replica's server still shows the
+    mark. The confirming re-read is synced: NOT_FOUND, not INTERNAL ("boundaries missing")."""
+    writer = make_registry(stores, clock)
+    writer.mark("j", [off("s", 0, 5)], reset=False)
+    path = job_path("j")
+    lagging = LaggingReads(stores.metadata, {path: stores.metadata.get(path)})
+    reader = BacklogRegistry(
+        lagging,  # type: ignore[arg-type]
+        stores.blobs,
+        clock,
+        POLICY,
+        CoordinatorMetrics(new_registry()),
+        shard_size=4,
+    )
+    assert writer.clear("j")
+    with pytest.raises(NotFound):
+        reader.status("j")

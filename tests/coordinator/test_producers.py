@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from harness.concurrency import run_threads
-from harness.faults import SimulatedCrash, call_while_blob_deletes_fail
+from harness.faults import LaggingReads, SimulatedCrash, call_while_blob_deletes_fail
 from harness.seaweed import SeaweedS3Server
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -19,7 +19,7 @@ from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavail
 from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 from snapcoord.coordinator.intents import IntentIndex
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS
+from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, record_path
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
@@ -180,6 +180,22 @@ def test_a_list_page_ends_early_once_its_offsets_reach_the_byte_budget(
     assert pages == [["sink-0", "sink-1"], ["sink-2"], ["sink-3", "sink-4"]]
     second, _ = producers.list_page(100, encode_name_token("sink-1"))
     assert [s.producer_id for s in second] == ["sink-2"] and second[0].offsets == tuple(big)
+
+
+def test_a_read_racing_a_delete_through_a_lagging_server_is_not_found(
+    stores: Stores, clock: ManualClock
+) -> None:
+    """Another replica deleted the record, then its payload; this replica's server has not applied
+    the delete yet, so it still shows the record, whose payload is gone. The confirming re-read is
+    synced, so the answer is NOT_FOUND, not INTERNAL ("payload missing")."""
+    writer = registry(stores.metadata, stores.blobs, clock)
+    writer.register("p", A, HOUR_MS)
+    path = record_path("p")
+    lagging = LaggingReads(stores.metadata, {path: stores.metadata.get(path)})
+    reader = registry(lagging, stores.blobs, clock)  # type: ignore[arg-type]
+    assert writer.delete("p")
+    with pytest.raises(NotFound):
+        reader.get("p")
 
 
 def test_exactly_one_of_twenty_concurrent_registrations_wins(

@@ -424,3 +424,26 @@ def call_while_blob_deletes_fail(blobs: Any, failure: str, call: Callable[[], T]
         with pytest.raises(SimulatedCrash):
             call()
         return None
+
+
+class LaggingReads:
+    """A metadata store whose ``get`` / ``get_many`` of the ``frozen`` paths answer the nodes given
+    (what they held before) until ``sync``: a ZooKeeper server that has not applied a write yet.
+    Everything else goes to ``inner``."""
+
+    def __init__(self, inner: Any, frozen: dict[str, Any]) -> None:
+        self._inner = inner
+        self.frozen = dict(frozen)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, path: str) -> Any:
+        return self.frozen[path] if path in self.frozen else self._inner.get(path)
+
+    def get_many(self, paths: Any) -> dict[str, Any]:
+        return {p: self.get(p) for p in paths}
+
+    def sync(self, path: str = "/") -> None:
+        self.frozen.clear()
+        self._inner.sync(path)

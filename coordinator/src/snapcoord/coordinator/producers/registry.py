@@ -199,7 +199,9 @@ class ProducerRegistry:
             payload = self._blobs.get(record.object_key)
         except BlobNotFound:
             # Deletes remove the record first, so a missing object means the record is gone
-            # too by now, unless the invariant broke.
+            # too by now, unless the invariant broke. Synced: a server that has not applied the
+            # delete yet would still show the record, and a lag would read as a broken invariant.
+            self._metadata.sync(record_path(record.producer_id))
             after = self._read(record.producer_id)
             if after is None or after.object_key != record.object_key:
                 raise NotFound(f"producer_id {record.producer_id!r} was deleted meanwhile") from None
