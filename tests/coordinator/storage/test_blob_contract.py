@@ -178,6 +178,27 @@ def test_local_temp_files_are_never_listed(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "blobs" / "tmp") == ["0123.tmp"]
 
 
+def test_a_local_delete_is_on_disk_when_it_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller withdraws the intent naming an object once its delete returned; after a power
+    loss an unlink not yet on disk would bring the file back named by nothing. The directory that
+    held it is fsynced before delete returns."""
+    store = open_blob_store((tmp_path / "blobs").as_uri())
+    store.put("a/b/k", b"x")
+    store.put("a/b/other", b"y")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store.delete("a/b/k")
+    monkeypatch.undo()
+    assert synced == [str(tmp_path / "blobs" / "objects" / "a" / "b")]
+    assert keys_of(store) == ["a/b/other"]
+
+
 def test_local_relative_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     store = open_blob_store("file:rel/blobs")

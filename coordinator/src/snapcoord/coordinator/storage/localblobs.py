@@ -118,6 +118,20 @@ class LocalBlobStore(BlobStore):
             return  # no object by that name, only longer keys under it
         except OSError as e:
             raise StoreUnavailable(f"cannot delete blob {key} from {self.uri}: {e}") from e
+        # Durable before the caller withdraws the intent naming the object: after a power loss
+        # the file would come back named by nothing (the metadata store's write is durable).
+        directory = path.parent
+        while True:
+            try:
+                _fsync_directory(directory)
+                break
+            except FileNotFoundError:
+                # A concurrent delete pruned it, entry and all: its removal is what must last.
+                if directory == self._objects:
+                    raise StoreUnavailable(f"cannot delete blob {key}: {self.uri} is gone") from None
+                directory = directory.parent
+            except OSError as e:
+                raise StoreUnavailable(f"cannot delete blob {key} from {self.uri}: {e}") from e
         # Prune directories left empty, so that the janitor's deletes do not leave a growing tree
         # of empty directories behind; rmdir refuses a non-empty one, which ends the walk.
         parent = path.parent
