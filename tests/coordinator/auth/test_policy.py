@@ -146,6 +146,8 @@ principals:
             "unknown scope kind 'team'",
         ),
         ({"name": "a", "role": "writer", "cert": "x", "expires": 1}, "unknown key(s) expires"),
+        # Present but empty (its lines commented out) is no scope at all, not "every id".
+        ({"name": "a", "role": "writer", "cert": "x", "scopes": None}, "'scopes' is empty"),
         ({"role": "writer", "cert": "x"}, "'name'"),
     ],
 )
@@ -154,6 +156,13 @@ def test_a_bad_entry_is_refused_naming_it(entry: dict[str, object], complaint: s
         parse(json.dumps({"principals": [entry]}), source="auth.json")
     assert complaint in str(e.value) and "auth.json: principals[0]" in str(e.value)
     assert "s3cret" not in str(e.value)
+
+
+def test_scopes_whose_lines_are_all_commented_out_are_refused() -> None:
+    """YAML reads such a key as null, which once meant unscoped: every id of every team."""
+    text = "principals:\n  - name: a\n    role: writer\n    cert: x\n    scopes:\n    #  app_id: [team-a-]\n"
+    with pytest.raises(AuthFileError, match="'scopes' is empty"):
+        parse(text)
 
 
 def test_a_token_hash_or_certificate_listed_twice_is_refused() -> None:

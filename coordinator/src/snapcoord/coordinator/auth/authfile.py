@@ -127,6 +127,11 @@ def _principal(entry: Any, where: str) -> tuple[Principal, str | None, list[str]
         raise AuthFileError(f"{where}: 'cert' must be a certificate identity (CN or SAN) or a list of them")
     if token_hash is None and not identities:
         raise AuthFileError(f"{where}: needs a credential: token_sha256, cert, or both")
+    if "scopes" in entry and entry["scopes"] is None:
+        # An empty key (every line under it commented out) must not widen to every id.
+        raise AuthFileError(
+            f"{where}: 'scopes' is empty; list the id prefixes it covers, or remove the key to cover every id"
+        )
     return (
         Principal(name, role, _scopes(entry.get("scopes"), where)),
         token_hash.lower() if token_hash is not None else None,
