@@ -158,6 +158,28 @@ def test_renewal_failures_show_and_heal(coordinator: InProcessCoordinator, uid: 
         proxy.close()
 
 
+def test_a_lease_past_its_duration_is_not_healthy_while_a_renewal_hangs(
+    coordinator: InProcessCoordinator, uid: str
+) -> None:
+    """Renewing every 1.9 s of a 2 s lease, with the coordinator cut off: the renewal hangs up to
+    its 1.9 s deadline, so for a while the latest renewal has not failed yet, but the lease has
+    run out. ``healthy`` must say so (it once looked only at the latest renewal's outcome)."""
+    proxy = TcpProxy("127.0.0.1", coordinator.port)
+    try:
+        with CoordinatorClient(proxy.address, timeout_s=30) as client:
+            ref = completed(client, uid)
+            with client.lease(uid, [ref], duration_s=2, renew_every_s=1.9) as keeper:
+                entered = time.monotonic()
+                assert keeper.healthy
+                proxy.cut()
+                wait_for(lambda: time.monotonic() > entered + 2.0, "the lease's duration to pass")
+                assert not keeper.healthy
+                proxy.restore()
+                wait_for(lambda: keeper.healthy, "a lease held again")
+    finally:
+        proxy.close()
+
+
 def test_entering_fails_when_the_coordinator_is_unreachable(coordinator: InProcessCoordinator) -> None:
     proxy = TcpProxy("127.0.0.1", coordinator.port)
     proxy.cut()

@@ -3,8 +3,10 @@
 Only idempotent RPCs are retried: a reply can be lost after the coordinator committed the call, so
 a retry must be harmless when the first attempt took effect. The proto is the one source of truth:
 each RPC's ``idempotency_level`` option (IDEMPOTENT, or NO_SIDE_EFFECTS for reads) puts it in
-``IDEMPOTENT``, and the comment next to it in ``proto/snapcoord/v1`` says why it is safe; an RPC
-without one (ReportProgress) is in ``NOT_RETRIED``. Nothing else is retried: every other status
+``IDEMPOTENT``, and the comment next to it in ``proto/snapcoord/v1`` says why it is safe (a
+ReportProgress retry, for one, carries its report_id); an RPC without one is in ``NOT_RETRIED``
+(UploadCheckpoint: the client retries it itself, only when it can send the payload again from its
+start). Nothing else is retried: every other status
 means the same request would fail again, or (DEADLINE_EXCEEDED) that the call's whole time budget
 is spent.
 """

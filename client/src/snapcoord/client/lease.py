@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -42,7 +43,9 @@ class LeaseKeeper:
     ``unavailable`` (requested snapshots that could not be pinned on entry), ``lost`` (snapshots
     pinned once but gone when an expired lease had to be acquired again), ``last_error`` (of the
     latest renewal; None after a success), ``supported`` (False against a coordinator without
-    leases) and ``healthy`` (the lease is held, its latest renewal succeeded and nothing was lost).
+    leases) and ``healthy`` (the lease is held, its latest renewal succeeded, nothing was lost, and
+    ``duration_s`` has not passed since that renewal was sent: a renewal still in flight when the
+    lease runs out does not keep it healthy).
     """
 
     def __init__(
@@ -70,6 +73,9 @@ class LeaseKeeper:
         self._unavailable: tuple[SnapshotRef, ...] = ()
         self._lost: tuple[SnapshotRef, ...] = ()
         self._last_error: BaseException | None = None
+        # time.monotonic() until which the latest successful acquire or renewal holds the lease
+        # (from when it was sent: the coordinator counts the duration from later).
+        self._held_until = 0.0
         self._supported = True
         self._entered = False
         self._stop = threading.Event()
@@ -98,19 +104,27 @@ class LeaseKeeper:
 
     @property
     def healthy(self) -> bool:
-        return self._supported and self._lease is not None and self._last_error is None and not self._lost
+        return (
+            self._supported
+            and self._lease is not None
+            and self._last_error is None
+            and not self._lost
+            and time.monotonic() < self._held_until
+        )
 
     # -- with ------------------------------------------------------------------------------------------
     def __enter__(self) -> LeaseKeeper:
         if self._entered:
             raise RuntimeError("a LeaseKeeper can be entered once; make a new one")
         self._entered = True
+        sent = time.monotonic()
         try:
             result = self._client.acquire_snapshots(self.lease_id, self._refs, duration_ms=self._duration_ms)
         except Unimplemented as e:
             self._degrade(e)
             return self
         self._lease, self._unavailable = result.lease, result.unavailable
+        self._held_until = sent + self._duration_ms / 1000
         self._thread = threading.Thread(
             target=self._run, name=f"snapcoord-lease-{self.lease_id}", daemon=True
         )
@@ -156,10 +170,12 @@ class LeaseKeeper:
     def _renew(self) -> None:
         # A renewal that takes longer than the interval is of no use: the next one is due.
         timeout_s = min(self._client.timeout_s, self._interval_s)
+        sent = time.monotonic()
         try:
             self._lease = self._client.renew_lease(
                 self.lease_id, duration_ms=self._duration_ms, timeout_s=timeout_s
             )
+            self._held_until = sent + self._duration_ms / 1000
             return
         except NotFound:
             if self._stop.is_set():
@@ -167,10 +183,12 @@ class LeaseKeeper:
         # The lease expired (renewals failed for a whole duration) or someone dropped it: acquire
         # what it held again. A snapshot deleted in the gap cannot be pinned again: that is lost.
         held = self._lease.snapshots if self._lease is not None else self._refs
+        sent = time.monotonic()
         result = self._client.acquire_snapshots(
             self.lease_id, held, duration_ms=self._duration_ms, timeout_s=timeout_s
         )
         self._lease = result.lease
+        self._held_until = sent + self._duration_ms / 1000
         if result.unavailable:
             self._lost = tuple(dict.fromkeys((*self._lost, *result.unavailable)))
             _log.error(
