@@ -428,7 +428,8 @@ def call_while_blob_deletes_fail(blobs: Any, failure: str, call: Callable[[], T]
 
 class LaggingReads:
     """A metadata store whose ``get`` / ``get_many`` of the ``frozen`` paths answer the nodes given
-    (what they held before) until ``sync``: a ZooKeeper server that has not applied a write yet.
+    (what they held before) until a sync (``sync``, ``synced_get_many``): a ZooKeeper server that
+    has not applied a write yet.
     Everything else goes to ``inner``."""
 
     def __init__(self, inner: Any, frozen: dict[str, Any]) -> None:
@@ -447,3 +448,7 @@ class LaggingReads:
     def sync(self, path: str = "/") -> None:
         self.frozen.clear()
         self._inner.sync(path)
+
+    def synced_get_many(self, sync_path: str, paths: Any) -> dict[str, Any]:
+        self.sync(sync_path)
+        return self.get_many(paths)

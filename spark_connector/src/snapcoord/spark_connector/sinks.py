@@ -374,8 +374,9 @@ class PartitionedFileSink:
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
         """The highest epoch fenced or announced (a fence's first step) so far."""
-        announced = (parse_fence_intent_name(p.name) for p in _list_dir(self.path / FENCES_DIR))
-        return max([f.epoch for f in self._fences()] + [e for e in announced if e is not None], default=0)
+        names = [p.name for p in _list_dir(self.path / FENCES_DIR)]
+        epochs = [parse_fence_name(n) for n in names] + [parse_fence_intent_name(n) for n in names]
+        return max((e for e in epochs if e is not None), default=0)
 
     def fence(self, epoch: int) -> None:
         require_driver("PartitionedFileSink.fence")
@@ -607,11 +608,7 @@ def _create_exclusive(directory: Path, name: str, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(directory)
 
 
 def _staged_part_files(staging: Path) -> Iterator[Path]:

@@ -232,8 +232,8 @@ class BacklogRegistry:
             # Deletes remove the record first, so a missing object means the mark is gone too by
             # now, unless the invariant broke. Synced: a server that has not applied the delete
             # yet would still show the mark, and a lag would read as a broken invariant.
-            self._metadata.sync(job_path(record.job_id))
-            after = decide.stored_job(record.job_id, self._metadata.get(job_path(record.job_id)))
+            path = job_path(record.job_id)
+            after = decide.stored_job(record.job_id, self._metadata.synced_get_many(path, [path])[path])
             if after is None or after.record.mark_id != record.mark_id:
                 raise MarkGone from None
             raise Internal(

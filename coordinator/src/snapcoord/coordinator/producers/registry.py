@@ -201,9 +201,9 @@ class ProducerRegistry:
             # Deletes remove the record first, so a missing object means the record is gone
             # too by now, unless the invariant broke. Synced: a server that has not applied the
             # delete yet would still show the record, and a lag would read as a broken invariant.
-            self._metadata.sync(record_path(record.producer_id))
-            after = self._read(record.producer_id)
-            if after is None or after.object_key != record.object_key:
+            path = record_path(record.producer_id)
+            current = decide.stored(self._metadata.synced_get_many(path, [path])[path])
+            if current is None or current.record.object_key != record.object_key:
                 raise NotFound(f"producer_id {record.producer_id!r} was deleted meanwhile") from None
             raise Internal(
                 f"the payload {record.object_key} of producer_id {record.producer_id!r} is missing"
