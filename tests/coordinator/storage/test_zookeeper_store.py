@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
+from kazoo.protocol import serialization as wire
 
 from harness.faults import drop_zk_connection, expire_zk_session
 from harness.zookeeper import ZooKeeperServer
@@ -281,28 +282,34 @@ def test_retried_delete_that_had_succeeded(
     assert len(calls) == 2 and store.get("/d") is None
 
 
+def _lose_first_transaction_reply(
+    monkeypatch: pytest.MonkeyPatch, store: ZooKeeperMetadataStore, *, applied: bool
+) -> None:
+    """The store's first multi request loses its reply: after being applied (``applied``) or on its
+    way (never sent). Hooked where every request leaves, so that it holds for a multi combined
+    with others or sent alone."""
+    client = store.kazoo
+    real_call = client._call
+    commits = itertools.count()
+
+    def call(request: Any, async_object: Any) -> Any:
+        if request.type == wire.Transaction.type and next(commits) == 0:
+            if applied:  # not waited for here: this may be kazoo's connection thread, which reads it
+                sent = client.handler.async_result()
+                sent.rawlink(lambda _: async_object.set_exception(ConnectionLoss()))
+                return real_call(request, sent)
+            async_object.set_exception(ConnectionLoss())
+            return True
+        return real_call(request, async_object)
+
+    monkeypatch.setattr(client, "_call", call)
+
+
 def test_retried_transaction_is_reported_as_unknown(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.create("/t", b"v0")
-    real_transaction = store.kazoo.transaction
-    commits = itertools.count()
-
-    def transaction() -> Any:
-        tx = real_transaction()
-        real_commit = tx.commit_async
-        if next(commits) == 0:  # the first commit is applied, and its reply lost
-
-            def commit_async() -> Any:
-                real_commit().get()
-                lost = store.kazoo.handler.async_result()
-                lost.set_exception(ConnectionLoss())
-                return lost
-
-            tx.commit_async = commit_async
-        return tx
-
-    monkeypatch.setattr(store.kazoo, "transaction", transaction)
+    _lose_first_transaction_reply(monkeypatch, store, applied=True)
     with pytest.raises(CommitOutcomeUnknown):
         store.transaction([SetData("/t", b"v1", 0), Create("/t2", b"")])
     # It had been applied, which the caller learns by re-reading.
@@ -315,18 +322,7 @@ def test_retried_transaction_whose_first_commit_was_lost_on_the_way(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.create("/t", b"v0")
-    real_transaction = store.kazoo.transaction
-    commits = itertools.count()
-
-    def transaction() -> Any:
-        tx = real_transaction()
-        if next(commits) == 0:
-            lost = store.kazoo.handler.async_result()
-            lost.set_exception(ConnectionLoss())
-            tx.commit_async = lambda: lost
-        return tx
-
-    monkeypatch.setattr(store.kazoo, "transaction", transaction)
+    _lose_first_transaction_reply(monkeypatch, store, applied=False)
     store.transaction([SetData("/t", b"v1", 0)])  # the retry applies it; nothing to doubt
     node = store.get("/t")
     assert node is not None and node.version == 1

@@ -79,6 +79,7 @@ from snapcoord.coordinator.storage.metadata import (
     validate_path,
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.zk_combine import TransactionCombiner
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
 from snapcoord.coordinator.storage.zk_handler import PollingHandler
 from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
@@ -277,6 +278,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
+        #: Concurrent transactions go out as one multi, under half the request limit (a proposal
+        #: carries more than the request, and followers hold it to the same limit).
+        self._combiner = TransactionCombiner(self._client, max_bytes=max_request_bytes // 2)
         #: Reads of several nodes go out as one ``multiRead``; cleared if the server lacks it.
         self._multi_read = True
         self._closed = False
@@ -509,18 +513,29 @@ class ZooKeeperMetadataStore(MetadataStore):
                 metadata={"field": "zookeeper_request", "limit": self._max_request_bytes, "size": size},
             )
 
+        chroot, acl = self._client.chroot, self._client.default_acl or OPEN_ACL_UNSAFE
+        request: list[Any] = []
+        for op in ops:
+            path = _prefix_root(chroot, op.path)
+            if isinstance(op, Create):
+                request.append(wire.Create(path, op.data, acl, 0))
+            elif isinstance(op, SetData):
+                request.append(wire.SetData(path, op.data, op.version))
+            elif isinstance(op, Delete):
+                request.append(wire.Delete(path, -1 if op.version is None else op.version))
+            else:
+                request.append(wire.CheckVersion(path, op.version))
+
+        def alone() -> Any:
+            result = self._client.handler.async_result()
+            self._client._call(wire.Transaction(request), result)
+            return result
+
         def attempt(a: _Attempts) -> None:
-            tx = self._client.transaction()  # a fresh request per attempt: one commits once
-            for op in ops:
-                if isinstance(op, Create):
-                    tx.create(op.path, op.data)
-                elif isinstance(op, SetData):
-                    tx.set_data(op.path, op.data, op.version)
-                elif isinstance(op, Delete):
-                    tx.delete(op.path, -1 if op.version is None else op.version)
-                else:
-                    tx.check(op.path, op.version)
-            results = a.wait(tx.commit_async, write=True)
+            # A first attempt may share one multi with other calls' (zk_combine); a retry after a
+            # lost reply goes alone, so that its expected failure fails no one else.
+            start = alone if a.in_doubt else functools.partial(self._combiner.submit, request, size)
+            results = a.wait(start, write=True)
             for index, result in enumerate(results):
                 if isinstance(result, kz.KazooException) and not isinstance(result, _NOT_THE_CAUSE):
                     if a.in_doubt:
