@@ -149,6 +149,8 @@ def test_transactions_that_meet_go_out_as_one_multi(
 def test_a_failing_transaction_fails_alone_and_the_others_commit(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store.create("/a", b"")
+    store.set("/a", b"moved", version=0)
     store.create("/b", b"")
     requests = Requests(monkeypatch, store.kazoo)
     outcomes = run_together(
@@ -158,7 +160,7 @@ def test_a_failing_transaction_fails_alone_and_the_others_commit(
             [SetData("/b", b"ok", 0)],
             [Create("/x", b"mine"), Check("/missing", 0)],  # fails at its op 1
             [Create("/x", b"theirs")],  # met /x from the failing one's rolled-back create
-            [Check("/first0", 0)],  # stale: a transaction in flight moved it to version 1
+            [Check("/a", 0)],  # stale: /a is at version 1
         ],
     )
     assert outcomes[0] is None
