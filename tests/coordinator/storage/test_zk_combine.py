@@ -8,8 +8,7 @@ they are sent (the combiner then counts them as in flight) until the others are 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol import serialization as wire
 
+from harness.process import wait_until
 from snapcoord.coordinator.errors import (
     BadVersionError,
     CommitOutcomeUnknown,
@@ -83,14 +83,6 @@ class Requests:
         self._release.set()
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    stop_at = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > stop_at:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def run_together(
     store: ZooKeeperMetadataStore, requests: Requests, others: list[list[Op]]
 ) -> list[BaseException | None]:
@@ -116,7 +108,12 @@ def run_together(
     threads = [threading.Thread(target=commit, args=(i, ops)) for i, ops in enumerate(others)]
     for t in threads:
         t.start()
-    wait_until(lambda: len(store._combiner._queue) == len(others), "the others to queue")
+    wait_until(
+        lambda: len(store._combiner._queue) == len(others),
+        timeout=WAIT_S,
+        interval=0.005,
+        what="the others to queue",
+    )
     requests.release()
     for t in [*firsts, *threads]:
         t.join(WAIT_S)
@@ -221,7 +218,9 @@ def test_a_waiter_that_gives_up_while_queued_is_never_sent(
     requests.release()
     sender.join(WAIT_S)
     first[0].get(timeout=WAIT_S)
-    wait_until(lambda: not combiner._in_flight, "the combiner to go idle")
+    wait_until(
+        lambda: not combiner._in_flight, timeout=WAIT_S, interval=0.005, what="the combiner to go idle"
+    )
     assert requests.sizes == [1]
     node = store.get("/b")
     assert node is not None and node.version == 0

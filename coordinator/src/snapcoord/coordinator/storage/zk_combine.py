@@ -69,13 +69,13 @@ class _Pending:
             self._combiner._withdraw(slot)
             raise KazooTimeoutError("no reply before the deadline")
         if slot.outcome is _ALONE:
-            alone = self._combiner._client.handler.async_result()
-            self._combiner._client._call(Transaction(list(slot.ops)), alone)
+            alone = self._combiner.send_alone(slot.ops)
             results: list[Any] = alone.get(timeout=max(stop_at - time.monotonic(), 0.001))
             return results
         if isinstance(slot.outcome, BaseException):
             raise slot.outcome
-        return list(slot.outcome)
+        outcome: list[Any] = slot.outcome
+        return outcome
 
 
 class _Batch:
@@ -125,12 +125,12 @@ class TransactionCombiner:
         self._lock = threading.Lock()
         self._queue: deque[_Slot] = deque()
         self._in_flight = 0
-        #: Combined requests sent with more than one transaction in them (for tests and metrics).
+        #: Combined requests sent with more than one transaction in them (for tests).
         self.combined = 0
 
     def submit(self, ops: Sequence[Any], size: int) -> _Pending:
         """Queue a transaction of kazoo ops (chroot already in their paths) of ``size`` request
-        bytes; it goes out now when no combined request is in flight."""
+        bytes; it goes out now when fewer than ``max_in_flight`` requests are in flight."""
         slot = _Slot(ops, size)
         with self._lock:
             if self._in_flight >= self._max_in_flight:
@@ -139,6 +139,12 @@ class TransactionCombiner:
             self._in_flight += 1
         self._send([slot])
         return _Pending(self, slot)
+
+    def send_alone(self, ops: Sequence[Any]) -> Any:
+        """Send a transaction as a request of its own, outside the queue (kazoo's async result)."""
+        result = self._client.handler.async_result()
+        self._client._call(Transaction(list(ops)), result)
+        return result
 
     def _next(self) -> None:
         """The request in flight was answered: send what queued meanwhile, as one."""

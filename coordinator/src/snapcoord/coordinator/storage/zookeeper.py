@@ -526,15 +526,14 @@ class ZooKeeperMetadataStore(MetadataStore):
             else:
                 request.append(wire.CheckVersion(path, op.version))
 
-        def alone() -> Any:
-            result = self._client.handler.async_result()
-            self._client._call(wire.Transaction(request), result)
-            return result
-
         def attempt(a: _Attempts) -> None:
             # A first attempt may share one multi with other calls' (zk_combine); a retry after a
             # lost reply goes alone, so that its expected failure fails no one else.
-            start = alone if a.in_doubt else functools.partial(self._combiner.submit, request, size)
+            start = (
+                functools.partial(self._combiner.send_alone, request)
+                if a.in_doubt
+                else functools.partial(self._combiner.submit, request, size)
+            )
             results = a.wait(start, write=True)
             for index, result in enumerate(results):
                 if isinstance(result, kz.KazooException) and not isinstance(result, _NOT_THE_CAUSE):
