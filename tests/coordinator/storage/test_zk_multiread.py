@@ -97,6 +97,20 @@ def test_reads_under_a_chroot_see_only_the_chroot(zk_hosts: str) -> None:
         outer.close()
 
 
+def refuse_multiread(store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Play a server before 3.6: every multiRead request is answered UNIMPLEMENTED, unsent."""
+    client = store.kazoo
+    real_call = client._call
+
+    def call(request: Any, async_object: Any) -> Any:
+        if isinstance(request, zk_multiread.MultiRead):
+            async_object.set_exception(UnimplementedError())
+            return None
+        return real_call(request, async_object)
+
+    monkeypatch.setattr(client, "_call", call)
+
+
 def test_a_server_without_multiread_is_read_one_get_each(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,16 +120,12 @@ def test_a_server_without_multiread_is_read_one_get_each(
     store.create("/f2", b"2")
     expected = {"/f1": store.get("/f1"), "/f2": store.get("/f2"), "/f3": None}
 
-    def unimplemented(client: Any, paths: Any) -> Any:
-        result = client.handler.async_result()
-        result.set_exception(UnimplementedError())
-        return result
-
-    monkeypatch.setattr(zk_multiread, "multi_read_async", unimplemented)
+    refuse_multiread(store, monkeypatch)
     requests = count_requests(store, monkeypatch)
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
-    assert requests.log == ["GetData"] * 6
+    assert store.synced_get_many("/", ["/f1", "/f2"]) == {"/f1": expected["/f1"], "/f2": expected["/f2"]}
+    assert requests.log == ["MultiRead"] + ["GetData"] * 6 + ["Sync"] + ["GetData"] * 2
 
 
 def test_a_create_sent_with_reads_to_a_server_without_multiread(
@@ -126,12 +136,7 @@ def test_a_create_sent_with_reads_to_a_server_without_multiread(
     conflict."""
     store.create("/r1", b"1")
 
-    def unimplemented(client: Any, paths: Any) -> Any:
-        result = client.handler.async_result()
-        result.set_exception(UnimplementedError())
-        return result
-
-    monkeypatch.setattr(zk_multiread, "multi_read_async", unimplemented)
+    refuse_multiread(store, monkeypatch)
     nodes = store.create_and_get_many("/intent", b"announce", ["/r1", "/r2"])
     assert nodes["/r1"] is not None and nodes["/r1"].data == b"1" and nodes["/r2"] is None
     intent = store.get("/intent")

@@ -1,20 +1,28 @@
-"""Concurrent transactions of one ZooKeeper session sent as one ``multi`` (group commit).
+"""Concurrent requests of one ZooKeeper session combined into one: transactions into one ``multi``
+(group commit), reads into one ``multiRead``.
 
 At 16 concurrent calls on a two-core machine the coordinator is CPU-bound, and a ZooKeeper request
 costs CPU on both ends whatever it carries: kazoo's connection thread wakes, serialises, writes,
 parses the reply and wakes the waiter; the server logs and applies one transaction. Measured here,
 16 threads each committing a one-op multi cost 143 us of client CPU and 225 us of ZooKeeper CPU
 per commit (4.6k commits/s); the same commits combined as below, 67 us and 64 us (9.8k/s). At a
-few calls at a time nothing changes: a transaction that finds room goes out at once, alone.
+few calls at a time nothing changes: a request that finds room goes out at once, alone, and as it
+would have without combining.
 
-How: at most ``MAX_IN_FLIGHT`` requests are in flight. A transaction that arrives while they are
-waits in a queue; when a reply comes, the connection thread hands each transaction its part and
-sends everything queued as the next request (up to ``max_bytes``). A multi is all-or-nothing, so a
-combined request that fails somewhere applied nothing: then each of its transactions is sent
-again on its own, which gives each its own true answer (a failure may be caused by another's
-rolled-back ops). A lost reply (connection loss, session expiry) is every transaction's, as it
-would be for a request of its own. Only first attempts are combined: a retry after a lost reply
-goes alone, so that its expected failure cannot fail others.
+How: at most ``MAX_IN_FLIGHT`` requests of a kind are in flight. One that arrives while they are
+waits in a queue; when a reply comes, the connection thread hands each waiter its part and sends
+everything queued as the next request (up to a capacity).
+
+- **Transactions.** A multi is all-or-nothing, so a combined request that fails somewhere applied
+  nothing: then each of its transactions is sent again on its own, which gives each its own true
+  answer (a failure may be caused by another's rolled-back ops). A lost reply (connection loss,
+  session expiry) is every transaction's, as it would be for a request of its own. Only first
+  attempts are combined: a retry after a lost reply goes alone, so that its expected failure cannot
+  fail others.
+- **Reads.** A ``multiRead`` answers each node on its own (a missing node is an error in its slot),
+  so the reads of several calls share one, each node read once, and each call gets its nodes. A
+  call that needs a ``sync`` first (a consistent read) puts one sync in front of the batch: sent
+  after every queued call arrived, it orders the batch after everything those calls must see.
 """
 
 from __future__ import annotations
@@ -27,12 +35,14 @@ from typing import Any
 
 from kazoo import exceptions as kz
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.serialization import Transaction
+from kazoo.protocol.serialization import GetData, Sync, Transaction
 
-#: Requests in flight at once before transactions queue. One gave the most commits/s at 16 threads
-#: (10.7k against 9.2k with two, 5.0k sending each alone), but made a transaction that met one
-#: other wait for its reply; with two, pairs never wait, and with fsync on ZooKeeper, 16 threads
-#: still got 7.7k commits/s (8.0k with one, 3.8k alone).
+from snapcoord.coordinator.storage.zk_multiread import MAX_PATHS, MultiRead
+
+#: Requests of a kind in flight at once before more queue. For transactions, one gave the most
+#: commits/s at 16 threads (10.7k against 9.2k with two, 5.0k sending each alone), but made a
+#: transaction that met one other wait for its reply; with two, pairs never wait, and with fsync on
+#: ZooKeeper, 16 threads still got 7.7k commits/s (8.0k with one, 3.8k alone).
 MAX_IN_FLIGHT = 2
 
 #: The slot's state once its combined request failed: send again alone.
@@ -40,36 +50,40 @@ _ALONE = object()
 
 
 class _Slot:
-    """One transaction's place in the queue: its kazoo ops, then its per-op results (or an error)."""
+    """One waiter's place in the queue: what it sends, then its results (or an error)."""
 
-    __slots__ = ("done", "ops", "outcome", "size")
+    __slots__ = ("done", "items", "outcome", "size", "sync")
 
-    def __init__(self, ops: Sequence[Any], size: int) -> None:
-        self.ops = ops
+    def __init__(self, size: int, items: Sequence[Any], sync: str | None = None) -> None:
         self.size = size
+        #: A transaction's kazoo ops, or a read's paths (chroot included).
+        self.items = items
+        #: A read's sync path (chroot included) when the read must follow a sync.
+        self.sync = sync
         self.done = threading.Event()
-        #: Per-op results (a list), a transport exception, or ``_ALONE``; read after ``done``.
+        #: Per-op or per-path results (a list), a transport exception, or ``_ALONE``.
         self.outcome: Any = None
 
 
 class _Pending:
-    """What ``TransactionCombiner.submit`` returns: kazoo's async-result shape (``get(timeout)``)."""
+    """What ``submit`` returns: kazoo's async-result shape (``get(timeout)``)."""
 
     __slots__ = ("_combiner", "_slot")
 
-    def __init__(self, combiner: TransactionCombiner, slot: _Slot) -> None:
+    def __init__(self, combiner: _Combiner, slot: _Slot) -> None:
         self._combiner = combiner
         self._slot = slot
 
     def get(self, timeout: float) -> list[Any]:
-        """This transaction's per-op results, as kazoo's ``commit_async().get()`` gives them."""
+        """This waiter's results, as kazoo's ``commit_async().get()`` (a transaction) or
+        ``multi_read_async().get()`` (a read) gives them."""
         slot = self._slot
         stop_at = time.monotonic() + timeout
         if not slot.done.wait(timeout):
             self._combiner._withdraw(slot)
             raise KazooTimeoutError("no reply before the deadline")
         if slot.outcome is _ALONE:
-            alone = self._combiner.send_alone(slot.ops)
+            alone = self._combiner._alone(slot)
             results: list[Any] = alone.get(timeout=max(stop_at - time.monotonic(), 0.001))
             return results
         if isinstance(slot.outcome, BaseException):
@@ -78,60 +92,52 @@ class _Pending:
         return outcome
 
 
-class _Batch:
+class _Reply:
     """The async result kazoo completes for one combined request (on its connection thread)."""
 
-    __slots__ = ("_combiner", "_slots")
+    __slots__ = ("_combiner", "_finished", "_slots")
 
-    def __init__(self, combiner: TransactionCombiner, slots: list[_Slot]) -> None:
+    def __init__(self, combiner: _Combiner, slots: list[_Slot]) -> None:
         self._combiner = combiner
         self._slots = slots
+        self._finished = False
 
-    def set(self, results: list[Any]) -> None:
-        slots = self._slots
-        if len(slots) == 1:
-            slots[0].outcome = results
-        elif len(results) != sum(len(slot.ops) for slot in slots) or any(
-            isinstance(r, kz.KazooException) for r in results
-        ):
-            for slot in slots:
-                slot.outcome = _ALONE  # nothing applied; each learns its own answer alone
-        else:
-            at = 0
-            for slot in slots:
-                slot.outcome = results[at : at + len(slot.ops)]
-                at += len(slot.ops)
-        self._finish()
+    def set(self, value: Any) -> None:
+        if not self._finished:
+            self._deliver(value)
+            self._finish()
 
     def set_exception(self, exception: BaseException) -> None:
-        for slot in self._slots:
-            slot.outcome = exception
-        self._finish()
+        if not self._finished:  # kazoo may fail one request twice when a close races its send
+            for slot in self._slots:
+                slot.outcome = exception
+            self._finish()
+
+    def _deliver(self, value: Any) -> None:
+        raise NotImplementedError
 
     def _finish(self) -> None:
+        self._finished = True
         for slot in self._slots:
             slot.done.set()
         self._combiner._next()
 
 
-class TransactionCombiner:
-    """Group commit for one kazoo client: ``submit`` a transaction's kazoo ops, ``get`` its results."""
+class _Combiner:
+    """The queue both kinds share: ``max_in_flight`` requests in flight, the rest waiting to go out
+    together, up to ``capacity`` (a slot's ``size`` counts against it)."""
 
-    def __init__(self, client: Any, *, max_bytes: int, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, client: Any, *, capacity: int, max_in_flight: int) -> None:
         self._client = client
-        #: A combined request stays under this many bytes (a larger transaction goes alone).
-        self._max_bytes = max_bytes
+        self._capacity = capacity
         self._max_in_flight = max_in_flight
         self._lock = threading.Lock()
         self._queue: deque[_Slot] = deque()
         self._in_flight = 0
-        #: Combined requests sent with more than one transaction in them (for tests).
+        #: Combined requests sent with more than one waiter in them (for tests).
         self.combined = 0
 
-    def submit(self, ops: Sequence[Any], size: int) -> _Pending:
-        """Queue a transaction of kazoo ops (chroot already in their paths) of ``size`` request
-        bytes; it goes out now when fewer than ``max_in_flight`` requests are in flight."""
-        slot = _Slot(ops, size)
+    def _submit(self, slot: _Slot) -> _Pending:
         with self._lock:
             if self._in_flight >= self._max_in_flight:
                 self._queue.append(slot)
@@ -140,35 +146,149 @@ class TransactionCombiner:
         self._send([slot])
         return _Pending(self, slot)
 
-    def send_alone(self, ops: Sequence[Any]) -> Any:
-        """Send a transaction as a request of its own, outside the queue (kazoo's async result)."""
-        result = self._client.handler.async_result()
-        self._client._call(Transaction(list(ops)), result)
-        return result
-
     def _next(self) -> None:
-        """The request in flight was answered: send what queued meanwhile, as one."""
+        """A request in flight was answered: send what queued meanwhile, as one."""
         with self._lock:
             if not self._queue:
                 self._in_flight -= 1
                 return
             batch = [self._queue.popleft()]
             size = batch[0].size
-            while self._queue and size + self._queue[0].size <= self._max_bytes:
+            while self._queue and size + self._queue[0].size <= self._capacity:
                 size += self._queue[0].size
                 batch.append(self._queue.popleft())
+        if len(batch) > 1:
+            self.combined += 1
+        # Outside the lock: kazoo may fail the request right here (a closed client), which runs
+        # _Reply.set_exception, and so _next, on this thread.
         self._send(batch)
 
     def _send(self, slots: list[_Slot]) -> None:
-        if len(slots) > 1:
-            self.combined += 1
-        ops = [op for slot in slots for op in slot.ops]
-        # Outside the lock: kazoo may fail the request right here (a closed client), which runs
-        # _Batch.set_exception, and so _next, on this thread.
-        self._client._call(Transaction(ops), _Batch(self, slots))
+        raise NotImplementedError
+
+    def _alone(self, slot: _Slot) -> Any:
+        """Send ``slot`` again as a request of its own (its combined request failed as a whole)."""
+        raise NotImplementedError
 
     def _withdraw(self, slot: _Slot) -> None:
-        """A waiter gave up: if its transaction is still queued, it is never sent."""
+        """A waiter gave up: if it is still queued, it is never sent."""
         with self._lock:
             if slot in self._queue:  # else sent already: in doubt, as the caller assumes
                 self._queue.remove(slot)
+
+
+class _TransactionReply(_Reply):
+    __slots__ = ()
+
+    def _deliver(self, results: list[Any]) -> None:
+        slots = self._slots
+        if len(slots) == 1:
+            slots[0].outcome = results
+        elif len(results) != sum(len(slot.items) for slot in slots) or any(
+            isinstance(r, kz.KazooException) for r in results
+        ):
+            for slot in slots:
+                slot.outcome = _ALONE  # nothing applied; each learns its own answer alone
+        else:
+            at = 0
+            for slot in slots:
+                slot.outcome = results[at : at + len(slot.items)]
+                at += len(slot.items)
+
+
+class TransactionCombiner(_Combiner):
+    """Group commit for one kazoo client: ``submit`` a transaction's kazoo ops, ``get`` its results."""
+
+    def __init__(self, client: Any, *, max_bytes: int, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        #: A combined request stays under ``max_bytes`` (a larger transaction goes alone).
+        super().__init__(client, capacity=max_bytes, max_in_flight=max_in_flight)
+
+    def submit(self, ops: Sequence[Any], size: int) -> _Pending:
+        """Queue a transaction of kazoo ops (chroot already in their paths) of ``size`` request
+        bytes; it goes out now when fewer than ``max_in_flight`` requests are in flight."""
+        return self._submit(_Slot(size, ops))
+
+    def send_alone(self, ops: Sequence[Any]) -> Any:
+        """Send a transaction as a request of its own, outside the queue (kazoo's async result)."""
+        result = self._client.handler.async_result()
+        self._client._call(Transaction(list(ops)), result)
+        return result
+
+    def _alone(self, slot: _Slot) -> Any:
+        return self.send_alone(slot.items)
+
+    def _send(self, slots: list[_Slot]) -> None:
+        ops = [op for slot in slots for op in slot.items]
+        self._client._call(Transaction(ops), _TransactionReply(self, slots))
+
+
+class _ReadReply(_Reply):
+    __slots__ = ("_paths", "sync_error")
+
+    def __init__(self, combiner: _Combiner, slots: list[_Slot], paths: list[str]) -> None:
+        super().__init__(combiner, slots)
+        #: The nodes read, each once, in the request's order.
+        self._paths = paths
+        #: Set by the sync in front of the batch when it failed (its reply comes first).
+        self.sync_error: BaseException | None = None
+
+    def set_exception(self, exception: BaseException) -> None:
+        if len(self._paths) == 1 and isinstance(exception, kz.NoNodeError):
+            self.set(exception)  # one node, sent as a plain get: a missing node is its answer
+        else:
+            super().set_exception(exception)
+
+    def _deliver(self, value: Any) -> None:
+        replies = [value] if len(self._paths) == 1 else value
+        by_path = dict(zip(self._paths, replies, strict=True))
+        for slot in self._slots:
+            if slot.sync is not None and self.sync_error is not None:
+                slot.outcome = self.sync_error
+            else:
+                # An error is raised by its waiter: each gets an instance of its own.
+                slot.outcome = [
+                    type(r)() if isinstance(r, Exception) else r for r in (by_path[p] for p in slot.items)
+                ]
+
+
+class _SyncReply:
+    """The async result of the sync in front of a read batch: a failure fails the synced reads."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, batch: _ReadReply) -> None:
+        self._batch = batch
+
+    def set(self, value: Any) -> None:
+        pass
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._batch.sync_error = exception
+
+
+class ReadCombiner(_Combiner):
+    """Read combining for one kazoo client: ``submit`` the paths a call reads (and the sync it
+    needs first, if any), ``get`` one reply per path."""
+
+    def __init__(self, client: Any, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        super().__init__(client, capacity=MAX_PATHS, max_in_flight=max_in_flight)
+
+    def submit(self, paths: Sequence[str], sync: str | None = None) -> _Pending:
+        """Queue a read of 1 to ``MAX_PATHS`` nodes (paths with the chroot), behind a sync of
+        ``sync`` when given. Its ``get`` gives a reply per path, in order: ``(data, stat)``, or the
+        kazoo exception of that node (``NoNodeError``...); a failed sync raises. Alone, it goes out
+        as it would by itself: a ``get`` for one node, a ``multiRead`` for several, the sync first."""
+        if not 0 < len(paths) <= MAX_PATHS:
+            raise ValueError(f"a combined read takes 1 to {MAX_PATHS} paths, not {len(paths)}")
+        return self._submit(_Slot(len(paths), paths, sync))
+
+    def _send(self, slots: list[_Slot]) -> None:
+        paths = list(dict.fromkeys(path for slot in slots for path in slot.items))
+        reply = _ReadReply(self, slots, paths)
+        sync = next((slot.sync for slot in slots if slot.sync is not None), None)
+        if sync is not None:
+            # ZooKeeper answers a session's requests in order: the reads behind the sync see what
+            # it made visible, and its reply comes before theirs.
+            self._client._call(Sync(sync), _SyncReply(reply))
+        request = GetData(paths[0], None) if len(paths) == 1 else MultiRead(tuple(paths))
+        self._client._call(request, reply)

@@ -79,7 +79,7 @@ from snapcoord.coordinator.storage.metadata import (
     validate_path,
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
-from snapcoord.coordinator.storage.zk_combine import TransactionCombiner
+from snapcoord.coordinator.storage.zk_combine import ReadCombiner, TransactionCombiner
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
 from snapcoord.coordinator.storage.zk_handler import PollingHandler
 from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
@@ -171,6 +171,20 @@ class _Attempts:
 
 def _node(data: bytes | None, stat: Any) -> Node:
     return Node(data=data or b"", version=stat.version, created_ms=stat.ctime, modified_ms=stat.mtime)
+
+
+def _nodes(wanted: Sequence[str], replies: Sequence[Any]) -> dict[str, Node | None]:
+    """The nodes of a multiRead's replies (one per path of ``wanted``): a missing node is None,
+    any other error is raised."""
+    nodes: dict[str, Node | None] = {}
+    for path, reply in zip(wanted, replies, strict=True):
+        if isinstance(reply, kz.NoNodeError):
+            nodes[path] = None
+        elif isinstance(reply, Exception):
+            raise reply
+        else:
+            nodes[path] = _node(*reply)
+    return nodes
 
 
 def _translate(e: kz.KazooException, what: str) -> SnapcoordError:
@@ -281,6 +295,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         #: Concurrent transactions go out as one multi, under half the request limit (a proposal
         #: carries more than the request, and followers hold it to the same limit).
         self._combiner = TransactionCombiner(self._client, max_bytes=max_request_bytes // 2)
+        #: Concurrent reads go out as one multiRead (a consistent read's sync in front of it).
+        self._reads = ReadCombiner(self._client)
         #: Reads of several nodes go out as one ``multiRead``; cleared if the server lacks it.
         self._multi_read = True
         self._closed = False
@@ -307,6 +323,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         path = validate_path(path)
 
         def attempt(a: _Attempts) -> Node | None:
+            if self._multi_read:
+                return self._combined_read(a, [path])[path]
             return self._get_in(a, path)
 
         return self._run(attempt, f"get {path}")
@@ -317,7 +335,26 @@ class ZooKeeperMetadataStore(MetadataStore):
             return {}
         # Every request is sent before the first reply is awaited: n reads cost one round trip.
         what = f"get {len(wanted)} nodes ({wanted[0]}...)"
+        if self._multi_read and len(wanted) <= zk_multiread.MAX_PATHS:
+            return self._run(lambda a: self._combined_read(a, wanted), what)
         return self._run(lambda a: self._read_nodes(a, wanted)[1], what)
+
+    def _combined_read(
+        self, a: _Attempts, wanted: Sequence[str], sync_path: str | None = None
+    ) -> dict[str, Node | None]:
+        """Read ``wanted`` (behind a sync of ``sync_path``) in one round trip, in the request that
+        other calls' concurrent reads share (``zk_combine.ReadCombiner``)."""
+        chroot = self._client.chroot
+        paths = [_prefix_root(chroot, p) for p in wanted]
+        sync = None if sync_path is None else _prefix_root(chroot, sync_path)
+        try:
+            replies = a.wait(functools.partial(self._reads.submit, paths, sync))
+        except kz.UnimplementedError:
+            log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
+            self._multi_read = False
+            before = [] if sync_path is None else [functools.partial(self._sync_async, sync_path)]
+            return self._read_nodes(a, wanted, before)[1]
+        return _nodes(wanted, replies)
 
     def _read_nodes(
         self,
@@ -345,16 +382,8 @@ class ZooKeeperMetadataStore(MetadataStore):
                 log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
                 self._multi_read = False
             else:
-                nodes: dict[str, Node | None] = {}
                 flat = [reply for chunk in replies[len(before) :] for reply in chunk]
-                for path, reply in zip(wanted, flat, strict=True):
-                    if isinstance(reply, kz.NoNodeError):
-                        nodes[path] = None
-                    elif isinstance(reply, Exception):
-                        raise reply
-                    else:
-                        nodes[path] = _node(*reply)
-                return replies[: len(before)], nodes
+                return replies[: len(before)], _nodes(wanted, flat)
         gets = [functools.partial(self._client.get_async, p) for p in wanted]
         results = a.wait_all([*before, *gets], write=write)
         return results[: len(before)], {
@@ -385,6 +414,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One round trip instead of two: ZooKeeper serves a session's requests in order, so
             # the reads sent right behind the sync wait for it and see what it made visible.
+            if self._multi_read and 0 < len(wanted) <= zk_multiread.MAX_PATHS:
+                return self._combined_read(a, wanted, sync_path)
             return self._read_nodes(a, wanted, [functools.partial(self._sync_async, sync_path)])[1]
 
         return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
