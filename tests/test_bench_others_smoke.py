@@ -19,7 +19,7 @@ SMALL = [
     ("access_control", (), "RegisterProducerOffsets, mTLS + auth file"),
     ("backlog_progress", (), "ReportProgress 10 of 10000 (gRPC)"),
     ("cpu_per_call", ("--calls", "20", "--rounds", "1"), "RenewLease"),
-    ("group_commit", ("--seconds", "0.3", "--clients", "1,4"), "combined / raw kazoo"),
+    ("combine", ("--seconds", "0.3", "--clients", "1,4"), "combined / raw kazoo"),
     ("leases", ("--n", "5", "--expiry-samples", "0"), "AcquireSnapshots, 100 snapshot(s)"),
     ("producer_offsets", ("--n", "20"), "GetProducerOffsets (gRPC)"),
     ("snapshots", ("--n", "10", "--tasks", "4"), "per report ms"),
