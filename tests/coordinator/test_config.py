@@ -619,3 +619,51 @@ def test_lease_limits_that_outgrow_a_zookeeper_request_are_refused() -> None:
     assert cfg.leases.max_snapshots == 1000 and cfg.leases.max_request_bytes == 4_194_304
     assert cfg.snapshots.max_request_bytes == 4_194_304
     assert cfg.storage.metadata_options().zk_max_request_bytes == 4_194_304
+
+
+def _zk_auth_file(tmp_path: Path, user: str) -> str:
+    path = tmp_path / "zk-auth"
+    path.write_text(f"{user}:zk-secret\n")
+    return str(path)
+
+
+def test_lease_limits_that_only_the_digest_acl_takes_over_a_zookeeper_request_are_refused(
+    tmp_path: Path,
+) -> None:
+    """With --zk-auth-file every create carries the user's digest ACL (33 bytes more than
+    world:anyone for this user, and AcquireSnapshots creates one node per snapshot): the most
+    snapshots per lease that fit without it do not fit with it, so that configuration is refused."""
+    zk = {"metadata": "zk://zk1:2181/sc"}
+
+    def fits(n: int, **flags: str) -> bool:
+        try:
+            load({**zk, **flags, "lease_max_snapshots": str(n)}, {})
+        except ConfigError:
+            return False
+        return True
+
+    lo, hi = 256, 1000  # the default fits, 1000 does not (the test above)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    auth = _zk_auth_file(tmp_path, "snapcoord")
+    refused = rf"--lease-max-snapshots={lo} .*digest ACL of --zk-auth-file.*lower one"
+    with pytest.raises(ConfigError, match=refused):
+        load({**zk, "zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {})
+    # The file matters to a zk:// store only: with embedded metadata it is not read nor counted.
+    assert load({"zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {}).leases.max_snapshots == lo
+    assert load({**zk, "zk_auth_file": auth}, {}).storage.zk_auth_file == auth
+
+
+def test_a_zookeeper_auth_file_that_cannot_be_used_is_a_config_error(tmp_path: Path) -> None:
+    """config reads it (for the ACL's size), so a missing or malformed one fails there, not later."""
+    zk = {"metadata": "zk://zk1:2181/sc"}
+    with pytest.raises(ConfigError, match=r"invalid --zk-auth-file: cannot read the ZooKeeper auth file"):
+        load({**zk, "zk_auth_file": str(tmp_path / "missing")}, {})
+    with pytest.raises(ConfigError, match=r"longer than 256 bytes"):
+        load({**zk, "zk_auth_file": _zk_auth_file(tmp_path, "u" * 257)}, {})
+    bad = tmp_path / "bad"
+    bad.write_text("just-a-password\n")
+    with pytest.raises(ConfigError, match="user:password") as e:
+        load({**zk, "zk_auth_file": str(bad)}, {})
+    assert "just-a-password" not in str(e.value)

@@ -21,7 +21,8 @@ from snapcoord.coordinator.snapshots import layout as snapshots_layout
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Check, Op, SetData
-from snapcoord.coordinator.storage.zk_request_size import request_bytes
+from snapcoord.coordinator.storage.zk_auth import MAX_USER_BYTES, digest_acl
+from snapcoord.coordinator.storage.zk_request_size import OPEN_ACL_UNSAFE, AclEntry, request_bytes
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 from snapcoord.coordinator.zk_budget import (
     WORST_CASE,
@@ -50,10 +51,15 @@ def test_every_rpc_has_a_row() -> None:
     assert [r.rpc for r in rows] == list(WORST_CASE)
 
 
-def _limits(max_request_bytes: int, **leases: int) -> Limits:
+#: The longest ACL a create may carry: the digest ACL of the longest user name accepted.
+WIDEST_ACL = (digest_acl("u" * MAX_USER_BYTES, "password"),)
+
+
+def _limits(max_request_bytes: int, acl: tuple[AclEntry, ...] = OPEN_ACL_UNSAFE, **leases: int) -> Limits:
     return Limits(
         snapshots=SnapshotPolicy(max_request_bytes=max_request_bytes),
         leases=LeasePolicy(max_request_bytes=max_request_bytes, **leases),
+        acl=acl,
     )
 
 
@@ -65,12 +71,14 @@ def _limits(max_request_bytes: int, **leases: int) -> Limits:
         (16 * 1_048_576, {"max_snapshots": 2_000, "max_holders": 8}),
     ],
 )
+@pytest.mark.parametrize("acl", [OPEN_ACL_UNSAFE, WIDEST_ACL], ids=["open-acl", "widest-digest-acl"])
 def test_every_legal_request_fits_the_configured_limit(
-    max_request_bytes: int, leases: dict[str, int]
+    max_request_bytes: int, leases: dict[str, int], acl: tuple[AclEntry, ...]
 ) -> None:
     """#11 D5/D6: at every maximum and maximum-length ids together, every RPC's largest
-    transaction fits the limit (the config refuses lease limits where it would not)."""
-    limits = _limits(max_request_bytes, **leases)
+    transaction fits the limit (the config refuses lease limits where it would not), also when
+    each create carries the longest digest ACL (``zk_auth.MAX_USER_BYTES``)."""
+    limits = _limits(max_request_bytes, acl, **leases)
     misfits = [r for r in worst_case_table(limits, max_request_bytes) if not r.fits]
     assert misfits == []
     if max_request_bytes == 1_048_575:

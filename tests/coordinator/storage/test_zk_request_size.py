@@ -2,13 +2,17 @@
 
 The server test is the point: multis sized exactly at the computed limit commit, one byte more
 and ZooKeeper drops the connection ("Len error"). Two shapes, since the bug of #11 D5/D6 was the
-overhead of many small ops, not the data of one large op.
+overhead of many small ops, not the data of one large op. With ``--zk-auth-file`` every create
+carries a digest ACL, 24 bytes plus the user name's longer than world:anyone, which the store
+counts too.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -18,15 +22,18 @@ from kazoo.protocol.serialization import Create as KzCreate
 from kazoo.protocol.serialization import Delete as KzDelete
 from kazoo.protocol.serialization import SetData as KzSetData
 from kazoo.protocol.serialization import Transaction as KzTransaction
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from harness.isolation import chroot_of
 from snapcoord.coordinator.errors import InvalidArgument, Reason
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, SetData
+from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.zk_auth import digest_acl
 from snapcoord.coordinator.storage.zk_request_size import (
     LENGTH_PREFIX_BYTES,
     REQUEST_HEADER_BYTES,
     ZK_DEFAULT_MAX_REQUEST_BYTES,
+    AclEntry,
     request_bytes,
     wire_bytes,
 )
@@ -34,15 +41,20 @@ from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 
 LIMIT = ZK_DEFAULT_MAX_REQUEST_BYTES
 WAIT_S = 60.0
+USER, PASSWORD = "snapcoord", "zk-secret-7f3a"
 
 
-def _kazoo_request_length(ops: list[Op], chroot: str) -> int:
+def _entries(acl: Sequence[ACL]) -> tuple[AclEntry, ...]:
+    return tuple(AclEntry(a.perms, a.id.scheme, a.id.id) for a in acl)
+
+
+def _kazoo_request_length(ops: list[Op], chroot: str, acl: Sequence[ACL] = OPEN_ACL_UNSAFE) -> int:
     """What kazoo's own serializer makes of the ops, plus the request header (xid, type)."""
     kz_ops = []
     for op in ops:
         path = chroot + op.path
         if isinstance(op, Create):
-            kz_ops.append(KzCreate(path, op.data, OPEN_ACL_UNSAFE, 0))
+            kz_ops.append(KzCreate(path, op.data, list(acl), 0))
         elif isinstance(op, SetData):
             kz_ops.append(KzSetData(path, op.data, op.version))
         elif isinstance(op, Delete):
@@ -67,26 +79,40 @@ def test_matches_kazoos_serialization(chroot: str) -> None:
     assert request_bytes([], chroot=chroot) == REQUEST_HEADER_BYTES + 9  # header and closing MultiHeader
 
 
+@pytest.mark.parametrize("user", ["u", USER, "ü" * 128])
+def test_a_digest_acl_is_kazoos_and_counted_like_kazoo(user: str) -> None:
+    """``digest_acl`` (which config counts, without kazoo) is the ACL kazoo makes from the same
+    credentials, and each create carrying it costs 24 bytes plus the user name's more."""
+    made = make_digest_acl(user, PASSWORD, all=True)
+    acl = (digest_acl(user, PASSWORD),)
+    assert acl == _entries([made])
+    ops: list[Op] = [Create("/a", b""), Create("/a/b", b"x"), SetData("/a", b"y", 0)]
+    assert request_bytes(ops, chroot="/c", acl=acl) == _kazoo_request_length(ops, "/c", [made])
+    assert request_bytes(ops, acl=acl) - request_bytes(ops) == 2 * (24 + len(user.encode()))
+
+
 def _one_big_create(parent: str, chroot: str, target: int) -> list[Op]:
     """One Create whose data brings the request to exactly ``target`` bytes."""
     base = request_bytes([Create(f"{parent}/big", b"")], chroot=chroot)
     return [Create(f"{parent}/big", b"d" * (target - base))]
 
 
-def _many_small_creates(parent: str, chroot: str, target: int) -> list[Op]:
+def _many_small_creates(
+    parent: str, chroot: str, target: int, acl: tuple[AclEntry, ...] = _entries(OPEN_ACL_UNSAFE)
+) -> list[Op]:
     """Creates of 200-character names with no data (the shape of D5's pin index writes), then one
-    whose name is lengthened to land on exactly ``target`` bytes."""
+    whose name is lengthened to land on exactly ``target`` bytes when each create carries ``acl``."""
     ops: list[Op] = []
     i = 0
     while True:
         op = Create(f"{parent}/{i:06d}" + "n" * 194, b"")
-        if request_bytes([*ops, op], chroot=chroot) > target - 300:
+        if request_bytes([*ops, op], chroot=chroot, acl=acl) > target - 300:
             break
         ops.append(op)
         i += 1
-    rest = target - request_bytes([*ops, Create(f"{parent}/last", b"")], chroot=chroot)
+    rest = target - request_bytes([*ops, Create(f"{parent}/last", b"")], chroot=chroot, acl=acl)
     ops.append(Create(f"{parent}/last" + "z" * rest, b""))
-    assert len(ops) > 3000
+    assert len(ops) > 2000
     return ops
 
 
@@ -170,3 +196,90 @@ def test_the_limit_is_a_constructor_parameter(zk_uri: str, zk_hosts: str) -> Non
         assert small.children("/q") == ["one"]
     finally:
         small.close()
+
+
+@pytest.fixture
+def digest_store(
+    zk_uri: str, zk_hosts: str, kazoo_client: KazooClient, tmp_path: Path
+) -> Iterator[ZooKeeperMetadataStore]:
+    """A store with ``--zk-auth-file``: each create carries the user's digest ACL. The chroot is
+    made open first (by ``kazoo_client``); what the store creates under it is closed to the
+    harness's cleanup, which has no credentials, so the owner deletes it."""
+    auth_file = tmp_path / "zk-auth"
+    auth_file.write_text(f"{USER}:{PASSWORD}\n")
+    s = ZooKeeperMetadataStore.from_uri(zk_uri, MetadataOptions(zk_auth_file=str(auth_file)))
+    yield s
+    s.close()
+    owner = KazooClient(hosts=zk_hosts, timeout=10, auth_data=[("digest", f"{USER}:{PASSWORD}")])
+    owner.start(timeout=30)
+    try:
+        owner.delete(chroot_of(zk_uri), recursive=True)
+    finally:
+        owner.stop()
+        owner.close()
+
+
+def test_a_digest_acl_store_counts_the_request_kazoo_sends(
+    digest_store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size the store checks (and gives the combiner) is the length of the multi kazoo
+    serialises, each create's digest ACL included: 33 bytes more per create for this user than the
+    world:anyone count."""
+    store = digest_store
+    chroot = store.kazoo.chroot
+    [acl] = store.kazoo.default_acl
+    assert (acl.id.scheme, acl.id.id.split(":")[0]) == ("digest", USER)
+    store.create("/a", b"")
+    store.create("/a/d", b"")
+    checked: list[int] = []
+    sent: list[int] = []
+    submit, call = store._combiner.submit, store.kazoo._call
+
+    def spy_submit(request: list[Any], size: int) -> Any:
+        checked.append(size)
+        return submit(request, size)
+
+    def spy_call(request: Any, async_object: Any) -> Any:
+        if request.type == KzTransaction.type:
+            sent.append(REQUEST_HEADER_BYTES + len(request.serialize()))
+        return call(request, async_object)
+
+    monkeypatch.setattr(store._combiner, "submit", spy_submit)
+    monkeypatch.setattr(store.kazoo, "_call", spy_call)
+    ops: list[Op] = [
+        Create("/a/b", b"x" * 100),
+        Create("/a/" + "n" * 200, b""),
+        SetData("/a", b"y", 0),
+        Delete("/a/d", 0),
+        Check("/a", 1),
+    ]
+    store.transaction(ops)
+    assert checked == sent == [_kazoo_request_length(ops, chroot, [acl])]
+    assert checked[0] - request_bytes(ops, chroot=chroot) == 2 * 33
+    assert sorted(store.children("/a")) == sorted(["b", "n" * 200])
+
+
+def test_a_digest_acl_store_refuses_a_multi_its_acl_takes_over_the_limit(
+    digest_store: ZooKeeperMetadataStore,
+) -> None:
+    """Small creates whose world:anyone count is tens of KB under the limit, but one byte over it
+    with the digest ACL each carries: INVALID_ARGUMENT/TOO_LARGE before anything is sent, nothing
+    stored, the session untouched. Exactly at the limit, ZooKeeper commits them."""
+    store = digest_store
+    chroot = store.kazoo.chroot
+    acl = _entries(store.kazoo.default_acl)
+    store.create("/p", b"")
+    states: list[object] = []
+    store.add_state_listener(states.append)
+    over = _many_small_creates("/p", chroot, LIMIT + 1, acl)
+    assert request_bytes(over, chroot=chroot) == LIMIT + 1 - 33 * len(over)  # counted with world:anyone
+    expected = f"{LIMIT + 1}-byte ZooKeeper request; the limit is {LIMIT}"
+    with pytest.raises(InvalidArgument, match=expected) as e:
+        store.transaction(over)
+    assert e.value.reason is Reason.TOO_LARGE
+    assert states == [] and store.is_usable()
+    assert store.children("/p") == []
+    at = _many_small_creates("/p", chroot, LIMIT, acl)
+    store.transaction(at)
+    assert len(store.children("/p")) == len(at)
+    assert states == []

@@ -30,7 +30,9 @@ from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
+from snapcoord.coordinator.storage import zk_auth
 from snapcoord.coordinator.storage.registry import BlobOptions, MetadataOptions
+from snapcoord.coordinator.storage.zk_request_size import OPEN_ACL_UNSAFE, AclEntry
 
 
 class ConfigError(ValueError):
@@ -1042,21 +1044,37 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
 
 
 def _check_lease_requests_fit(cfg: Config) -> None:
-    """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request.
-    (Snapshot sizes are bounded by byte budgets derived from the limit, producer and backlog
-    transactions are small or split; ``tests/coordinator/test_zk_budget.py`` checks every RPC.)"""
-    row = _worst_lease_request(cfg.leases)
+    """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request,
+    counting the ACL each of its creates carries. (Snapshot sizes are bounded by byte budgets
+    derived from the limit, producer and backlog transactions are small or split;
+    ``tests/coordinator/test_zk_budget.py`` checks every RPC.)"""
+    acl = _create_acl(cfg.storage)
+    row = _worst_lease_request(cfg.leases, acl)
     if not row.fits:
+        with_acl = " (each create with the digest ACL of --zk-auth-file)" if acl != OPEN_ACL_UNSAFE else ""
         raise ConfigError(
             f"with --lease-max-snapshots={cfg.leases.max_snapshots} and --lease-max-holders="
-            f"{cfg.leases.max_holders}, {row.rpc} may send a {row.request_bytes}-byte ZooKeeper request; "
-            f"--zk-max-request-bytes is {row.limit}: lower one of the two lease limits"
+            f"{cfg.leases.max_holders}, {row.rpc} may send a {row.request_bytes}-byte ZooKeeper request"
+            f"{with_acl}; --zk-max-request-bytes is {row.limit}: lower one of the two lease limits"
         )
 
 
+def _create_acl(storage: StorageConfig) -> tuple[AclEntry, ...]:
+    """The ACL the metadata store will send with every create: the digest ACL of the
+    ``--zk-auth-file`` user, whose size depends on the user name, so the file is read here (a zk://
+    store only: no other reads it); else ZooKeeper's open ACL."""
+    if not storage.zk_auth_file or urlsplit(storage.metadata_uri).scheme != "zk":
+        return OPEN_ACL_UNSAFE
+    try:
+        user, password = zk_auth.read_credentials(storage.zk_auth_file)
+    except ValueError as e:
+        raise ConfigError(f"invalid --zk-auth-file: {e}") from None
+    return (zk_auth.digest_acl(user, password),)
+
+
 @functools.lru_cache(maxsize=32)
-def _worst_lease_request(leases: LeasePolicy) -> zk_budget.Row:
-    limits = zk_budget.Limits(leases=leases)
+def _worst_lease_request(leases: LeasePolicy, acl: tuple[AclEntry, ...]) -> zk_budget.Row:
+    limits = zk_budget.Limits(leases=leases, acl=acl)
     rows = [
         zk_budget.Row(rpc, len(ops), zk_budget.transaction_bytes(ops, limits), leases.max_request_bytes)
         for rpc, build in zk_budget.WORST_CASE.items()

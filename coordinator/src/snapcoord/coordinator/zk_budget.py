@@ -6,9 +6,10 @@ many as the byte budgets admit, the branch with the most operations (a first wri
 parents, an expired lease is replaced with different snapshots...). An RPC that commits in several
 transactions (DeleteSnapshot: mark, batches, header) is represented by its largest one. Data comes
 from the real domain encoders and paths from the registries' own layout modules;
-``zk_request_size`` turns the ops into the exact request size, to compare with ``jute.maxbuffer``.
-A test asserts that every legal request fits, and ``config`` refuses a configuration where one
-would not.
+``zk_request_size`` turns the ops into the exact request size, to compare with ``jute.maxbuffer``,
+counting on each create the ACL the store sends (``Limits.acl``: a digest ACL with
+``--zk-auth-file``). A test asserts that every legal request fits, and ``config`` refuses a
+configuration where one would not.
 """
 
 from __future__ import annotations
@@ -68,7 +69,12 @@ from snapcoord.coordinator.snapshots.layout import (
     tasks_path,
 )
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, SetData
-from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, request_bytes
+from snapcoord.coordinator.storage.zk_request_size import (
+    OPEN_ACL_UNSAFE,
+    ZK_DEFAULT_MAX_REQUEST_BYTES,
+    AclEntry,
+    request_bytes,
+)
 
 #: A far-future time (year 2039): every timestamp and minute bucket at its longest realistic width.
 _NOW_MS = 2**41
@@ -77,7 +83,8 @@ _BIG_INT = 2**63 - 1
 
 @dataclass(frozen=True)
 class Limits:
-    """The configured limits (the policies), and the chroot every path is sent with."""
+    """The configured limits (the policies), the chroot every path is sent with, and the ACL
+    every create carries."""
 
     producers: ProducerPolicy = field(default_factory=ProducerPolicy)
     snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
@@ -85,6 +92,9 @@ class Limits:
     backlog: BacklogPolicy = field(default_factory=BacklogPolicy)
     #: The ZooKeeper chroot: every path is sent with it.
     chroot: str = "/" + "c" * 63
+    #: The ACL the store sends with every create: kazoo's open one, or the digest ACL of the
+    #: ``--zk-auth-file`` user (``zk_auth.digest_acl``), longer by 24 bytes plus the user name's.
+    acl: tuple[AclEntry, ...] = OPEN_ACL_UNSAFE
 
     @property
     def pin_holders(self) -> int:
@@ -346,7 +356,7 @@ def delete_snapshot(limits: Limits) -> list[Op]:
         len(checkpoint_key(app, gen, _id("t"), _uuid())) + 64
     )
     candidates = [mark, batch(1), batch(most_keys)]
-    return max(candidates, key=lambda ops: request_bytes(ops, chroot=limits.chroot))
+    return max(candidates, key=lambda ops: transaction_bytes(ops, limits))
 
 
 def set_retention_policy(limits: Limits) -> list[Op]:
@@ -539,8 +549,8 @@ class Row:
 
 
 def transaction_bytes(ops: Sequence[Op], limits: Limits) -> int:
-    """The exact size of the request that sends ``ops`` under ``limits.chroot``."""
-    return request_bytes(list(ops), chroot=limits.chroot) if ops else 0
+    """The exact size of the request that sends ``ops`` under ``limits.chroot`` and ``limits.acl``."""
+    return request_bytes(list(ops), chroot=limits.chroot, acl=limits.acl) if ops else 0
 
 
 def worst_case_table(
@@ -551,6 +561,5 @@ def worst_case_table(
     rows = []
     for rpc, build in WORST_CASE.items():
         ops = build(limits)
-        size = request_bytes(ops, chroot=limits.chroot) if ops else 0
-        rows.append(Row(rpc, len(ops), size, max_request_bytes))
+        rows.append(Row(rpc, len(ops), transaction_bytes(ops, limits), max_request_bytes))
     return rows

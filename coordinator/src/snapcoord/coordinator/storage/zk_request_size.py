@@ -15,7 +15,10 @@ A request is ``length prefix`` + ``RequestHeader {int xid; int type}`` + body. A
 op's record, and a closing ``MultiHeader {-1, true, -1}``. The records kazoo sends:
 
 - ``CreateRequest {ustring path; buffer data; vector<ACL> acl; int flags}``, ``ACL {int perms;
-  Id {ustring scheme; ustring id}}`` (kazoo's default is one ACL, world:anyone);
+  Id {ustring scheme; ustring id}}``. The store sends one ACL: kazoo's default, world:anyone (23
+  bytes), or with ``--zk-auth-file`` the user's digest ACL, whose id is ``user:`` and a 28-character
+  base64 SHA-1 (47 bytes plus the user name's: ``zk_auth``). ``request_bytes`` counts the ``acl``
+  it is given: pass the one that is sent;
 - ``SetDataRequest {ustring path; buffer data; int version}``;
 - ``DeleteRequest {ustring path; int version}``; ``CheckVersionRequest {ustring path; int version}``.
 

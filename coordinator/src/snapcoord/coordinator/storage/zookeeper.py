@@ -79,10 +79,11 @@ from snapcoord.coordinator.storage.metadata import (
     validate_path,
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.zk_auth import read_credentials
 from snapcoord.coordinator.storage.zk_combine import ReadCombiner, TransactionCombiner
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
 from snapcoord.coordinator.storage.zk_handler import PollingHandler
-from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
+from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, AclEntry
 from snapcoord.coordinator.storage.zk_request_size import request_bytes as zk_request_bytes
 
 log = logging.getLogger(__name__)
@@ -207,14 +208,15 @@ def _digest_auth(path: str) -> tuple[list[tuple[str, str]] | None, list[ACL] | N
     if not path:
         return None, None
     try:
-        text = Path(path).read_text(encoding="utf-8")
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-    except OSError as e:
-        raise InvalidArgument(f"cannot read the ZooKeeper auth file {path}: {e.strerror or e}") from None
-    user, sep, password = lines[0].partition(":") if lines else ("", "", "")
-    if not user or not sep or not password:
-        raise InvalidArgument(f"the ZooKeeper auth file {path} must hold user:password on its first line")
+        user, password = read_credentials(path)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
     return [("digest", f"{user}:{password}")], [make_digest_acl(user, password, all=True)]
+
+
+def _acl_entries(acl: Sequence[ACL]) -> tuple[AclEntry, ...]:
+    """kazoo's ACLs as ``zk_request_size`` counts them (that module stays free of kazoo, for config)."""
+    return tuple(AclEntry(a.perms, a.id.scheme, a.id.id) for a in acl)
 
 
 def _tls_kwargs(options: MetadataOptions) -> dict[str, Any]:
@@ -292,6 +294,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
+        #: The ACL every create of ``transaction`` sends, for its size check: a digest ACL is
+        #: 24 bytes plus the user name's longer than kazoo's default, per create.
+        self._create_acl = _acl_entries(self._client.default_acl or OPEN_ACL_UNSAFE)
         #: Concurrent transactions go out as one multi, under half the request limit (a proposal
         #: carries more than the request, and followers hold it to the same limit).
         self._combiner = TransactionCombiner(self._client, max_bytes=max_request_bytes // 2)
@@ -533,9 +538,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             return
         # The server refuses any request above jute.maxbuffer by dropping the connection; kazoo
         # would then resend it on every reconnect until the deadline, flapping the session. The
-        # limit bounds the whole multi, paths and per-op overhead included (#11 D5/D6), so count
-        # the exact request and refuse it here, before anything is sent.
-        size = zk_request_bytes(ops, chroot=self._chroot)
+        # limit bounds the whole multi, paths, per-op overhead and each create's ACL included
+        # (#11 D5/D6), so count the exact request and refuse it here, before anything is sent.
+        size = zk_request_bytes(ops, chroot=self._chroot, acl=self._create_acl)
         if size > self._max_request_bytes:
             raise InvalidArgument(
                 f"transaction of {len(ops)} operations is a {size}-byte ZooKeeper request; the limit "
