@@ -40,11 +40,16 @@ def test_version() -> None:
     assert result.stdout.strip() == f"snapcoord {__version__}"
 
 
-def test_serve_help_lists_every_flag_with_env_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_help_lists_every_flag_with_env_and_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wide enough that argparse wraps no line: it may break one inside a hyphenated word
+    # ("file://<data-" / "dir>"), which joining the lines back with spaces would not undo.
+    monkeypatch.setenv("COLUMNS", "1000")
     with pytest.raises(SystemExit) as e:
         cli.main(["serve", "--help"])
     assert e.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    text = " ".join(capsys.readouterr().out.split())
     for opt in OPTIONS:
         assert f"{opt.flag} {opt.metavar}" in text
         assert f"(env {opt.env}; default {opt.shown_default})" in text

@@ -26,6 +26,7 @@ from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
+from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
@@ -667,3 +668,37 @@ def test_a_zookeeper_auth_file_that_cannot_be_used_is_a_config_error(tmp_path: P
     with pytest.raises(ConfigError, match="user:password") as e:
         load({**zk, "zk_auth_file": str(bad)}, {})
     assert "just-a-password" not in str(e.value)
+
+
+def _zk_uri_with_chroot_of(size: int, char: str = "c") -> str:
+    """A zk:// URI whose chroot is ``size`` bytes of UTF-8: "/" then ``char`` (1 or 2 bytes each),
+    padded with "c"."""
+    body = char * ((size - 1) // len(char.encode()))
+    chroot = "/" + body + "c" * (size - 1 - len(body.encode()))
+    assert len(chroot.encode()) == size
+    return f"zk://zk1:2181,zk2:2181{chroot}"
+
+
+@pytest.mark.parametrize("char", ["c", "é"], ids=["ascii", "two-byte-utf8"])
+def test_a_zk_chroot_may_be_as_long_as_the_request_budgets_assume_and_no_longer(char: str) -> None:
+    """Every path goes to ZooKeeper with the chroot before it, and the request-size limits (the
+    start-up lease check, zk_budget's worst cases) are computed for a chroot of MAX_CHROOT_BYTES:
+    one that long loads, one byte more is refused, counted in UTF-8 bytes as ZooKeeper sends it
+    (32 two-byte characters are 64 characters' worth)."""
+    at_limit = _zk_uri_with_chroot_of(MAX_CHROOT_BYTES, char)
+    assert load({"metadata": at_limit}, {}).storage.metadata_uri == at_limit
+    with pytest.raises(ConfigError, match=rf"chroot is {MAX_CHROOT_BYTES + 1} bytes long"):
+        load({"metadata": _zk_uri_with_chroot_of(MAX_CHROOT_BYTES + 1, char)}, {})
+
+
+def test_an_over_long_zk_chroot_is_refused_with_a_message_that_says_what_to_do() -> None:
+    uri = "zk://zk1:2181/" + "/".join(["team-orders-snapshots"] * 14)  # 308 bytes
+    with pytest.raises(ConfigError) as e:
+        load({}, {"SNAPCOORD_METADATA": uri})
+    message = str(e.value)
+    assert message.startswith("invalid SNAPCOORD_METADATA=")  # where the value came from
+    assert f"chroot is 308 bytes long (UTF-8) and may be at most {MAX_CHROOT_BYTES}" in message
+    assert "--zk-max-request-bytes" in message  # why
+    assert "use a shorter path" in message  # what to do
+    # Embedded metadata has no chroot, and no length limit comes with it.
+    assert load({"metadata": "file:///" + "d" * 300}, {}).storage.metadata_uri.endswith("d" * 300)

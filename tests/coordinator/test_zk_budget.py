@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.isolation import chroot_of
+from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog import layout as backlog_layout
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
@@ -17,12 +18,20 @@ from snapcoord.coordinator.domain.snapshots import TRANSACTION_DATA_BYTES, Snaps
 from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers import layout as producers_layout
+from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots import layout as snapshots_layout
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Check, Op, SetData
+from snapcoord.coordinator.storage.uris import zk_chroot
 from snapcoord.coordinator.storage.zk_auth import MAX_USER_BYTES, digest_acl
-from snapcoord.coordinator.storage.zk_request_size import OPEN_ACL_UNSAFE, AclEntry, request_bytes
+from snapcoord.coordinator.storage.zk_request_size import (
+    MAX_CHROOT_BYTES,
+    OPEN_ACL_UNSAFE,
+    AclEntry,
+    op_bytes,
+    request_bytes,
+)
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 from snapcoord.coordinator.zk_budget import (
     WORST_CASE,
@@ -37,6 +46,7 @@ from snapcoord.coordinator.zk_budget import (
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 HOUR_MS = 3_600_000
+_BIG = 2**63 - 1
 
 
 def test_every_rpc_has_a_row() -> None:
@@ -87,6 +97,22 @@ def test_every_legal_request_fits_the_configured_limit(
         # abort reason, 12 KB when each of its characters is stored as an escaped surrogate pair).
         rows = {r.rpc: r for r in worst_case_table(limits, max_request_bytes)}
         assert rows["SnapshotService/ReportTaskSnapshot"].request_bytes > 0.93 * max_request_bytes
+
+
+def test_the_budgets_count_the_longest_chroot_a_store_accepts() -> None:
+    """Every path is sent with the chroot: the worst cases are computed with the longest one
+    config and the store accept (``MAX_CHROOT_BYTES``, refused beyond), and so are the per-op
+    overheads the registries budget deletes and retired intents with."""
+    chroot = Limits().chroot
+    assert len(chroot.encode()) == MAX_CHROOT_BYTES
+    assert zk_chroot(f"zk://h:2181{chroot}") == chroot
+    with pytest.raises(ValueError, match="at most"):
+        zk_chroot(f"zk://h:2181{chroot}c")
+    path = intents.ROOT + "/" + "9" * 12 + "/" + "f" * 32
+    assert len(path) == intents.MAX_PATH_BYTES
+    delete = op_bytes(intents.commit_op(path, _BIG), chroot=chroot)
+    assert delete - len(path) <= decide.DELETE_OP_OVERHEAD
+    assert delete <= intents.RETIRE_OP_BYTES
 
 
 def test_the_data_budget_matches_the_stores() -> None:

@@ -18,13 +18,15 @@ from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol import serialization as wire
 
 from harness.faults import drop_zk_connection, expire_zk_session
+from harness.isolation import chroot_of
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
     StoreUnavailable,
 )
 from snapcoord.coordinator.storage.metadata import Create, SetData
-from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.registry import MetadataOptions, open_metadata_store
+from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
@@ -84,6 +86,29 @@ def test_uri_and_chroot(zk_uri: str, zk_hosts: str) -> None:
 def test_malformed_uris_are_rejected(uri: str) -> None:
     with pytest.raises(ValueError):
         ZooKeeperMetadataStore.from_uri(uri)
+
+
+def test_a_chroot_may_be_as_long_as_the_request_budgets_assume_and_no_longer(
+    zk_uri: str, zk_hosts: str
+) -> None:
+    """The store (opened by URI in tests and benchmarks too, without config's check) keeps the
+    limit config keeps: under a longer chroot its requests could exceed the sizes zk_budget
+    computed, and a legal call be refused as too large. The refusal comes before connecting."""
+    at_limit = chroot_of(zk_uri) + "/"  # below the test's own chroot, which is removed after it
+    at_limit += "é" * ((MAX_CHROOT_BYTES - len(at_limit)) // 2)  # counted in UTF-8 bytes
+    at_limit += "c" * (MAX_CHROOT_BYTES - len(at_limit.encode()))
+    assert len(at_limit.encode()) == MAX_CHROOT_BYTES and "é" in at_limit
+    store = open_metadata_store(f"zk://{zk_hosts}{at_limit}")
+    try:
+        store.transaction([Create("/inside", b"x")])
+        node = store.get("/inside")
+        assert node is not None and node.data == b"x"
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match=rf"chroot is {MAX_CHROOT_BYTES + 1} bytes long .* at most"):
+        open_metadata_store(
+            f"zk://127.0.0.1:1{at_limit}c", options=MetadataOptions(zk_connect_timeout_ms=500)
+        )
 
 
 def test_open_fails_when_no_server_answers(private_zk_server: ZooKeeperServer) -> None:

@@ -32,7 +32,8 @@ from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.storage import zk_auth
 from snapcoord.coordinator.storage.registry import BlobOptions, MetadataOptions
-from snapcoord.coordinator.storage.zk_request_size import OPEN_ACL_UNSAFE, AclEntry
+from snapcoord.coordinator.storage.uris import zk_chroot
+from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES, OPEN_ACL_UNSAFE, AclEntry
 
 
 class ConfigError(ValueError):
@@ -353,6 +354,17 @@ def _uri_parser(schemes: Sequence[str], example: str) -> Callable[[str], str]:
     return parse
 
 
+def _metadata_uri(text: str) -> str:
+    """A metadata URI; a ``zk://`` one's chroot is checked as the store parses it: well formed and
+    at most ``MAX_CHROOT_BYTES`` long, the length the request-size limits are computed for."""
+    value = _uri_parser(
+        ("zk", "file"), "zk://zk1:2181,zk2:2181/snapcoord or file:///var/lib/snapcoord/metadata"
+    )(text)
+    if urlsplit(value).scheme == "zk":
+        zk_chroot(value)
+    return value
+
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: What each ``--otel-exporter`` needs importable, beyond the API and SDK.
@@ -552,9 +564,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "metadata",
-        "metadata store: zk://host:port[,host:port]/chroot or file:///dir",
+        f"metadata store: zk://host:port[,host:port]/chroot (a chroot of at most {MAX_CHROOT_BYTES} "
+        "bytes) or file:///dir",
         None,
-        _uri_parser(("zk", "file"), "zk://zk1:2181,zk2:2181/snapcoord or file:///var/lib/snapcoord/metadata"),
+        _metadata_uri,
         default_doc="file://<data-dir>/metadata",
         to="storage.metadata_uri",
         derive=_under_data_dir("metadata"),

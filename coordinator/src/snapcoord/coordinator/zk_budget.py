@@ -8,8 +8,9 @@ transactions (DeleteSnapshot: mark, batches, header) is represented by its large
 from the real domain encoders and paths from the registries' own layout modules;
 ``zk_request_size`` turns the ops into the exact request size, to compare with ``jute.maxbuffer``,
 counting on each create the ACL the store sends (``Limits.acl``: a digest ACL with
-``--zk-auth-file``). A test asserts that every legal request fits, and ``config`` refuses a
-configuration where one would not.
+``--zk-auth-file``) and on each path the longest chroot a ``zk://`` URI may name
+(``Limits.chroot``, ``MAX_CHROOT_BYTES``). A test asserts that every legal request fits, and
+``config`` refuses a configuration where one would not (a longer chroot included).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from snapcoord.coordinator.snapshots.layout import (
 )
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, SetData
 from snapcoord.coordinator.storage.zk_request_size import (
+    MAX_CHROOT_BYTES,
     OPEN_ACL_UNSAFE,
     ZK_DEFAULT_MAX_REQUEST_BYTES,
     AclEntry,
@@ -90,8 +92,9 @@ class Limits:
     snapshots: SnapshotPolicy = field(default_factory=SnapshotPolicy)
     leases: LeasePolicy = field(default_factory=LeasePolicy)
     backlog: BacklogPolicy = field(default_factory=BacklogPolicy)
-    #: The ZooKeeper chroot: every path is sent with it.
-    chroot: str = "/" + "c" * 63
+    #: The ZooKeeper chroot: every path is sent with it. The longest one a ``zk://`` URI may name
+    #: (``MAX_CHROOT_BYTES``, refused beyond by config and the store), so the budgets hold for all.
+    chroot: str = "/" + "c" * (MAX_CHROOT_BYTES - 1)
     #: The ACL the store sends with every create: kazoo's open one, or the digest ACL of the
     #: ``--zk-auth-file`` user (``zk_auth.digest_acl``), longer by 24 bytes plus the user name's.
     acl: tuple[AclEntry, ...] = OPEN_ACL_UNSAFE

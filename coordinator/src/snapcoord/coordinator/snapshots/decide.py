@@ -490,7 +490,8 @@ def delete_step_reads(app_id: str, generation: int) -> list[ReadNode | ReadChild
 
 
 #: Bytes per Delete op beyond its path: op header, version, multi framing, and a chroot of up to
-#: 64 characters (every path is sent with it). Conservative: the store checks the exact size.
+#: ``zk_request_size.MAX_CHROOT_BYTES`` (64; every path is sent with it, and a longer chroot is
+#: refused). Conservative: the store checks the exact size.
 DELETE_OP_OVERHEAD = 96
 
 

@@ -36,6 +36,12 @@ from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, Se
 #: ZooKeeper's default ``jute.maxbuffer`` (0xfffff): the largest request length it accepts.
 ZK_DEFAULT_MAX_REQUEST_BYTES = 0xFFFFF
 
+#: The longest chroot (the path of a ``zk://`` URI), in UTF-8 bytes as a ``ustring`` counts them.
+#: Every path is sent with the chroot prepended, so the request-size budgets (``zk_budget``, the
+#: per-op overheads of ``snapshots.decide`` and ``intents``) are computed for a chroot this long,
+#: and a ``zk://`` URI with a longer one is refused (``storage.uris.zk_chroot``).
+MAX_CHROOT_BYTES = 64
+
 _INT = 4
 _BOOL = 1
 REQUEST_HEADER_BYTES = _INT + _INT  # xid, type

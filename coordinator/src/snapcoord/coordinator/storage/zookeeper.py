@@ -79,6 +79,7 @@ from snapcoord.coordinator.storage.metadata import (
     validate_path,
 )
 from snapcoord.coordinator.storage.registry import MetadataOptions
+from snapcoord.coordinator.storage.uris import zk_chroot
 from snapcoord.coordinator.storage.zk_auth import read_credentials
 from snapcoord.coordinator.storage.zk_combine import ReadCombiner, TransactionCombiner
 from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
@@ -245,9 +246,10 @@ class ZooKeeperMetadataStore(MetadataStore):
         parts = urlsplit(uri)
         if parts.scheme != "zk" or not parts.netloc or "@" in parts.netloc:
             raise ValueError(f"expected zk://host:port[,host:port]/chroot, got {uri!r}")
-        chroot = parts.path.rstrip("/")
-        if chroot:
-            validate_path(chroot)
+        try:
+            chroot = zk_chroot(uri)  # at most MAX_CHROOT_BYTES: the request-size budgets count it
+        except ValueError as e:
+            raise ValueError(f"invalid ZooKeeper URI {uri!r}: {e}") from None
         options = options or MetadataOptions()
         return cls(
             parts.netloc,
