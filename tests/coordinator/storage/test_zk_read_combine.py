@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 from kazoo.exceptions import ConnectionLoss, NoAuthError, UnimplementedError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol import serialization as wire
 
 from harness.process import wait_until
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import Node
-from snapcoord.coordinator.storage.zk_combine import MAX_IN_FLIGHT
+from snapcoord.coordinator.storage.zk_combine import MAX_IN_FLIGHT, ReadCombiner
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
@@ -75,10 +76,6 @@ class Reads:
 
         monkeypatch.setattr(client, "_call", call)
 
-    def wait_held(self) -> None:
-        for _ in range(MAX_IN_FLIGHT):
-            assert self.held.acquire(timeout=WAIT_S)
-
     def release(self) -> None:
         self._release.set()
 
@@ -98,19 +95,21 @@ def read_together(
         except BaseException as e:  # recorded and asserted by the test
             outcomes[i] = e
 
+    # One thread at a time, each in flight or queued before the next starts: the order of the
+    # requests and of the paths in the combined one is the order of ``calls``.
     firsts = [threading.Thread(target=store.get, args=(f"/first{i}",)) for i in range(MAX_IN_FLIGHT)]
     for t in firsts:
         t.start()
-    reads.wait_held()
+        assert reads.held.acquire(timeout=WAIT_S)
     threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
-    for t in threads:
+    for queued, t in enumerate(threads, start=1):
         t.start()
-    wait_until(
-        lambda: len(store._reads._queue) == len(calls),
-        timeout=WAIT_S,
-        interval=0.005,
-        what="the reads to queue",
-    )
+        wait_until(
+            lambda queued=queued: len(store._reads._queue) == queued,  # type: ignore[misc]
+            timeout=WAIT_S,
+            interval=0.002,
+            what="the read to queue",
+        )
     reads.release()
     for t in [*firsts, *threads]:
         t.join(WAIT_S)
@@ -320,3 +319,83 @@ def test_a_server_without_multiread_reads_each_call_with_gets(
         ("GetData", "/w"),
     ]
     assert store._multi_read is False
+
+
+def test_a_request_never_answered_frees_its_place_when_its_waiter_gives_up(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kazoo can drop a request without an answer (one sent as the session expires): its waiter
+    gives up at its deadline, and the place it held in flight is free again, so that later reads
+    are sent instead of queueing for good."""
+    store.create("/d", b"d")
+    client = store.kazoo
+    real_call = client._call
+    dropped: list[Any] = []
+
+    def drop_first(request: Any, async_object: Any) -> Any:
+        if isinstance(request, wire.GetData) and not dropped:
+            dropped.append(async_object)  # never sent, never answered
+            return True
+        return real_call(request, async_object)
+
+    monkeypatch.setattr(client, "_call", drop_first)
+    combiner = ReadCombiner(client, max_in_flight=1)
+    path = f"{client.chroot}/d"
+    with pytest.raises(KazooTimeoutError):
+        combiner.submit([path]).get(timeout=0.05)
+    assert len(dropped) == 1
+    ((data, stat),) = combiner.submit([path]).get(timeout=WAIT_S)
+    assert (data, stat.version) == (b"d", 0)
+    dropped[0].set(("late", None))  # a reply after all: ignored, the place is not freed twice
+    assert combiner._in_flight == 0
+
+
+def test_a_reply_that_does_not_parse_fails_its_calls_and_not_the_session(
+    store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error raised while handing out a reply would run on kazoo's connection thread and end
+    the session's loop for good: the calls fail instead, and the store goes on."""
+    store.create("/k", b"k")
+    original = zk_multiread.MultiRead.deserialize
+
+    def one_short(buffer: bytes, offset: int) -> list[zk_multiread.Reply]:
+        return original(buffer, offset)[:-1]
+
+    monkeypatch.setattr(zk_multiread.MultiRead, "deserialize", staticmethod(one_short))
+    with pytest.raises(StoreUnavailable, match="MarshallingError"):
+        store.get_many(["/k", "/l"])
+    monkeypatch.undo()
+    node = store.get("/k")
+    assert node is not None and node.data == b"k"
+    assert store._reads._in_flight == 0
+
+
+class ClosedClient:
+    """A kazoo client whose requests fail at once, as a closed one's do, except those it holds."""
+
+    def __init__(self) -> None:
+        self.held: list[Any] = []
+        self.closed = False
+
+    def _call(self, request: Any, async_object: Any) -> bool:
+        if self.closed:
+            async_object.set_exception(ConnectionLoss())
+            return False
+        self.held.append(async_object)
+        return True
+
+
+def test_a_deep_queue_failing_at_once_drains_without_recursion() -> None:
+    """When a closed or expiring client fails each request inside ``_call``, the queue drains in a
+    loop: recursing took a few stack frames per batch and overflowed at about 165 batches."""
+    client = ClosedClient()
+    combiner = ReadCombiner(client, max_in_flight=1)
+    first = combiner.submit(["/first"])
+    batches = [[f"/b{b}/{i}" for i in range(zk_multiread.MAX_PATHS)] for b in range(400)]
+    queued = [combiner.submit(paths) for paths in batches]  # a full batch each
+    client.closed = True
+    client.held[0].set_exception(ConnectionLoss())
+    for pending in [first, *queued]:
+        with pytest.raises(ConnectionLoss):
+            pending.get(timeout=WAIT_S)
+    assert combiner._in_flight == 0 and not combiner._queue

@@ -52,7 +52,7 @@ _ALONE = object()
 class _Slot:
     """One waiter's place in the queue: what it sends, then its results (or an error)."""
 
-    __slots__ = ("done", "items", "outcome", "size", "sync")
+    __slots__ = ("done", "items", "outcome", "reply", "size", "sync")
 
     def __init__(self, size: int, items: Sequence[Any], sync: str | None = None) -> None:
         self.size = size
@@ -63,6 +63,8 @@ class _Slot:
         self.done = threading.Event()
         #: Per-op or per-path results (a list), a transport exception, or ``_ALONE``.
         self.outcome: Any = None
+        #: The request it went out in, once sent.
+        self.reply: _Reply | None = None
 
 
 class _Pending:
@@ -80,7 +82,7 @@ class _Pending:
         slot = self._slot
         stop_at = time.monotonic() + timeout
         if not slot.done.wait(timeout):
-            self._combiner._withdraw(slot)
+            self._combiner._give_up(slot)
             raise KazooTimeoutError("no reply before the deadline")
         if slot.outcome is _ALONE:
             alone = self._combiner._alone(slot)
@@ -101,23 +103,40 @@ class _Reply:
         self._combiner = combiner
         self._slots = slots
         self._finished = False
+        for slot in slots:
+            slot.reply = self
 
     def set(self, value: Any) -> None:
-        if not self._finished:
+        if not self._claim():
+            return
+        try:
             self._deliver(value)
-            self._finish()
+        except Exception as e:
+            # A reply that does not parse (no ZooKeeper sends one): raised on kazoo's connection
+            # thread, it would end the session's loop for good, with this request still in flight.
+            for slot in self._slots:
+                slot.outcome = kz.MarshallingError(f"unexpected reply to a combined request: {e!r}")
+        self._finish()
 
     def set_exception(self, exception: BaseException) -> None:
-        if not self._finished:  # kazoo may fail one request twice when a close races its send
+        if self._claim():
             for slot in self._slots:
                 slot.outcome = exception
             self._finish()
+
+    def _claim(self) -> bool:
+        """Whether this completion is the first: kazoo may fail a request twice when a close races
+        its send, and a waiter that gives up completes it too (``_Combiner._give_up``)."""
+        with self._combiner._lock:
+            if self._finished:
+                return False
+            self._finished = True
+            return True
 
     def _deliver(self, value: Any) -> None:
         raise NotImplementedError
 
     def _finish(self) -> None:
-        self._finished = True
         for slot in self._slots:
             slot.done.set()
         self._combiner._next()
@@ -134,6 +153,8 @@ class _Combiner:
         self._lock = threading.Lock()
         self._queue: deque[_Slot] = deque()
         self._in_flight = 0
+        #: Per thread: whether it is sending the queue (see ``_next``).
+        self._local = threading.local()
         #: Combined requests sent with more than one waiter in them (for tests).
         self.combined = 0
 
@@ -147,21 +168,34 @@ class _Combiner:
         return _Pending(self, slot)
 
     def _next(self) -> None:
-        """A request in flight was answered: send what queued meanwhile, as one."""
-        with self._lock:
-            if not self._queue:
-                self._in_flight -= 1
-                return
-            batch = [self._queue.popleft()]
-            size = batch[0].size
-            while self._queue and size + self._queue[0].size <= self._capacity:
-                size += self._queue[0].size
-                batch.append(self._queue.popleft())
-        if len(batch) > 1:
-            self.combined += 1
-        # Outside the lock: kazoo may fail the request right here (a closed client), which runs
-        # _Reply.set_exception, and so _next, on this thread.
-        self._send(batch)
+        """A request in flight was answered: send what queued meanwhile, as one.
+
+        Sent outside the lock, since kazoo may fail a request right inside ``_call`` (a closed or
+        expired client), which completes it, and so calls this again, on this thread. That nested
+        call only counts one more turn for the loop below: recursing would take a few stack frames
+        per queued batch, and a deep queue would overflow the stack on kazoo's connection thread."""
+        local = self._local
+        if getattr(local, "sending", False):
+            local.turns += 1
+            return
+        local.sending, local.turns = True, 1
+        try:
+            while local.turns:
+                local.turns -= 1
+                with self._lock:
+                    if not self._queue:
+                        self._in_flight -= 1
+                        continue
+                    batch = [self._queue.popleft()]
+                    size = batch[0].size
+                    while self._queue and size + self._queue[0].size <= self._capacity:
+                        size += self._queue[0].size
+                        batch.append(self._queue.popleft())
+                if len(batch) > 1:
+                    self.combined += 1
+                self._send(batch)
+        finally:
+            local.sending = False
 
     def _send(self, slots: list[_Slot]) -> None:
         raise NotImplementedError
@@ -170,11 +204,20 @@ class _Combiner:
         """Send ``slot`` again as a request of its own (its combined request failed as a whole)."""
         raise NotImplementedError
 
-    def _withdraw(self, slot: _Slot) -> None:
-        """A waiter gave up: if it is still queued, it is never sent."""
+    def _give_up(self, slot: _Slot) -> None:
+        """A waiter's deadline passed. Still queued: it is never sent. Sent: its request is given
+        up as unanswered (the caller treats it as in doubt), so that its place in flight is freed:
+        a request kazoo dropped without an answer (one sent as a session expires can be) would
+        otherwise hold that place for good, and with both places held every later request would
+        queue until its deadline. A reply that comes later is ignored; the request's other
+        waiters get the same timeout, and retry."""
         with self._lock:
-            if slot in self._queue:  # else sent already: in doubt, as the caller assumes
+            if slot in self._queue:
                 self._queue.remove(slot)
+                return
+            reply = slot.reply
+        if reply is not None:
+            reply.set_exception(KazooTimeoutError("no reply before a waiter's deadline"))
 
 
 class _TransactionReply(_Reply):
