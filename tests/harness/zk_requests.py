@@ -1,10 +1,12 @@
 """Count what a coordinator's metadata store sends to ZooKeeper: every request its kazoo client
 makes (its ``_call``, as ``bench/hot_rpcs.py`` counts them) and every call into the store (each
-one sequential round trip: a ``get_many`` pipelines its reads)."""
+one sequential round trip: a ``get_many`` pipelines its reads), and answer some of its requests
+with an error instead of sending them (``fail_requests``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -60,3 +62,30 @@ def count_requests(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> Cou
 
         monkeypatch.setattr(store, name, round_trip)
     return counts
+
+
+def fail_requests(
+    store: MetadataStore,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: type,
+    error: type[Exception],
+    *,
+    times: int | None = None,
+) -> list[object]:
+    """Answer the store's kazoo requests of ``kind`` (``GetData``, ``MultiRead``, ``Sync``...) with
+    ``error()`` instead of sending them: every one, or the first ``times``. Returns the requests
+    so answered. Installed before another hook of ``_call``, it acts behind that hook."""
+    assert isinstance(store, ZooKeeperMetadataStore)
+    client = store.kazoo
+    real_call = client._call
+    failed: list[object] = []
+
+    def call(request: object, async_object: Any) -> object:
+        if isinstance(request, kind) and (times is None or len(failed) < times):
+            failed.append(request)
+            async_object.set_exception(error())
+            return True
+        return real_call(request, async_object)
+
+    monkeypatch.setattr(client, "_call", call)
+    return failed

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kazoo.exceptions import NoAuthError, NoNodeError, UnimplementedError
 
-from harness.zk_requests import count_requests
+from harness.zk_requests import count_requests, fail_requests
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Create, SetData
@@ -97,20 +96,6 @@ def test_reads_under_a_chroot_see_only_the_chroot(zk_hosts: str) -> None:
         outer.close()
 
 
-def refuse_multiread(store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Play a server before 3.6: every multiRead request is answered UNIMPLEMENTED, unsent."""
-    client = store.kazoo
-    real_call = client._call
-
-    def call(request: Any, async_object: Any) -> Any:
-        if isinstance(request, zk_multiread.MultiRead):
-            async_object.set_exception(UnimplementedError())
-            return None
-        return real_call(request, async_object)
-
-    monkeypatch.setattr(client, "_call", call)
-
-
 def test_a_server_without_multiread_is_read_one_get_each(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,7 +105,7 @@ def test_a_server_without_multiread_is_read_one_get_each(
     store.create("/f2", b"2")
     expected = {"/f1": store.get("/f1"), "/f2": store.get("/f2"), "/f3": None}
 
-    refuse_multiread(store, monkeypatch)
+    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
     requests = count_requests(store, monkeypatch)
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
@@ -136,7 +121,7 @@ def test_a_create_sent_with_reads_to_a_server_without_multiread(
     conflict."""
     store.create("/r1", b"1")
 
-    refuse_multiread(store, monkeypatch)
+    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
     nodes = store.create_and_get_many("/intent", b"announce", ["/r1", "/r2"])
     assert nodes["/r1"] is not None and nodes["/r1"].data == b"1" and nodes["/r2"] is None
     intent = store.get("/intent")

@@ -19,6 +19,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol import serialization as wire
 
 from harness.process import wait_until
+from harness.zk_requests import fail_requests
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import Node
@@ -37,17 +38,10 @@ def store(zk_uri: str) -> Iterator[ZooKeeperMetadataStore]:
 
 class Reads:
     """Every read request the store's kazoo client sends: ``("Sync", path)``, ``("GetData", path)``
-    or ``("MultiRead", paths)``, chroot removed. The first ``hold`` GetData/MultiRead requests wait
-    until ``release``; ``refuse(request, async_object)`` may answer a request instead of sending it
-    (return True)."""
+    or ``("MultiRead", paths)``, chroot removed. The first ``MAX_IN_FLIGHT`` GetData/MultiRead
+    requests wait until ``release``. A ``fail_requests`` installed before acts behind it."""
 
-    def __init__(
-        self,
-        monkeypatch: pytest.MonkeyPatch,
-        store: ZooKeeperMetadataStore,
-        *,
-        refuse: Callable[[Any, Any], bool] = lambda request, async_object: False,
-    ) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: ZooKeeperMetadataStore) -> None:
         client = store.kazoo
         chroot = client.chroot
         self.log: list[tuple[str, Any]] = []
@@ -70,8 +64,6 @@ class Reads:
                 if self._reads <= MAX_IN_FLIGHT:  # only ever a caller's thread, never kazoo's
                     self.held.release()
                     assert self._release.wait(WAIT_S)
-            if refuse(request, async_object):
-                return True
             return real_call(request, async_object)
 
         monkeypatch.setattr(client, "_call", call)
@@ -188,13 +180,8 @@ def test_a_failed_sync_fails_the_synced_reads_only(
 ) -> None:
     store.create("/p", b"plain")
 
-    def refuse_sync(request: Any, async_object: Any) -> bool:
-        if isinstance(request, wire.Sync):
-            async_object.set_exception(NoAuthError())
-            return True
-        return False
-
-    reads = Reads(monkeypatch, store, refuse=refuse_sync)
+    fail_requests(store, monkeypatch, wire.Sync, NoAuthError)
+    reads = Reads(monkeypatch, store)
     outcomes = read_together(
         store,
         reads,
@@ -248,20 +235,12 @@ def test_a_lost_reply_is_read_again_by_each_call(
     and gets its nodes."""
     store.create("/x", b"x")
     store.create("/y", b"y")
-    lost: list[bool] = []
-
-    def lose_the_batch(request: Any, async_object: Any) -> bool:
-        if isinstance(request, zk_multiread.MultiRead) and not lost:
-            lost.append(True)
-            async_object.set_exception(ConnectionLoss())
-            return True
-        return False
-
     expected = alone(store, ["/x", "/y"])
-    reads = Reads(monkeypatch, store, refuse=lose_the_batch)
+    lost = fail_requests(store, monkeypatch, zk_multiread.MultiRead, ConnectionLoss, times=1)
+    reads = Reads(monkeypatch, store)
     outcomes = read_together(store, reads, [lambda: {"/x": store.get("/x")}, lambda: store.get_many(["/y"])])
     assert outcomes == [{"/x": expected["/x"]}, {"/y": expected["/y"]}]
-    assert lost == [True]
+    assert len(lost) == 1
     assert reads.log[MAX_IN_FLIGHT] == ("MultiRead", ("/x", "/y"))
     assert sorted(reads.log[MAX_IN_FLIGHT + 1 :]) == [("GetData", "/x"), ("GetData", "/y")]
 
@@ -294,13 +273,8 @@ def test_a_server_without_multiread_reads_each_call_with_gets(
     store.create("/v", b"v")
     expected = alone(store, ["/u", "/v", "/w"])
 
-    def unimplemented(request: Any, async_object: Any) -> bool:
-        if isinstance(request, zk_multiread.MultiRead):
-            async_object.set_exception(UnimplementedError())
-            return True
-        return False
-
-    reads = Reads(monkeypatch, store, refuse=unimplemented)
+    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)
+    reads = Reads(monkeypatch, store)
     outcomes = read_together(
         store,
         reads,

@@ -19,6 +19,7 @@ from kazoo.protocol import serialization as wire
 
 from harness.faults import drop_zk_connection, expire_zk_session
 from harness.isolation import chroot_of
+from harness.zk_requests import fail_requests
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
@@ -360,15 +361,7 @@ def test_write_in_doubt_at_the_deadline(zk_uri: str, monkeypatch: pytest.MonkeyP
         lose_replies(monkeypatch, store, "set_async", before_reply=lambda *_: None, times=None)
         with pytest.raises(CommitOutcomeUnknown):
             store.set("/n", b"x", version=0)
-        client, real_call = store.kazoo, store.kazoo._call
-
-        def lose_reads(request: Any, async_object: Any) -> Any:
-            if isinstance(request, wire.GetData):  # every read's reply is lost
-                async_object.set_exception(ConnectionLoss())
-                return True
-            return real_call(request, async_object)
-
-        monkeypatch.setattr(client, "_call", lose_reads)
+        fail_requests(store, monkeypatch, wire.GetData, ConnectionLoss)  # every read's reply is lost
         with pytest.raises(StoreUnavailable) as info:
             store.get("/n")
         assert type(info.value) is StoreUnavailable  # a read is never "in doubt"

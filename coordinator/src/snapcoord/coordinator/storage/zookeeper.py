@@ -296,9 +296,10 @@ class ZooKeeperMetadataStore(MetadataStore):
             # backoff grows to an hour, which would keep a replica down long after ZK is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
-        #: The ACL every create of ``transaction`` sends, for its size check: a digest ACL is
-        #: 24 bytes plus the user name's longer than kazoo's default, per create.
-        self._create_acl = _acl_entries(self._client.default_acl or OPEN_ACL_UNSAFE)
+        #: The ACL every create sends (kazoo's ``default_acl``), and as ``transaction``'s size check
+        #: counts it: a digest ACL is 24 bytes plus the user name's longer than the open one.
+        self._wire_acl: list[ACL] = self._acl or OPEN_ACL_UNSAFE
+        self._create_acl = _acl_entries(self._wire_acl)
         #: Concurrent transactions go out as one multi, under half the request limit (a proposal
         #: carries more than the request, and followers hold it to the same limit).
         self._combiner = TransactionCombiner(self._client, max_bytes=max_request_bytes // 2)
@@ -329,39 +330,37 @@ class ZooKeeperMetadataStore(MetadataStore):
     def get(self, path: str) -> Node | None:
         path = validate_path(path)
 
-        def attempt(a: _Attempts) -> Node | None:
-            if self._multi_read:
-                return self._combined_read(a, [path])[path]
-            return self._get_in(a, path)
-
-        return self._run(attempt, f"get {path}")
+        return self._run(lambda a: self._read(a, [path])[path], f"get {path}")
 
     def get_many(self, paths: Sequence[str]) -> dict[str, Node | None]:
         wanted = list(dict.fromkeys(validate_path(p) for p in paths))
         if not wanted:
             return {}
         # Every request is sent before the first reply is awaited: n reads cost one round trip.
-        what = f"get {len(wanted)} nodes ({wanted[0]}...)"
-        if self._multi_read and len(wanted) <= zk_multiread.MAX_PATHS:
-            return self._run(lambda a: self._combined_read(a, wanted), what)
-        return self._run(lambda a: self._read_nodes(a, wanted)[1], what)
+        return self._run(lambda a: self._read(a, wanted), f"get {len(wanted)} nodes ({wanted[0]}...)")
 
-    def _combined_read(
+    def _read(
         self, a: _Attempts, wanted: Sequence[str], sync_path: str | None = None
     ) -> dict[str, Node | None]:
-        """Read ``wanted`` (behind a sync of ``sync_path``) in one round trip, in the request that
-        other calls' concurrent reads share (``zk_combine.ReadCombiner``)."""
-        chroot = self._client.chroot
-        paths = [_prefix_root(chroot, p) for p in wanted]
-        sync = None if sync_path is None else _prefix_root(chroot, sync_path)
-        try:
-            replies = a.wait(functools.partial(self._reads.submit, paths, sync))
-        except kz.UnimplementedError:
-            log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
-            self._multi_read = False
-            before = [] if sync_path is None else [functools.partial(self._sync_async, sync_path)]
-            return self._read_nodes(a, wanted, before)[1]
-        return _nodes(wanted, replies)
+        """Read ``wanted`` (behind a sync of ``sync_path``) in one round trip: up to ``MAX_PATHS``
+        nodes in the request other calls' concurrent reads share (``zk_combine.ReadCombiner``),
+        more in ``multiRead``s of their own, one get each on a server without ``multiRead``."""
+        if self._multi_read and 0 < len(wanted) <= zk_multiread.MAX_PATHS:
+            chroot = self._client.chroot
+            paths = [_prefix_root(chroot, p) for p in wanted]
+            sync = None if sync_path is None else _prefix_root(chroot, sync_path)
+            try:
+                replies = a.wait(functools.partial(self._reads.submit, paths, sync))
+            except kz.UnimplementedError:
+                self._lacks_multi_read()
+            else:
+                return _nodes(wanted, replies)
+        before = [] if sync_path is None else [functools.partial(self._sync_async, sync_path)]
+        return self._read_nodes(a, wanted, before)[1]
+
+    def _lacks_multi_read(self) -> None:
+        log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
+        self._multi_read = False
 
     def _read_nodes(
         self,
@@ -386,8 +385,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                 # A create in ``before`` landed: sent again below it meets NodeExists, which the
                 # caller then checks like a create whose reply was lost (our data: ours).
                 a.in_doubt = a.in_doubt or write
-                log.warning("ZooKeeper does not know multiRead (3.6+): reading nodes one get each")
-                self._multi_read = False
+                self._lacks_multi_read()
             else:
                 flat = [reply for chunk in replies[len(before) :] for reply in chunk]
                 return replies[: len(before)], _nodes(wanted, flat)
@@ -421,9 +419,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         def attempt(a: _Attempts) -> dict[str, Node | None]:
             # One round trip instead of two: ZooKeeper serves a session's requests in order, so
             # the reads sent right behind the sync wait for it and see what it made visible.
-            if self._multi_read and 0 < len(wanted) <= zk_multiread.MAX_PATHS:
-                return self._combined_read(a, wanted, sync_path)
-            return self._read_nodes(a, wanted, [functools.partial(self._sync_async, sync_path)])[1]
+            return self._read(a, wanted, sync_path)
 
         return self._run(attempt, f"sync {sync_path} and get {len(wanted)} nodes")
 
@@ -441,7 +437,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         is the created path (chrooted), with the node's stat when ``include_data``."""
         result = self._client.handler.async_result()
         request = (wire.Create2 if include_data else wire.Create)(
-            _prefix_root(self._client.chroot, path), data, self._client.default_acl or OPEN_ACL_UNSAFE, 0
+            _prefix_root(self._client.chroot, path), data, self._wire_acl, 0
         )
         self._client._call(request, result)
         return result
@@ -551,7 +547,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                 metadata={"field": "zookeeper_request", "limit": self._max_request_bytes, "size": size},
             )
 
-        chroot, acl = self._client.chroot, self._client.default_acl or OPEN_ACL_UNSAFE
+        chroot, acl = self._client.chroot, self._wire_acl
         request: list[Any] = []
         for op in ops:
             path = _prefix_root(chroot, op.path)
