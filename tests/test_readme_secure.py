@@ -50,6 +50,7 @@ def test_the_section_shows_tls_mtls_and_tokens_with_grpcurl() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.process
 def test_readme_securing_it_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "deploy").mkdir()
     shutil.copy(ROOT / "deploy" / "auth.example.yaml", tmp_path / "deploy" / "auth.example.yaml")

@@ -67,6 +67,7 @@ def test_the_rest_of_the_tour_describes_tracks_the_backlog_and_leases() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.process
 def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
