@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 def pytest_configure(config: pytest.Config) -> None:
     install_sigterm_cleanup()
     check_registered(config)
-    guard = SpawnGuard()
+    guard = SpawnGuard(all_threads=config.getoption("fast"))
     guard.install()
     config.stash[_GUARD_KEY] = guard
 

@@ -4,9 +4,9 @@ A test carries ``zookeeper``, ``s3``, ``spark`` or ``process`` when it needs tha
 process. Most get their markers from the fixtures they use (``FIXTURE_MARKS``, applied at collection);
 tests that start something without such a fixture say so with the marker itself.
 
-``SpawnGuard`` keeps the markers true: while an unmarked test runs, starting a process from the test's
-thread fails it, naming the marker it lacks. So a new test that starts a server or process without its
-marker fails in every run (CI's included) instead of slowing down the fast subset unnoticed.
+``SpawnGuard`` keeps the markers true: while an unmarked test runs, starting a process fails it, naming
+the marker it lacks. So a new test that starts a server or process without its marker fails in every run
+(CI's included) instead of slowing down the fast subset unnoticed.
 """
 
 from __future__ import annotations
@@ -71,9 +71,10 @@ def is_marked(item: pytest.Item) -> bool:
 class SpawnGuard:
     """Refuses to start processes from the main thread while an unmarked test runs.
 
-    Background threads are left alone: the harness boots the shared servers in threads that may outlive
-    the marked test that started them (tests/conftest.py checks their launch, which happens on the
-    test's thread, instead). ctypes' library lookup (``ldconfig -p``) is allowed too: it is how
+    In a full run, background threads are left alone: the harness boots the shared servers in threads
+    that may outlive the marked test that started them (tests/conftest.py checks their launch, which
+    happens on the test's thread, instead). In the fast subset no marked test runs, so ``all_threads``
+    refuses starts from any thread. ctypes' library lookup (``ldconfig -p``) is allowed too: it is how
     ``ctypes.util.find_library`` works, not a process the test means to start.
 
     A test that asks for a server fixture dynamically (``request.getfixturevalue``) while a marked test
@@ -81,7 +82,8 @@ class SpawnGuard:
     there no marked test runs and the first request launches the server.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, all_threads: bool) -> None:
+        self._all_threads = all_threads
         self._test: str | None = None
         self._patches = pytest.MonkeyPatch()
 
@@ -121,7 +123,7 @@ class SpawnGuard:
 
     def check(self, args: Any) -> None:
         test = self._test
-        if test is None or threading.current_thread() is not threading.main_thread():
+        if test is None or not (self._all_threads or threading.current_thread() is threading.main_thread()):
             return
         if _called_from_ctypes_lookup():
             return
