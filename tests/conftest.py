@@ -22,6 +22,9 @@ Every boto3 client in the session (and in subprocesses) sees a hermetic AWS envi
 keys (fixture ``s3_credentials``), us-east-1, no profile, no ~/.aws files, no instance metadata lookups.
 Fault helpers (drop or expire a ZooKeeper session, cut a TCP path) are in ``harness.faults``.
 
+Tests that use these servers (or Spark, or start a process) carry the markers of ``harness.markers``,
+mostly given here from the fixtures they use; ``pytest --fast`` (``scripts/test --fast``) runs the rest.
+
 A server that cannot start fails every test that needs it, with the log path and the install command in
 the error: nothing here skips. The servers' logs stay in the session's temp dir (named in the summary).
 """
@@ -48,6 +51,9 @@ from harness.zookeeper import ZooKeeperServer
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+
+# -- markers and the fast subset --------------------------------------------------------------------------
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,6 +94,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 
 
 _GUARD_KEY = pytest.StashKey[SpawnGuard]()
+
+
+# -- summary ----------------------------------------------------------------------------------------------
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
