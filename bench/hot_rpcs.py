@@ -1000,9 +1000,9 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     from snapcoord.coordinator.domain.leases import Lease, encode_lease
     from snapcoord.coordinator.domain.producers import new_record
     from snapcoord.coordinator.leases import layout as lease_layout
-    from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+    from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
     from snapcoord.coordinator.producers import layout as producer_layout
-    from snapcoord.coordinator.services import Deps, Services
+    from snapcoord.coordinator.server.services import Deps, Services
     from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 
     apps = leases = max(1, producers // 10)

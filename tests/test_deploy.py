@@ -36,7 +36,7 @@ from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator import api, config
-from snapcoord.coordinator.health import LIVENESS_SERVICE
+from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE_DIRS = (

@@ -31,7 +31,7 @@ from snapcoord.client import (
     Unavailable,
 )
 from snapcoord.client.errors import error_from_rpc
-from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
 

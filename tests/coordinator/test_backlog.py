@@ -32,7 +32,7 @@ from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, InvalidArgument, NotFound
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, MetadataStore, Op
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store

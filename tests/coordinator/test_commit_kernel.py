@@ -26,7 +26,7 @@ from snapcoord.coordinator.commit import (
     landed,
 )
 from snapcoord.coordinator.errors import Aborted, CommitOutcomeUnknown, Reason, StoreUnavailable
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Create, Node, Op, SetData
 
 KEY = "kernel-test/payload"

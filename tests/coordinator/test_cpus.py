@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from snapcoord.coordinator.cpus import UsableCpus, cgroup_cpu_limit, usable_cpus
+from snapcoord.coordinator.server.cpus import UsableCpus, cgroup_cpu_limit, usable_cpus
 
 
 @pytest.mark.parametrize(

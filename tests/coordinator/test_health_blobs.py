@@ -11,11 +11,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import serve_in_process
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
-from snapcoord.coordinator.health import StoreHealth
-from snapcoord.coordinator.server import BLOB_SERVICE_NAMES
-from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.server.app import BLOB_SERVICE_NAMES
+from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.registry import BlobOptions, open_blob_store
+from snapcoord.coordinator.transport.health import StoreHealth
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

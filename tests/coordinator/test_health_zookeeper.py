@@ -9,10 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import serve_in_process
 from harness.faults import expire_zk_session
 from harness.zookeeper import ZooKeeperServer
-from snapcoord.coordinator.health import LIVENESS_SERVICE
-from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

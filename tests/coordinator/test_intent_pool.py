@@ -19,7 +19,7 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.errors import Aborted, NotFound
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.layout import RECORDS
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore

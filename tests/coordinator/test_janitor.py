@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from harness.process import wait_until
 from snapcoord.coordinator.errors import Internal, StoreUnavailable
 from snapcoord.coordinator.janitor import Janitor, Step
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.registry import open_metadata_store
 

@@ -18,11 +18,11 @@ from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.janitor import Janitor, Step
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.tracing import Tracing
+from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
-from snapcoord.coordinator.tracing import Tracing
 
 
 def _new_tracing() -> tuple[Tracing, InMemorySpanExporter]:

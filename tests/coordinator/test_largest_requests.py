@@ -27,7 +27,7 @@ from snapcoord.coordinator.domain.snapshots import (
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, Reason
 from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore

@@ -14,7 +14,7 @@ from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
 from snapcoord.coordinator.leases.layout import RECORDS
 from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import PINS
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 

@@ -16,7 +16,8 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, NotFound, Offset, TaskSnapshot
-from snapcoord.coordinator import call_log, logging_setup
+from snapcoord.coordinator.observability import logging_setup
+from snapcoord.coordinator.transport import call_log
 from snapcoord.v1 import common_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 # -- the formatter ------------------------------------------------------------------------------

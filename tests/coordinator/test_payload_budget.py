@@ -14,10 +14,10 @@ from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import SystemClock
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.errors import Reason, ResourceExhausted
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.snapshots.registry import CHUNK_BYTES, READ_AHEAD_PIECES, SnapshotRegistry
-from snapcoord.coordinator.status import status_for
+from snapcoord.coordinator.transport.status import status_for
 
 
 def test_a_call_waits_for_room_and_gets_it_when_another_finishes() -> None:

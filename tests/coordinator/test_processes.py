@@ -22,9 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
-from snapcoord.coordinator import config, server
-from snapcoord.coordinator.cpus import usable_cpus
-from snapcoord.coordinator.processes import process_count
+from snapcoord.coordinator import config
+from snapcoord.coordinator.server.app import run
+from snapcoord.coordinator.server.cpus import usable_cpus
+from snapcoord.coordinator.server.processes import process_count
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
 PRODUCER_SERVICE = producer_pb2.DESCRIPTOR.services_by_name["ProducerOffsetService"].full_name
@@ -77,7 +78,7 @@ def _stale_counts(directory: Path) -> None:
     """What a crashed earlier run leaves: 1000 ProducerOffsetService calls in a counter file."""
     script = (
         "from prometheus_client import CollectorRegistry\n"
-        "from snapcoord.coordinator.metrics import GrpcServerMetrics\n"
+        "from snapcoord.coordinator.observability.metrics import GrpcServerMetrics\n"
         "m = GrpcServerMetrics(CollectorRegistry())\n"
         f"labels = ('unary', '{PRODUCER_SERVICE}', 'GetProducerOffsets', 'OK')\n"
         "m.handled.labels(*labels).inc(1000)\n"
@@ -151,7 +152,7 @@ def test_two_processes_share_the_port_and_one_metrics_endpoint(
 def test_more_than_one_process_needs_zookeeper(tmp_path: Path) -> None:
     cfg = config.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {})
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
-        server.run(cfg)
+        run(cfg)
     assert not (tmp_path / "data").exists()  # refused before opening anything
 
 
@@ -200,7 +201,7 @@ def test_a_taken_metrics_port_fails_the_start_before_any_worker(
             {},
         )
         with pytest.raises(OSError, match=f"cannot bind metrics to 127.0.0.1:{port}"):
-            server.run(cfg)
+            run(cfg)
     assert _children(os.getpid()) == children
     assert list(tmp_path.iterdir()) == []
 
@@ -221,7 +222,7 @@ def test_process_count_resolves_auto_and_keeps_an_explicit_count(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     zk = {"metadata": "zk://127.0.0.1:2181/x"}
-    caplog.set_level(logging.INFO, logger="snapcoord.coordinator.processes")
+    caplog.set_level(logging.INFO, logger="snapcoord.coordinator.server.processes")
     cpus = usable_cpus()
     assert process_count(config.load({**zk, "processes": "auto"}, {})) == cpus.count
     assert f"--processes auto: {cpus}" in caplog.text
@@ -232,7 +233,7 @@ def test_process_count_resolves_auto_and_keeps_an_explicit_count(
 def test_auto_with_embedded_metadata_is_one_process_and_says_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="snapcoord.coordinator.processes")
+    caplog.set_level(logging.INFO, logger="snapcoord.coordinator.server.processes")
     cfg = config.load({"processes": "auto", "data_dir": str(tmp_path / "data")}, {})
     assert process_count(cfg) == 1
     assert "--processes auto: 1, as the embedded metadata store serves one process" in caplog.text

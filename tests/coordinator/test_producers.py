@@ -18,7 +18,7 @@ from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
 from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, record_path
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore

@@ -28,14 +28,14 @@ from harness.coordinator import (
 )
 from harness.process import wait_until
 from snapcoord.coordinator import __version__, errors
-from snapcoord.coordinator.interceptors import ServerInterceptor
-from snapcoord.coordinator.metrics import GrpcServerMetrics, new_registry
-from snapcoord.coordinator.server import _StopSignals, build_server
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.status import GENERIC_INTERNAL_MESSAGE, status_for
+from snapcoord.coordinator.observability.metrics import GrpcServerMetrics, new_registry
+from snapcoord.coordinator.server.app import _StopSignals, build_server
+from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.localblobs import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op, StateListener, WatchCallback
+from snapcoord.coordinator.transport.interceptors import ServerInterceptor
+from snapcoord.coordinator.transport.status import GENERIC_INTERNAL_MESSAGE, status_for
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
@@ -248,7 +248,7 @@ def test_reflection_leaves_the_default_pool_without_google_rpc() -> None:
     still be imported into this process later (tests/client/test_error_details.py does so)."""
     from google.protobuf import descriptor_pool
 
-    from snapcoord.coordinator.reflection import reflection_pool
+    from snapcoord.coordinator.transport.reflection import reflection_pool
 
     pool = reflection_pool(sorted(ALL_SERVICES))
     assert pool.FindMessageTypeByName("google.rpc.ErrorInfo").fields_by_name["reason"].number == 1
@@ -391,7 +391,7 @@ def test_an_unexpected_exception_is_internal_and_logged(
     channel: grpc.Channel, caplog: pytest.LogCaptureFixture, name: str
 ) -> None:
     with (
-        caplog.at_level(logging.ERROR, logger="snapcoord.coordinator.interceptors"),
+        caplog.at_level(logging.ERROR, logger="snapcoord.coordinator.transport.interceptors"),
         pytest.raises(grpc.RpcError) as e,
     ):
         ProbeService.call(channel, "Raise", name.encode())
@@ -556,7 +556,8 @@ def test_a_second_signal_cancels_in_flight_calls() -> None:
 
 _SIGTERM_DURING_CLOSE = """
 import os, signal, sys
-from snapcoord.coordinator import config, server
+from snapcoord.coordinator import config
+from snapcoord.coordinator.server.app import run
 from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
 
 class Out:
@@ -572,7 +573,7 @@ def close_with_a_second_sigterm(self):  # the same signal again, delivered while
     close(self)
 EmbeddedMetadataStore.close = close_with_a_second_sigterm
 flags = {"data_dir": sys.argv[1], "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
-sys.exit(server.run(config.load(flags, {}), out=Out()))
+sys.exit(run(config.load(flags, {}), out=Out()))
 """
 
 

@@ -17,13 +17,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from snapcoord.coordinator.config import MetricsConfig
-from snapcoord.coordinator.shared_metrics import MULTIPROC_DIR_ENV, SharedMetrics
+from snapcoord.coordinator.server.shared_metrics import MULTIPROC_DIR_ENV, SharedMetrics
 
 # A process using the coordinator's own metric classes, as a worker does: it sets the janitor
 # gauge to its first argument, counts one handled call, says "ready" and waits for stdin to close.
 _PROCESS = """
 import sys
-from snapcoord.coordinator.metrics import CoordinatorMetrics, GrpcServerMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, GrpcServerMetrics, new_registry
 registry = new_registry()
 CoordinatorMetrics(registry).janitor_leader.set(float(sys.argv[1]))
 GrpcServerMetrics(registry).handled.labels("unary", "S", "M", "OK").inc()
@@ -156,7 +156,7 @@ def test_a_taken_port_fails_the_start_and_leaves_nothing_behind(temp_dir: Path) 
 _SUPERVISOR = """
 import sys
 from snapcoord.coordinator.config import MetricsConfig
-from snapcoord.coordinator.shared_metrics import SharedMetrics
+from snapcoord.coordinator.server.shared_metrics import SharedMetrics
 shared = SharedMetrics.start(MetricsConfig("127.0.0.1", 0, "", ""))
 print(shared.directory, flush=True)
 sys.stdin.read()

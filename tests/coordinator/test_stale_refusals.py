@@ -15,7 +15,7 @@ import pytest
 
 from snapcoord.coordinator.commit import Commit, CommitKernel, Done, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.metadata import (
     MetadataStore,

@@ -9,7 +9,7 @@ import pytest
 
 from snapcoord.coordinator import errors
 from snapcoord.coordinator.errors import Reason
-from snapcoord.coordinator.status import (
+from snapcoord.coordinator.transport.status import (
     DOMAIN,
     ERROR_INFO_TYPE_URL,
     GENERIC_INTERNAL_MESSAGE,

@@ -27,8 +27,8 @@ from snapcoord.client import (
     TaskSnapshot,
 )
 from snapcoord.coordinator import intents
-from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.status import until_ended
+from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.transport.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 MiB = 1024 * 1024

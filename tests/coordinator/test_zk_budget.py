@@ -16,7 +16,7 @@ from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TRANSACTION_DATA_BYTES, SnapshotPolicy
 from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers import layout as producers_layout
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots import layout as snapshots_layout

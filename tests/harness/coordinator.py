@@ -31,11 +31,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.process import ManagedProcess, ServerStartError, log_tail, wait_until
 from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.config import load as load_config
-from snapcoord.coordinator.server import CoordinatorServer, build_server
-from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.server.app import CoordinatorServer, build_server
+from snapcoord.coordinator.server.services import Deps
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.tracing import Tracing
+    from snapcoord.coordinator.observability.tracing import Tracing
 
 SERVING_LINE_RE = re.compile(
     r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)(?: health=(?P<health>\S+))?$"

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.access import Pki, principals, tls_channel, write_auth_file
 from harness.coordinator import CoordinatorProcess, coordinator_config, embedded_deps, snapcoord_command
 from snapcoord.coordinator import api
-from snapcoord.coordinator.server import build_server
+from snapcoord.coordinator.server.app import build_server
 from snapcoord.v1 import producer_pb2, producer_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

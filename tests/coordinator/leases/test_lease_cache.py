@@ -21,7 +21,7 @@ from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots.layout import gen_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry

@@ -12,7 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from snapcoord.coordinator import __version__, config, logging_setup
+from snapcoord.coordinator import __version__, config
+from snapcoord.coordinator.observability import logging_setup
 
 _log = logging.getLogger("snapcoord")
 
@@ -56,7 +57,7 @@ def _health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(f"--timeout: {e}")
     target = args.target or f"127.0.0.1:{os.environ.get('SNAPCOORD_PORT') or 50051}"
-    from snapcoord.coordinator.probe import check
+    from snapcoord.coordinator.server.probe import check
 
     code, report = check(target, service=args.service, timeout_s=timeout_ms / 1000)
     print(report)
@@ -75,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)
     # Imported here so that --help and config errors do not pay for grpc and the backends.
     from snapcoord.coordinator.errors import SnapcoordError
-    from snapcoord.coordinator.malloc_tuning import return_large_blocks_to_the_os
-    from snapcoord.coordinator.server import run
+    from snapcoord.coordinator.server.app import run
+    from snapcoord.coordinator.server.malloc_tuning import return_large_blocks_to_the_os
 
     return_large_blocks_to_the_os()  # before any payload buffer: RSS follows the payload budget
 

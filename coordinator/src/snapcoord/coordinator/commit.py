@@ -49,7 +49,7 @@ from snapcoord.coordinator.errors import (
 )
 from snapcoord.coordinator.expiry_index import ExpiryIndex
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, MetadataStore, Node, Op
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from snapcoord.coordinator.errors import SnapcoordError, StoreUnavailable
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.election import Election, Leadership
 
 _log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore

@@ -10,7 +10,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.leases import decide
 from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, new_nonce, record_path
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 _log = logging.getLogger(__name__)

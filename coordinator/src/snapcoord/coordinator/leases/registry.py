@@ -30,7 +30,7 @@ from snapcoord.coordinator.leases.cache import RecordCache
 from snapcoord.coordinator.leases.decide import Acquired
 from snapcoord.coordinator.leases.janitor import LeaseJanitor
 from snapcoord.coordinator.leases.layout import RECORDS, new_nonce, record_path
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 __all__ = ["Acquired", "LeaseRegistry"]

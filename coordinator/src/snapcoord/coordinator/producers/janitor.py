@@ -9,7 +9,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
 from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.layout import EXPIRY, OBJECT_PREFIX, record_path

@@ -25,7 +25,7 @@ from snapcoord.coordinator.domain.producers import (
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.intent_pool import IntentPool
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.janitor import ProducerJanitor
 from snapcoord.coordinator.producers.layout import OBJECT_PREFIX, RECORDS, record_path

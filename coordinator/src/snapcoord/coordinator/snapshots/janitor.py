@@ -21,7 +21,7 @@ from snapcoord.coordinator.domain.snapshots import (
 )
 from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError, SnapcoordError
 from snapcoord.coordinator.intents import Intent
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.layout import (

@@ -55,7 +55,7 @@ from snapcoord.coordinator.errors import (
     Reason,
 )
 from snapcoord.coordinator.lru import Lru
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.record_copies import RecordCache
 from snapcoord.coordinator.snapshots import decide

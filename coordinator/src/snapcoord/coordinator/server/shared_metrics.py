@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from snapcoord.coordinator.config import MetricsConfig
-from snapcoord.coordinator.metrics import MetricsExporter, start_exporter
+from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter
 
 _log = logging.getLogger(__name__)
 

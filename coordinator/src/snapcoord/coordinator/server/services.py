@@ -11,7 +11,7 @@ from snapcoord.coordinator.config import Config
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.producers.registry import DEFAULT_INTENT_MAX_AGE_MS, ProducerRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry

@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 from typing import TextIO
 
 from snapcoord.coordinator.config import Config, hostport
-from snapcoord.coordinator.cpus import usable_cpus
-from snapcoord.coordinator.shared_metrics import SharedMetrics
+from snapcoord.coordinator.server.cpus import usable_cpus
+from snapcoord.coordinator.server.shared_metrics import SharedMetrics
 
 _log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _worker(config: Config, out: Connection, log_level: int) -> None:
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s"
     )
-    from snapcoord.coordinator.server import run
+    from snapcoord.coordinator.server.app import run
 
     class _Line(io.StringIO):
         def flush(self) -> None:

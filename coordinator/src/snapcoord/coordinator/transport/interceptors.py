@@ -28,9 +28,9 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from snapcoord.coordinator import call_log
-from snapcoord.coordinator.metrics import GrpcServerMetrics
-from snapcoord.coordinator.status import Status, status_for, unimplemented
+from snapcoord.coordinator.observability.metrics import GrpcServerMetrics
+from snapcoord.coordinator.transport import call_log
+from snapcoord.coordinator.transport.status import Status, status_for, unimplemented
 
 _log = logging.getLogger(__name__)
 

@@ -25,28 +25,29 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from snapcoord.coordinator import __version__, api, reflection
+from snapcoord.coordinator import __version__, api
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
 from snapcoord.coordinator.config import Config, GrpcConfig, hostport
-from snapcoord.coordinator.health import StoreHealth
-from snapcoord.coordinator.health_listener import HealthListener
-from snapcoord.coordinator.interceptors import ServerInterceptor
-from snapcoord.coordinator.metrics import (
+from snapcoord.coordinator.observability.metrics import (
     CoordinatorMetrics,
     GrpcServerMetrics,
     MetricsExporter,
     new_registry,
     start_exporter,
 )
-from snapcoord.coordinator.processes import process_count, serve_processes
-from snapcoord.coordinator.request_decoding import GuardedRegistration
-from snapcoord.coordinator.services import Deps, Services
+from snapcoord.coordinator.server.health_listener import HealthListener
+from snapcoord.coordinator.server.processes import process_count, serve_processes
+from snapcoord.coordinator.server.services import Deps, Services
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.coordinator.transport import reflection
+from snapcoord.coordinator.transport.health import StoreHealth
+from snapcoord.coordinator.transport.interceptors import ServerInterceptor
+from snapcoord.coordinator.transport.request_decoding import GuardedRegistration
 from snapcoord.v1 import backlog_pb2, producer_pb2
 
 if TYPE_CHECKING:  # imported at run time only with tracing on: OpenTelemetry is an optional extra
-    from snapcoord.coordinator.tracing import Tracing
+    from snapcoord.coordinator.observability.tracing import Tracing
 
 _log = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     _log.info("snapcoord %s starting; effective config: %s", __version__, json.dumps(config.describe()))
     tracing: Tracing | None = None
     if config.tracing.enabled:
-        from snapcoord.coordinator import tracing as otel
+        from snapcoord.coordinator.observability import tracing as otel
 
         tracing = otel.from_config(config.tracing)
     storage = config.storage
