@@ -2,7 +2,7 @@
 
 The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
 that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
-the coordinator (read from ``config.OPTIONS``), and every value must load. The rules pass
+the coordinator (read from ``settings.OPTIONS``), and every value must load. The rules pass
 ``promtool check rules`` and their unit tests, and every metric name used by the rules and the
 dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
 ``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
@@ -35,7 +35,8 @@ from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_c
 from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
-from snapcoord.coordinator import api, config
+from snapcoord.coordinator import api
+from snapcoord.coordinator.config import settings
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +66,8 @@ BOTO3_CHAIN_VARS = {
 }
 #: Series Prometheus makes itself rather than scraping them from the coordinator.
 PROMETHEUS_SYNTHETIC = {"up"}
-OPTION_ENVS = {opt.env for opt in config.OPTIONS}
-DEFAULTS = {opt.name: opt.default for opt in config.OPTIONS}
+OPTION_ENVS = {opt.env for opt in settings.OPTIONS}
+DEFAULTS = {opt.name: opt.default for opt in settings.OPTIONS}
 
 
 def tool(name: str) -> str:
@@ -178,7 +179,7 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
         assert name in OPTION_ENVS or name in BOTO3_CHAIN_VARS, (
             f"the manifests set {name}, which nothing reads"
         )
-    cfg = config.load({}, env)  # raises ConfigError on a value the coordinator rejects
+    cfg = settings.load({}, env)  # raises ConfigError on a value the coordinator rejects
     assert cfg.storage.metadata_uri.startswith("zk://")
     assert cfg.storage.blobs_uri.startswith("s3://")
     # Generated names carry a content hash: a changed setting or key is a new pod template.
@@ -197,7 +198,7 @@ def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]])
 @pytest.mark.process
 def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
     env = coordinator_env(manifests)
-    cfg = config.load({}, env)
+    cfg = settings.load({}, env)
     c = container(manifests)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port, "health": cfg.grpc.health_port}
@@ -219,13 +220,13 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     pre_stop_s = int(seconds)
     # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
-    assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+    assert settings.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
 
 
 @pytest.mark.process
 def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> None:
     docs = render("deploy/kubernetes/overlays/mtls")
-    cfg = config.load({}, coordinator_env(docs))
+    cfg = settings.load({}, coordinator_env(docs))
     assert cfg.security.tls_cert and cfg.security.tls_key and cfg.security.tls_client_ca
     c = container(docs)
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
@@ -327,8 +328,8 @@ def test_promtool_unit_tests_cover_every_alert() -> None:
 
 def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
     (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
-    interval_ms = config.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
-    assert config.parse_duration_ms(rule["for"]) == 2 * interval_ms
+    interval_ms = settings.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
+    assert settings.parse_duration_ms(rule["for"]) == 2 * interval_ms
 
 
 # --- metric names ------------------------------------------------------------------------------

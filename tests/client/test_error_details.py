@@ -32,8 +32,8 @@ from snapcoord.client import (
 )
 from snapcoord.client.errors import error_from_rpc
 from snapcoord.coordinator.server.services import Deps
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 

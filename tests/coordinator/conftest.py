@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.stores import Stores
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
 
 @pytest.fixture(params=["embedded", pytest.param("zk+s3", marks=[pytest.mark.zookeeper, pytest.mark.s3])])

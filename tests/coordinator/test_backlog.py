@@ -31,11 +31,11 @@ from snapcoord.coordinator.domain.backlog import (
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, InvalidArgument, NotFound
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, MetadataStore, Op
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 
 HOUR_MS = 3_600_000
 POLICY = BacklogPolicy(max_partitions=10_000)

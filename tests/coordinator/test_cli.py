@@ -16,9 +16,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.coordinator import CoordinatorProcess, snapcoord_command
-from snapcoord.coordinator import __version__, cli, intents
-from snapcoord.coordinator.config import OPTIONS
-from snapcoord.coordinator.storage.registry import open_metadata_store
+from snapcoord.coordinator import __version__, cli
+from snapcoord.coordinator.config.settings import OPTIONS
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

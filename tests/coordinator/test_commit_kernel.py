@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from harness.faults import call_while_blob_deletes_fail
 from harness.stores import Stores
-from snapcoord.coordinator.commit import (
+from snapcoord.coordinator.errors import Aborted, CommitOutcomeUnknown, Reason, StoreUnavailable
+from snapcoord.coordinator.kernel.commit import (
     Commit,
     CommitKernel,
     Done,
@@ -25,7 +26,6 @@ from snapcoord.coordinator.commit import (
     RetryPolicy,
     landed,
 )
-from snapcoord.coordinator.errors import Aborted, CommitOutcomeUnknown, Reason, StoreUnavailable
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Create, Node, Op, SetData
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from harness.coordinator import embedded_deps, serve_in_process
-from snapcoord.coordinator import config
-from snapcoord.coordinator.config import (
+from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config.settings import (
     FIXED,
     OPTIONS,
     ConfigError,
@@ -26,7 +26,7 @@ from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
-from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES
+from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
@@ -255,7 +255,7 @@ PARTNERS: dict[str, dict[str, str]] = {
 }
 
 
-def _get(cfg: config.Config, where: tuple[str, str]) -> object:
+def _get(cfg: settings.Config, where: tuple[str, str]) -> object:
     return getattr(getattr(cfg, where[0]), where[1])
 
 
@@ -273,7 +273,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = load({}, {})
     data_dir = tmp_path / "snapcoord-data"
-    assert cfg.grpc == config.GrpcConfig(
+    assert cfg.grpc == settings.GrpcConfig(
         host="0.0.0.0",
         port=50051,
         max_workers=32,
@@ -282,11 +282,11 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         payload_budget_bytes=1024**3,
         payload_budget_wait_ms=10_000,
     )
-    assert cfg.metrics == config.MetricsConfig(host="0.0.0.0", port=9464, tls_cert="", tls_key="")
-    assert cfg.security == config.SecurityConfig(tls_cert="", tls_key="", tls_client_ca="", auth_file="")
+    assert cfg.metrics == settings.MetricsConfig(host="0.0.0.0", port=9464, tls_cert="", tls_key="")
+    assert cfg.security == settings.SecurityConfig(tls_cert="", tls_key="", tls_client_ca="", auth_file="")
     assert not cfg.security.tls and not cfg.security.authenticates
     assert cfg.metrics.enabled
-    assert cfg.storage == config.StorageConfig(
+    assert cfg.storage == settings.StorageConfig(
         data_dir=str(data_dir),
         metadata_uri=f"file://{data_dir}/metadata",
         blobs_uri=f"file://{data_dir}/blobs",
@@ -305,7 +305,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.producers == ProducerPolicy(
         default_ttl_ms=86_400_000, max_ttl_ms=7 * 86_400_000, max_offsets=100_000
     )
-    assert cfg.janitor == config.JanitorConfig(
+    assert cfg.janitor == settings.JanitorConfig(
         cleanup_interval_ms=60_000,
         orphan_grace_ms=3_600_000,
         orphan_sweep_interval_ms=900_000,
@@ -546,7 +546,7 @@ def test_the_policy_sections_are_the_domain_policies_with_the_same_defaults() ->
 
 def test_every_option_is_a_flag_that_load_reads() -> None:
     parser = argparse.ArgumentParser()
-    config.add_arguments(parser)
+    settings.add_arguments(parser)
     assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
     for name, (first, _, where, expected) in SAMPLES.items():
         flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))

@@ -42,9 +42,9 @@ from harness.isolation import s3_prefix, zk_chroot
 from harness.seaweed import SeaweedS3Server
 from snapcoord.coordinator.domain.paging import encode_name_token
 from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.coordinator.server.app import BLOB_SERVICE_NAMES
 from snapcoord.coordinator.server.services import Deps
-from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
-from snapcoord.coordinator.storage.registry import BlobOptions, open_blob_store
+from snapcoord.coordinator.storage.backends import BlobOptions, open_blob_store
+from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.transport.health import StoreHealth
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 

@@ -10,8 +10,8 @@ from harness.coordinator import serve_in_process
 from harness.faults import expire_zk_session
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.server.services import Deps
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -12,7 +12,6 @@ import pytest
 
 from harness.stores import Stores
 from harness.zk_requests import count_requests
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -20,14 +19,15 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.errors import Aborted, FailedPrecondition, InvalidArgument, Reason
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.registry import ProducerRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 HOUR_MS = 3_600_000
 FAR_FUTURE_MS = 10 * 365 * 24 * HOUR_MS

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 import pytest
 
 from harness.stores import Stores
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.errors import Aborted, NotFound
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.layout import RECORDS
 from snapcoord.coordinator.producers.registry import ProducerRegistry

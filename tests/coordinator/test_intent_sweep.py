@@ -15,11 +15,11 @@ import pytest
 
 from harness.concurrency import run_threads
 from harness.stores import Stores
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.errors import Aborted, CommitOutcomeUnknown, NotFound
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import Delete, MetadataStore, Op

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from harness.process import wait_until
 from snapcoord.coordinator.errors import Internal, StoreUnavailable
-from snapcoord.coordinator.janitor import Janitor, Step
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.server.janitor_loop import Janitor, Step
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.election import Election
-from snapcoord.coordinator.storage.registry import open_metadata_store
 
 
 def no_election() -> Election:

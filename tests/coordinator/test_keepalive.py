@@ -29,14 +29,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from snapcoord.client._channel import KEEPALIVE_OPTIONS
-from snapcoord.coordinator import config
+from snapcoord.coordinator.config import settings
 
 CLIENT_KEEPALIVE_MS = 1_000
 #: The server's interval at the ratio of the defaults (30 s to the client's 60 s).
 SERVER_MIN_PING_INTERVAL_MS = (
     CLIENT_KEEPALIVE_MS
-    * config.parse_duration_ms(
-        next(o.default for o in config.OPTIONS if o.name == "keepalive_min_ping_interval") or ""
+    * settings.parse_duration_ms(
+        next(o.default for o in settings.OPTIONS if o.name == "keepalive_min_ping_interval") or ""
     )
     // KEEPALIVE_OPTIONS["grpc.keepalive_time_ms"]
 )
@@ -45,7 +45,7 @@ PINGS = 8
 
 
 def test_the_default_policy_accepts_the_clients_keepalive() -> None:
-    defaults = config.load({}, {}).grpc
+    defaults = settings.load({}, {}).grpc
     assert defaults.keepalive_min_ping_interval_ms <= KEEPALIVE_OPTIONS["grpc.keepalive_time_ms"]
     assert SERVER_MIN_PING_INTERVAL_MS < CLIENT_KEEPALIVE_MS
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from harness.isolation import chroot_of
-from snapcoord.coordinator import zk_budget
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
@@ -26,15 +25,16 @@ from snapcoord.coordinator.domain.snapshots import (
     SnapshotPolicy,
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, Reason
-from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.registry import ProducerRegistry
+from snapcoord.coordinator.server import worst_requests as zk_budget
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
+from snapcoord.coordinator.storage.backends import open_blob_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
-from snapcoord.coordinator.storage.registry import open_blob_store
-from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, request_bytes
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, request_bytes
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 HOUR_MS = 3_600_000
 LIMIT = ZK_DEFAULT_MAX_REQUEST_BYTES

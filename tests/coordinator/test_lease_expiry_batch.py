@@ -17,10 +17,10 @@ import pytest
 from harness.coordinator import serve_in_process
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
-from snapcoord.coordinator import pins
 from snapcoord.coordinator.domain.leases import decode_pins
 from snapcoord.coordinator.server.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.coordinator.snapshots import pins
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
 EXPIRING = 4
 

@@ -12,10 +12,10 @@ from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
-from snapcoord.coordinator.leases.layout import RECORDS
-from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.pins import PINS
+from snapcoord.coordinator.snapshots.leases.layout import RECORDS
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
+from snapcoord.coordinator.snapshots.pins import PINS
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 
 HOUR_MS = 3_600_000

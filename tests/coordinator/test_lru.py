@@ -3,7 +3,7 @@ first, the newest entry kept however heavy, replacement and conditional removal.
 
 from __future__ import annotations
 
-from snapcoord.coordinator.lru import Lru
+from snapcoord.coordinator.domain.lru import Lru
 
 
 def test_least_recently_used_goes_first_once_over_the_bound() -> None:

@@ -14,8 +14,8 @@ from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import SystemClock
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.errors import Reason, ResourceExhausted
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.payload_budget import PayloadBudget
 from snapcoord.coordinator.snapshots.registry import CHUNK_BYTES, READ_AHEAD_PIECES, SnapshotRegistry
 from snapcoord.coordinator.transport.status import status_for
 

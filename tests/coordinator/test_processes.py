@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
-from snapcoord.coordinator import config
+from snapcoord.coordinator.config import settings
 from snapcoord.coordinator.server.app import run
 from snapcoord.coordinator.server.cpus import usable_cpus
 from snapcoord.coordinator.server.processes import process_count
@@ -150,7 +150,7 @@ def test_two_processes_share_the_port_and_one_metrics_endpoint(
 
 
 def test_more_than_one_process_needs_zookeeper(tmp_path: Path) -> None:
-    cfg = config.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {})
+    cfg = settings.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {})
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
         run(cfg)
     assert not (tmp_path / "data").exists()  # refused before opening anything
@@ -191,7 +191,7 @@ def test_a_taken_metrics_port_fails_the_start_before_any_worker(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cfg = config.load(
+        cfg = settings.load(
             {
                 "processes": "2",
                 "metadata": "zk://127.0.0.1:1/unused",
@@ -224,22 +224,22 @@ def test_process_count_resolves_auto_and_keeps_an_explicit_count(
     zk = {"metadata": "zk://127.0.0.1:2181/x"}
     caplog.set_level(logging.INFO, logger="snapcoord.coordinator.server.processes")
     cpus = usable_cpus()
-    assert process_count(config.load({**zk, "processes": "auto"}, {})) == cpus.count
+    assert process_count(settings.load({**zk, "processes": "auto"}, {})) == cpus.count
     assert f"--processes auto: {cpus}" in caplog.text
-    assert process_count(config.load({**zk, "processes": "3"}, {})) == 3
-    assert process_count(config.load({"processes": "1", "data_dir": str(tmp_path)}, {})) == 1
+    assert process_count(settings.load({**zk, "processes": "3"}, {})) == 3
+    assert process_count(settings.load({"processes": "1", "data_dir": str(tmp_path)}, {})) == 1
 
 
 def test_auto_with_embedded_metadata_is_one_process_and_says_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="snapcoord.coordinator.server.processes")
-    cfg = config.load({"processes": "auto", "data_dir": str(tmp_path / "data")}, {})
+    cfg = settings.load({"processes": "auto", "data_dir": str(tmp_path / "data")}, {})
     assert process_count(cfg) == 1
     assert "--processes auto: 1, as the embedded metadata store serves one process" in caplog.text
     # ... whereas an explicit count is still refused, not quietly lowered.
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
-        process_count(config.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {}))
+        process_count(settings.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {}))
 
 
 @pytest.mark.process

@@ -16,14 +16,14 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import encode_name_token
 from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import InvalidArgument, NotFound, StoreUnavailable
-from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, record_path
 from snapcoord.coordinator.producers.registry import ProducerRegistry
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 
 HOUR_MS = 3_600_000
 POLICY = ProducerPolicy(default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000)

@@ -32,7 +32,7 @@ from snapcoord.coordinator.observability.metrics import GrpcServerMetrics, new_r
 from snapcoord.coordinator.server.app import _StopSignals, build_server
 from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.storage.election import Election
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op, StateListener, WatchCallback
 from snapcoord.coordinator.transport.interceptors import ServerInterceptor
 from snapcoord.coordinator.transport.status import GENERIC_INTERNAL_MESSAGE, status_for
@@ -558,7 +558,7 @@ _SIGTERM_DURING_CLOSE = """
 import os, signal, sys
 from snapcoord.coordinator import config
 from snapcoord.coordinator.server.app import run
-from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 
 class Out:
     def write(self, text):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from snapcoord.coordinator.config import MetricsConfig
+from snapcoord.coordinator.config.settings import MetricsConfig
 from snapcoord.coordinator.server.shared_metrics import MULTIPROC_DIR_ENV, SharedMetrics
 
 # A process using the coordinator's own metric classes, as a worker does: it sets the janitor
@@ -155,7 +155,7 @@ def test_a_taken_port_fails_the_start_and_leaves_nothing_behind(temp_dir: Path) 
 # A supervisor's SharedMetrics in a process of its own: prints its directory, closes on stdin EOF.
 _SUPERVISOR = """
 import sys
-from snapcoord.coordinator.config import MetricsConfig
+from snapcoord.coordinator.config.settings import MetricsConfig
 from snapcoord.coordinator.server.shared_metrics import SharedMetrics
 shared = SharedMetrics.start(MetricsConfig("127.0.0.1", 0, "", ""))
 print(shared.directory, flush=True)

@@ -24,11 +24,11 @@ from snapcoord.coordinator.domain.snapshot_codec import (
 )
 from snapcoord.coordinator.domain.snapshots import TIMEOUT_REASON, Snapshot, SnapshotPolicy, State, TaskReport
 from snapcoord.coordinator.errors import CommitOutcomeUnknown, FailedPrecondition, InvalidArgument, NotFound
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.pins import pin_path
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.layout import gen_path, task_path, tasks_path
+from snapcoord.coordinator.snapshots.pins import pin_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, Node, Op, SetData

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from snapcoord.coordinator.commit import Commit, CommitKernel, Done, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.kernel.commit import Commit, CommitKernel, Done, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.metadata import (
     MetadataStore,
@@ -25,7 +26,6 @@ from snapcoord.coordinator.storage.metadata import (
     StateListener,
     WatchCallback,
 )
-from snapcoord.coordinator.storage.registry import open_metadata_store
 
 
 class LaggingStore(MetadataStore):

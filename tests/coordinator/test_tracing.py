@@ -38,7 +38,7 @@ from snapcoord.client import tracing as client_tracing
 from snapcoord.coordinator.errors import NodeExistsError
 from snapcoord.coordinator.observability.tracing import Tracing
 from snapcoord.coordinator.server.services import Deps
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
 # One provider for the whole process: OpenTelemetry lets the global one be set once. The client
 # reaches it through the global API, the in-process servers are handed it.

@@ -26,7 +26,7 @@ from snapcoord.client import (
     SnapshotFenced,
     TaskSnapshot,
 )
-from snapcoord.coordinator import intents
+from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.server.services import Deps
 from snapcoord.coordinator.transport.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc

@@ -9,31 +9,15 @@ from pathlib import Path
 import pytest
 
 from harness.isolation import chroot_of
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog import layout as backlog_layout
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import TRANSACTION_DATA_BYTES, SnapshotPolicy
-from snapcoord.coordinator.leases.registry import LeaseRegistry
+from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.producers import layout as producers_layout
-from snapcoord.coordinator.snapshots import decide
-from snapcoord.coordinator.snapshots import layout as snapshots_layout
-from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
-from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Check, Op, SetData
-from snapcoord.coordinator.storage.uris import zk_chroot
-from snapcoord.coordinator.storage.zk_auth import MAX_USER_BYTES, digest_acl
-from snapcoord.coordinator.storage.zk_request_size import (
-    MAX_CHROOT_BYTES,
-    OPEN_ACL_UNSAFE,
-    AclEntry,
-    op_bytes,
-    request_bytes,
-)
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
-from snapcoord.coordinator.zk_budget import (
+from snapcoord.coordinator.server.worst_requests import (
     WORST_CASE,
     Limits,
     acquire_snapshots,
@@ -43,6 +27,22 @@ from snapcoord.coordinator.zk_budget import (
     register_producer_offsets,
     worst_case_table,
 )
+from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.snapshots import layout as snapshots_layout
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
+from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Check, Op, SetData
+from snapcoord.coordinator.storage.uris import zk_chroot
+from snapcoord.coordinator.storage.zookeeper.auth import MAX_USER_BYTES, digest_acl
+from snapcoord.coordinator.storage.zookeeper.request_size import (
+    MAX_CHROOT_BYTES,
+    OPEN_ACL_UNSAFE,
+    AclEntry,
+    op_bytes,
+    request_bytes,
+)
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 HOUR_MS = 3_600_000

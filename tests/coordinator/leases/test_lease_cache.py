@@ -19,11 +19,11 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
-from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, index_path, record_path
-from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots.layout import gen_path
+from snapcoord.coordinator.snapshots.leases.layout import EXPIRY, RECORDS, index_path, record_path
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
+from snapcoord.coordinator.snapshots.pins import PINS, pin_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op, SetData
 
@@ -101,7 +101,7 @@ def holders(stores: Stores, ref: SnapshotRef) -> dict[str, int]:
 
 
 def stored(stores: Stores, lease_id: str) -> tuple[Lease, int] | None:
-    from snapcoord.coordinator.leases.decide import stored as decode
+    from snapcoord.coordinator.snapshots.leases.decide import stored as decode
 
     current = decode(stores.metadata.get(record_path(lease_id)))
     return (current.lease, current.version) if current is not None else None

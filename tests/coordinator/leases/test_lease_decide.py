@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_pins, encode_lease, encode_pins
 from snapcoord.coordinator.domain.snapshot_codec import encode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.leases import decide
-from snapcoord.coordinator.leases.decide import Acquired, Clocks, Released
-from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS
-from snapcoord.coordinator.pins import PINS, pin_change, pin_path, snapshot_path
+from snapcoord.coordinator.kernel.commit import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.snapshots.layout import RETENTION
+from snapcoord.coordinator.snapshots.leases import decide
+from snapcoord.coordinator.snapshots.leases.decide import Acquired, Clocks, Released
+from snapcoord.coordinator.snapshots.leases.layout import EXPIRY, RECORDS
+from snapcoord.coordinator.snapshots.pins import PINS, pin_change, pin_path, snapshot_path
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, SetData
 
 NOW = 6_000_000

@@ -15,10 +15,10 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason, StoreUnavailable
-from snapcoord.coordinator.leases.registry import LeaseRegistry
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.layout import RETENTION, gen_path, tasks_path
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 

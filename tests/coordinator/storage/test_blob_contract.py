@@ -11,8 +11,8 @@ import pytest
 
 from harness.concurrency import run_threads
 from snapcoord.coordinator.errors import BlobNotFound, InvalidArgument, StoreUnavailable
+from snapcoord.coordinator.storage.backends import open_blob_store
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.registry import open_blob_store
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])

@@ -25,9 +25,9 @@ from harness.faults import drop_zk_connection, expire_zk_session
 from harness.process import wait_until
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.storage.election import Election, Leadership
-from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
 NAME = "janitor"

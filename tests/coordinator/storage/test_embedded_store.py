@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from snapcoord.coordinator.errors import BadVersionError, StoreUnavailable, TransactionFailed
-from snapcoord.coordinator.storage.embedded import DB_FILE, EmbeddedMetadataStore
+from snapcoord.coordinator.storage.local.embedded import DB_FILE, EmbeddedMetadataStore
 from snapcoord.coordinator.storage.metadata import Create, Delete, SetData
 
 WAIT_S = 60.0
@@ -27,7 +27,7 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 OPEN_AND_WRITE = """
     import sys
-    from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+    from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
     from snapcoord.coordinator.errors import StoreUnavailable
     try:
         store = EmbeddedMetadataStore.from_uri(sys.argv[1])
@@ -69,7 +69,7 @@ def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
 def test_committed_writes_survive_a_killed_process(tmp_path: Path) -> None:
     code = """
         import os, signal, sys
-        from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+        from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
         store = EmbeddedMetadataStore.from_uri(sys.argv[1])
         store.create("/committed", b"before the crash")
         os.kill(os.getpid(), signal.SIGKILL)  # no close(), no cleanup

@@ -25,6 +25,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.metadata import (
     MAX_NODE_BYTES,
     Check,
@@ -34,7 +35,6 @@ from snapcoord.coordinator.storage.metadata import (
     Op,
     SetData,
 )
-from snapcoord.coordinator.storage.registry import open_metadata_store
 
 WAIT_S = 20.0
 

@@ -26,8 +26,8 @@ from snapcoord.coordinator.errors import (
     TransactionFailed,
 )
 from snapcoord.coordinator.storage.metadata import Check, Create, Op, SetData
-from snapcoord.coordinator.storage.zk_combine import MAX_IN_FLIGHT, TransactionCombiner
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.combine import MAX_IN_FLIGHT, TransactionCombiner
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
 

@@ -12,9 +12,9 @@ from kazoo.exceptions import NoAuthError, NoNodeError, UnimplementedError
 
 from harness.zk_requests import count_requests, fail_requests
 from snapcoord.coordinator.errors import StoreUnavailable
-from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import MAX_NODE_BYTES, Create, SetData
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper import multiread
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_server_without_multiread_is_read_one_get_each(
     store.create("/f2", b"2")
     expected = {"/f1": store.get("/f1"), "/f2": store.get("/f2"), "/f3": None}
 
-    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
+    fail_requests(store, monkeypatch, multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
     requests = count_requests(store, monkeypatch)
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
     assert store.get_many(["/f1", "/f2", "/f3"]) == expected
@@ -121,7 +121,7 @@ def test_a_create_sent_with_reads_to_a_server_without_multiread(
     conflict."""
     store.create("/r1", b"1")
 
-    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
+    fail_requests(store, monkeypatch, multiread.MultiRead, UnimplementedError)  # ZooKeeper < 3.6
     nodes = store.create_and_get_many("/intent", b"announce", ["/r1", "/r2"])
     assert nodes["/r1"] is not None and nodes["/r1"].data == b"1" and nodes["/r2"] is None
     intent = store.get("/intent")
@@ -134,13 +134,13 @@ def test_an_error_other_than_a_missing_node_is_not_an_answer(
     """A read refused inside a multiRead (e.g. by an ACL) fails the call instead of reading as
     absent, like a refused get."""
     store.create("/e1", b"1")
-    original = zk_multiread.MultiRead.deserialize
+    original = multiread.MultiRead.deserialize
 
-    def refuse_second(buffer: bytes, offset: int) -> list[zk_multiread.Reply]:
+    def refuse_second(buffer: bytes, offset: int) -> list[multiread.Reply]:
         replies = original(buffer, offset)
         return [replies[0], NoAuthError(), *replies[2:]]
 
-    monkeypatch.setattr(zk_multiread.MultiRead, "deserialize", staticmethod(refuse_second))
+    monkeypatch.setattr(multiread.MultiRead, "deserialize", staticmethod(refuse_second))
     with pytest.raises(StoreUnavailable, match="refused access"):
         store.get_many(["/e1", "/e2"])
 
@@ -148,7 +148,7 @@ def test_an_error_other_than_a_missing_node_is_not_an_answer(
 def test_wire_format_round_trip() -> None:
     """The request is ZooKeeper's MultiOperationRecord of GetDataRequests; a reply of a data
     result and an error result parses into one answer per path."""
-    request = zk_multiread.MultiRead(("/a", "/bc"))
+    request = multiread.MultiRead(("/a", "/bc"))
     assert bytes(request.serialize()) == (
         b"\x00\x00\x00\x04\x00\xff\xff\xff\xff" + b"\x00\x00\x00\x02/a" + b"\x00"
         b"\x00\x00\x00\x04\x00\xff\xff\xff\xff" + b"\x00\x00\x00\x03/bc" + b"\x00"
@@ -160,10 +160,10 @@ def test_wire_format_round_trip() -> None:
         + b"\xff\xff\xff\xff\x00\xff\xff\xff\x9b" + b"\xff\xff\xff\x9b"
         + b"\xff\xff\xff\xff\x01\xff\xff\xff\xff"
     )  # fmt: skip
-    answers = zk_multiread.MultiRead.deserialize(reply, 0)
+    answers = multiread.MultiRead.deserialize(reply, 0)
     assert len(answers) == 2
     data, parsed = answers[0]  # type: ignore[misc]
     assert data == b"hi" and parsed.czxid == int.from_bytes(stat[:8], "big")
     assert isinstance(answers[1], NoNodeError)
     with pytest.raises(ValueError):
-        zk_multiread.multi_read_async(object(), [])
+        multiread.multi_read_async(object(), [])

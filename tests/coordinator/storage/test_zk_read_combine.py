@@ -21,10 +21,10 @@ from kazoo.protocol import serialization as wire
 from harness.process import wait_until
 from harness.zk_requests import fail_requests
 from snapcoord.coordinator.errors import StoreUnavailable
-from snapcoord.coordinator.storage import zk_multiread
 from snapcoord.coordinator.storage.metadata import Node
-from snapcoord.coordinator.storage.zk_combine import MAX_IN_FLIGHT, ReadCombiner
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper import multiread
+from snapcoord.coordinator.storage.zookeeper.combine import MAX_IN_FLIGHT, ReadCombiner
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
 
@@ -55,7 +55,7 @@ class Reads:
                 self.log.append(("Sync", request.path.removeprefix(chroot) or "/"))
             elif isinstance(request, wire.GetData):
                 self.log.append(("GetData", request.path.removeprefix(chroot)))
-            elif isinstance(request, zk_multiread.MultiRead):
+            elif isinstance(request, multiread.MultiRead):
                 self.log.append(("MultiRead", tuple(p.removeprefix(chroot) for p in request.paths)))
             else:
                 return real_call(request, async_object)
@@ -200,15 +200,15 @@ def test_a_node_refused_to_one_call_does_not_fail_the_others(
     it and no other."""
     for name in ("ok", "secret", "also"):
         store.create(f"/{name}", name.encode())
-    original = zk_multiread.MultiRead.deserialize
+    original = multiread.MultiRead.deserialize
     reads = Reads(monkeypatch, store)
 
-    def refuse_secret(buffer: bytes, offset: int) -> list[zk_multiread.Reply]:
+    def refuse_secret(buffer: bytes, offset: int) -> list[multiread.Reply]:
         replies = original(buffer, offset)
         request = reads.log[-1]
         return [NoAuthError() if p == "/secret" else r for p, r in zip(request[1], replies, strict=True)]
 
-    monkeypatch.setattr(zk_multiread.MultiRead, "deserialize", staticmethod(refuse_secret))
+    monkeypatch.setattr(multiread.MultiRead, "deserialize", staticmethod(refuse_secret))
     outcomes = read_together(
         store,
         reads,
@@ -236,7 +236,7 @@ def test_a_lost_reply_is_read_again_by_each_call(
     store.create("/x", b"x")
     store.create("/y", b"y")
     expected = alone(store, ["/x", "/y"])
-    lost = fail_requests(store, monkeypatch, zk_multiread.MultiRead, ConnectionLoss, times=1)
+    lost = fail_requests(store, monkeypatch, multiread.MultiRead, ConnectionLoss, times=1)
     reads = Reads(monkeypatch, store)
     outcomes = read_together(store, reads, [lambda: {"/x": store.get("/x")}, lambda: store.get_many(["/y"])])
     assert outcomes == [{"/x": expected["/x"]}, {"/y": expected["/y"]}]
@@ -249,7 +249,7 @@ def test_a_combined_read_stays_within_a_multireads_paths(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Queued calls go out together only up to ``MAX_PATHS`` nodes per request."""
-    step = zk_multiread.MAX_PATHS // 2 + 1  # two calls of this many do not fit in one request
+    step = multiread.MAX_PATHS // 2 + 1  # two calls of this many do not fit in one request
     groups = [[f"/g{g}/{i}" for i in range(step)] for g in range(3)]
     for g in range(3):
         store.create(f"/g{g}", b"")
@@ -273,7 +273,7 @@ def test_a_server_without_multiread_reads_each_call_with_gets(
     store.create("/v", b"v")
     expected = alone(store, ["/u", "/v", "/w"])
 
-    fail_requests(store, monkeypatch, zk_multiread.MultiRead, UnimplementedError)
+    fail_requests(store, monkeypatch, multiread.MultiRead, UnimplementedError)
     reads = Reads(monkeypatch, store)
     outcomes = read_together(
         store,
@@ -330,12 +330,12 @@ def test_a_reply_that_does_not_parse_fails_its_calls_and_not_the_session(
     """An error raised while handing out a reply would run on kazoo's connection thread and end
     the session's loop for good: the calls fail instead, and the store goes on."""
     store.create("/k", b"k")
-    original = zk_multiread.MultiRead.deserialize
+    original = multiread.MultiRead.deserialize
 
-    def one_short(buffer: bytes, offset: int) -> list[zk_multiread.Reply]:
+    def one_short(buffer: bytes, offset: int) -> list[multiread.Reply]:
         return original(buffer, offset)[:-1]
 
-    monkeypatch.setattr(zk_multiread.MultiRead, "deserialize", staticmethod(one_short))
+    monkeypatch.setattr(multiread.MultiRead, "deserialize", staticmethod(one_short))
     with pytest.raises(StoreUnavailable, match="MarshallingError"):
         store.get_many(["/k", "/l"])
     monkeypatch.undo()
@@ -365,7 +365,7 @@ def test_a_deep_queue_failing_at_once_drains_without_recursion() -> None:
     client = ClosedClient()
     combiner = ReadCombiner(client, max_in_flight=1)
     first = combiner.submit(["/first"])
-    batches = [[f"/b{b}/{i}" for i in range(zk_multiread.MAX_PATHS)] for b in range(400)]
+    batches = [[f"/b{b}/{i}" for i in range(multiread.MAX_PATHS)] for b in range(400)]
     queued = [combiner.submit(paths) for paths in batches]  # a full batch each
     client.closed = True
     client.held[0].set_exception(ConnectionLoss())

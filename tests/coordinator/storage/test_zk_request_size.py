@@ -26,10 +26,10 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from harness.isolation import chroot_of
 from snapcoord.coordinator.errors import InvalidArgument, Reason
+from snapcoord.coordinator.storage.backends import MetadataOptions
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, SetData
-from snapcoord.coordinator.storage.registry import MetadataOptions
-from snapcoord.coordinator.storage.zk_auth import digest_acl
-from snapcoord.coordinator.storage.zk_request_size import (
+from snapcoord.coordinator.storage.zookeeper.auth import digest_acl
+from snapcoord.coordinator.storage.zookeeper.request_size import (
     LENGTH_PREFIX_BYTES,
     REQUEST_HEADER_BYTES,
     ZK_DEFAULT_MAX_REQUEST_BYTES,
@@ -37,7 +37,7 @@ from snapcoord.coordinator.storage.zk_request_size import (
     request_bytes,
     wire_bytes,
 )
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 LIMIT = ZK_DEFAULT_MAX_REQUEST_BYTES
 WAIT_S = 60.0
@@ -163,7 +163,7 @@ def store(zk_uri: str) -> Iterator[ZooKeeperMetadataStore]:
 
 
 def test_the_limit_is_a_constructor_parameter(zk_uri: str, zk_hosts: str) -> None:
-    from snapcoord.coordinator.storage.registry import MetadataOptions
+    from snapcoord.coordinator.storage.backends import MetadataOptions
 
     chroot = chroot_of(zk_uri)
     small = ZooKeeperMetadataStore(zk_hosts, chroot, MetadataOptions(), uri=zk_uri, max_request_bytes=500)

@@ -25,10 +25,10 @@ from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
     StoreUnavailable,
 )
+from snapcoord.coordinator.storage.backends import MetadataOptions, open_metadata_store
 from snapcoord.coordinator.storage.metadata import Create, SetData
-from snapcoord.coordinator.storage.registry import MetadataOptions, open_metadata_store
-from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
 #: A short retry deadline for the tests that exhaust it.

@@ -12,7 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from snapcoord.coordinator import __version__, config
+from snapcoord.coordinator import __version__
+from snapcoord.coordinator.config import settings
 from snapcoord.coordinator.observability import logging_setup
 
 _log = logging.getLogger("snapcoord")
@@ -35,7 +36,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             "500ms, 10s, 5m, 24h, 7d."
         ),
     )
-    config.add_arguments(serve)
+    settings.add_arguments(serve)
     health = commands.add_parser(
         "health",
         help="check a coordinator's gRPC health (exit 0 when SERVING)",
@@ -53,7 +54,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def _health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        timeout_ms = config.parse_duration_ms(args.timeout)
+        timeout_ms = settings.parse_duration_ms(args.timeout)
     except ValueError as e:
         parser.error(f"--timeout: {e}")
     target = args.target or f"127.0.0.1:{os.environ.get('SNAPCOORD_PORT') or 50051}"
@@ -70,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "health":
         return _health(args, parser)
     try:
-        cfg = config.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
-    except config.ConfigError as e:
+        cfg = settings.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
+    except settings.ConfigError as e:
         serve_parser.error(str(e))  # exits 2 with usage
     logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)
     # Imported here so that --help and config errors do not pay for grpc and the backends.

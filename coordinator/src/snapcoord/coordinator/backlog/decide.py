@@ -11,9 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
-from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
@@ -30,6 +28,8 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_shard,
 )
 from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 

@@ -6,9 +6,9 @@ from snapcoord.coordinator.backlog.decide import stored_job
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.intents import IntentIndex
+from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
-from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 

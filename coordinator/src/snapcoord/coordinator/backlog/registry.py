@@ -19,7 +19,6 @@ from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies, Shar
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
 from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
-from snapcoord.coordinator.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
@@ -44,6 +43,7 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import BlobNotFound, Internal
+from snapcoord.coordinator.kernel.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from snapcoord.coordinator.domain.codec import _dump, _load
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.errors import Internal, InvalidArgument
-from snapcoord.coordinator.lru import Lru
 
 LEASE_VERSION = 1
 PINS_VERSION = 1

@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import (
     CheckpointRef,
@@ -27,7 +28,6 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import Internal
-from snapcoord.coordinator.lru import Lru
 
 APP_VERSION = 1
 SNAPSHOT_VERSION = 1

@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from snapcoord.coordinator import __version__, errors
-from snapcoord.coordinator.config import TracingConfig
+from snapcoord.coordinator.config.settings import TracingConfig
 from snapcoord.coordinator.observability import logging_setup
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore

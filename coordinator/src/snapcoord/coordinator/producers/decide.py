@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
-from snapcoord.coordinator import intents
-from snapcoord.coordinator.commit import Commit, Done, Reads, landed
 from snapcoord.coordinator.domain.codec import decode_producer_record, encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.commit import Commit, Done, Reads, landed
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 

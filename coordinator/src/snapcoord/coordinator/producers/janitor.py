@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.kernel.intents import IntentIndex
+from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
-from snapcoord.coordinator.orphans import sweep_unreferenced
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.layout import EXPIRY, OBJECT_PREFIX, record_path
 from snapcoord.coordinator.storage.blobs import BlobStore

@@ -20,7 +20,7 @@ the new one that replaced it.
 from __future__ import annotations
 
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.expiry_index import entry_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 
 RECORDS = "/producers/records"
 EXPIRY = "/producers/expiry"

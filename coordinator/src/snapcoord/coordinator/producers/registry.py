@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode, Reads, Reread, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.ids import require_id
@@ -24,7 +23,8 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.intent_pool import IntentPool
+from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode, Reads, Reread, synced_retry
+from snapcoord.coordinator.kernel.intent_pool import IntentPool
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.janitor import ProducerJanitor

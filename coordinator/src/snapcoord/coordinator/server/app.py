@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from snapcoord.coordinator import __version__, api
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
-from snapcoord.coordinator.config import Config, GrpcConfig, hostport
+from snapcoord.coordinator.config.settings import Config, GrpcConfig, hostport
 from snapcoord.coordinator.observability.metrics import (
     CoordinatorMetrics,
     GrpcServerMetrics,
@@ -38,8 +38,8 @@ from snapcoord.coordinator.observability.metrics import (
 from snapcoord.coordinator.server.health_listener import HealthListener
 from snapcoord.coordinator.server.processes import process_count, serve_processes
 from snapcoord.coordinator.server.services import Deps, Services
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 from snapcoord.coordinator.transport import reflection
 from snapcoord.coordinator.transport.health import StoreHealth
 from snapcoord.coordinator.transport.interceptors import ServerInterceptor

@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TextIO
 
-from snapcoord.coordinator.config import Config, hostport
+from snapcoord.coordinator.config.settings import Config, hostport
 from snapcoord.coordinator.server.cpus import usable_cpus
 from snapcoord.coordinator.server.shared_metrics import SharedMetrics
 

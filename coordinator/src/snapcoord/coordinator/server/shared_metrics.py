@@ -35,7 +35,7 @@ from prometheus_client import PLATFORM_COLLECTOR, CollectorRegistry, ProcessColl
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from snapcoord.coordinator.config import MetricsConfig
+from snapcoord.coordinator.config.settings import MetricsConfig
 from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter
 
 _log = logging.getLogger(__name__)

@@ -11,8 +11,6 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import intents, pins
-from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
@@ -35,6 +33,9 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason, SnapcoordError
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
+from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.layout import (
     APPS,
     DEADLINES,

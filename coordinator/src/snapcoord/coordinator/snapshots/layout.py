@@ -22,7 +22,7 @@ current pointer and creates the header together, so generations never repeat or 
 from __future__ import annotations
 
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord
-from snapcoord.coordinator.expiry_index import entry_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 
 APPS = "/snapshots/apps"
 DEADLINES = "/snapshots/deadlines"

@@ -15,10 +15,9 @@ import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from snapcoord.coordinator import intents, pins
-from snapcoord.coordinator.commit import Commit, CommitKernel, Decision, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
 from snapcoord.coordinator.domain.quoting import quote_prefix
@@ -54,11 +53,12 @@ from snapcoord.coordinator.errors import (
     NotFound,
     Reason,
 )
-from snapcoord.coordinator.lru import Lru
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.commit import Commit, CommitKernel, Decision, ReadNode, Reads, synced_retry
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
+from snapcoord.coordinator.kernel.record_copies import RecordCache
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
-from snapcoord.coordinator.payload_budget import PayloadBudget
-from snapcoord.coordinator.record_copies import RecordCache
-from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.snapshots import decide, pins
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
 from snapcoord.coordinator.snapshots.layout import (

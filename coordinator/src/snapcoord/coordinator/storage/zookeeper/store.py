@@ -62,7 +62,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
-from snapcoord.coordinator.storage import zk_multiread
+from snapcoord.coordinator.storage.backends import MetadataOptions
 from snapcoord.coordinator.storage.metadata import (
     MAX_NODE_BYTES,
     Check,
@@ -78,14 +78,14 @@ from snapcoord.coordinator.storage.metadata import (
     check_writable,
     validate_path,
 )
-from snapcoord.coordinator.storage.registry import MetadataOptions
 from snapcoord.coordinator.storage.uris import zk_chroot
-from snapcoord.coordinator.storage.zk_auth import read_credentials
-from snapcoord.coordinator.storage.zk_combine import ReadCombiner, TransactionCombiner
-from snapcoord.coordinator.storage.zk_election import ZooKeeperElection
-from snapcoord.coordinator.storage.zk_handler import PollingHandler
-from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, AclEntry
-from snapcoord.coordinator.storage.zk_request_size import request_bytes as zk_request_bytes
+from snapcoord.coordinator.storage.zookeeper import multiread
+from snapcoord.coordinator.storage.zookeeper.auth import read_credentials
+from snapcoord.coordinator.storage.zookeeper.combine import ReadCombiner, TransactionCombiner
+from snapcoord.coordinator.storage.zookeeper.election import ZooKeeperElection
+from snapcoord.coordinator.storage.zookeeper.handler import PollingHandler
+from snapcoord.coordinator.storage.zookeeper.request_size import ZK_DEFAULT_MAX_REQUEST_BYTES, AclEntry
+from snapcoord.coordinator.storage.zookeeper.request_size import request_bytes as zk_request_bytes
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +345,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         """Read ``wanted`` (behind a sync of ``sync_path``) in one round trip: up to ``MAX_PATHS``
         nodes in the request other calls' concurrent reads share (``zk_combine.ReadCombiner``),
         more in ``multiRead``s of their own, one get each on a server without ``multiRead``."""
-        if self._multi_read and 0 < len(wanted) <= zk_multiread.MAX_PATHS:
+        if self._multi_read and 0 < len(wanted) <= multiread.MAX_PATHS:
             chroot = self._client.chroot
             paths = [_prefix_root(chroot, p) for p in wanted]
             sync = None if sync_path is None else _prefix_root(chroot, sync_path)
@@ -376,9 +376,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         ``multiRead``, as pipelined gets: either way one round trip, since ZooKeeper answers a
         session's requests in order."""
         if self._multi_read and len(wanted) > 1:
-            step = zk_multiread.MAX_PATHS
+            step = multiread.MAX_PATHS
             chunks = [wanted[i : i + step] for i in range(0, len(wanted), step)]
-            starts = [functools.partial(zk_multiread.multi_read_async, self._client, c) for c in chunks]
+            starts = [functools.partial(multiread.multi_read_async, self._client, c) for c in chunks]
             try:
                 replies = a.wait_all([*before, *starts], write=write)
             except kz.UnimplementedError:

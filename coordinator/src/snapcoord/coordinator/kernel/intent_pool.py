@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel.intents import IntentIndex
 
 #: The most intents one refill makes (a transaction of about 230 bytes each, plus the deletes of
 #: as many aged ones: far below ZooKeeper's request limit; ``zk_budget`` holds the exact figure).

@@ -40,7 +40,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
-from snapcoord.coordinator.expiry_index import ExpiryIndex, bucket_of
+from snapcoord.coordinator.kernel.expiry_index import ExpiryIndex, bucket_of
 from snapcoord.coordinator.storage.metadata import Create, Delete
 
 if TYPE_CHECKING:

@@ -36,7 +36,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.errors import (
     Aborted,
     CommitOutcomeUnknown,
@@ -47,8 +46,9 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
-from snapcoord.coordinator.expiry_index import ExpiryIndex
-from snapcoord.coordinator.intents import IntentIndex
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.expiry_index import ExpiryIndex
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import Create, MetadataStore, Node, Op

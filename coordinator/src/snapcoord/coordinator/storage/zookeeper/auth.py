@@ -12,7 +12,7 @@ import base64
 import hashlib
 from pathlib import Path
 
-from snapcoord.coordinator.storage.zk_request_size import AclEntry
+from snapcoord.coordinator.storage.zookeeper.request_size import AclEntry
 
 #: The longest user name accepted. Every create carries the user's digest ACL, 24 bytes plus the
 #: name's more than an open one; the fixed reserves of the request budgets (the snapshot header's,

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from snapcoord.coordinator.domain.leases import decode_lease, decode_pins, encode_pins, pinned_by_live_lease
 from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
 from snapcoord.coordinator.domain.snapshots import State
-from snapcoord.coordinator.expiry_index import entry_path
-from snapcoord.coordinator.leases.layout import record_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 from snapcoord.coordinator.snapshots.layout import RETENTION, gen_path, ref
+from snapcoord.coordinator.snapshots.leases.layout import record_path
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 PINS = "/snapshots/pins"

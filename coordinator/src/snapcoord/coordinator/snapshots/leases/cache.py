@@ -22,6 +22,6 @@ drop and the janitor's expiry.
 
 from __future__ import annotations
 
-from snapcoord.coordinator.record_copies import RecordCache, written
+from snapcoord.coordinator.kernel.record_copies import RecordCache, written
 
 __all__ = ["RecordCache", "written"]

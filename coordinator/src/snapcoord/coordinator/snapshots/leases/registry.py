@@ -13,7 +13,6 @@ import bisect
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
-from snapcoord.coordinator.commit import Commit, CommitKernel, Decide, Decision, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.leases import (
@@ -25,12 +24,21 @@ from snapcoord.coordinator.domain.leases import (
 )
 from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.leases import decide
-from snapcoord.coordinator.leases.cache import RecordCache
-from snapcoord.coordinator.leases.decide import Acquired
-from snapcoord.coordinator.leases.janitor import LeaseJanitor
-from snapcoord.coordinator.leases.layout import RECORDS, new_nonce, record_path
+from snapcoord.coordinator.kernel.commit import (
+    Commit,
+    CommitKernel,
+    Decide,
+    Decision,
+    ReadNode,
+    Reads,
+    synced_retry,
+)
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
+from snapcoord.coordinator.snapshots.leases import decide
+from snapcoord.coordinator.snapshots.leases.cache import RecordCache
+from snapcoord.coordinator.snapshots.leases.decide import Acquired
+from snapcoord.coordinator.snapshots.leases.janitor import LeaseJanitor
+from snapcoord.coordinator.snapshots.leases.layout import RECORDS, new_nonce, record_path
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 __all__ = ["Acquired", "LeaseRegistry"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from snapcoord.coordinator.domain.leases import Lease
-from snapcoord.coordinator.expiry_index import entry_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 
 RECORDS = "/leases/records"
 EXPIRY = "/leases/expiry"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from snapcoord.coordinator import pins
-from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.leases import LeasePolicy
-from snapcoord.coordinator.leases import decide
-from snapcoord.coordinator.leases.layout import EXPIRY, RECORDS, new_nonce, record_path
+from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
+from snapcoord.coordinator.snapshots import pins
+from snapcoord.coordinator.snapshots.leases import decide
+from snapcoord.coordinator.snapshots.leases.layout import EXPIRY, RECORDS, new_nonce, record_path
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
 _log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
-from snapcoord.coordinator.storage.zk_request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
+from snapcoord.coordinator.storage.zookeeper.request_size import ZK_DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,11 @@ def open_metadata_store(uri: str, *, options: MetadataOptions | None = None) -> 
     options = options or MetadataOptions()
     scheme = urlsplit(uri).scheme
     if scheme == "zk":
-        from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+        from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
         return ZooKeeperMetadataStore.from_uri(uri, options)
     if scheme == "file":
-        from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+        from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 
         return EmbeddedMetadataStore.from_uri(uri)
     raise ValueError(
@@ -84,7 +84,7 @@ def open_blob_store(uri: str, *, options: BlobOptions | None = None) -> BlobStor
 
         return S3BlobStore.from_uri(uri, options)
     if scheme == "file":
-        from snapcoord.coordinator.storage.localblobs import LocalBlobStore
+        from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 
         return LocalBlobStore.from_uri(uri)
     raise ValueError(f"unsupported blob URI {uri!r}: use s3://bucket/prefix or file:///dir")

@@ -37,7 +37,7 @@ from kazoo import exceptions as kz
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import GetData, Sync, Transaction
 
-from snapcoord.coordinator.storage.zk_multiread import MAX_PATHS, MultiRead
+from snapcoord.coordinator.storage.zookeeper.multiread import MAX_PATHS, MultiRead
 
 #: Requests of a kind in flight at once before more queue. For transactions, one gave the most
 #: commits/s at 16 threads (10.7k against 9.2k with two, 5.0k sending each alone), but made a

@@ -12,11 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from snapcoord.coordinator import pins
-from snapcoord.coordinator.commit import Commit, Done, More, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_lease, encode_lease
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.leases.layout import (
+from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadNode, Reads, landed
+from snapcoord.coordinator.snapshots import pins
+from snapcoord.coordinator.snapshots.layout import RETENTION
+from snapcoord.coordinator.snapshots.leases.layout import (
     EXPIRY,
     RECORDS,
     due_ms,
@@ -24,7 +25,6 @@ from snapcoord.coordinator.leases.layout import (
     index_path,
     record_path,
 )
-from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 R = TypeVar("R")

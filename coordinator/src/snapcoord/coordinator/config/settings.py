@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_type_hints
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from snapcoord.coordinator import zk_budget
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
-from snapcoord.coordinator.storage import zk_auth
-from snapcoord.coordinator.storage.registry import BlobOptions, MetadataOptions
+from snapcoord.coordinator.server import worst_requests as zk_budget
+from snapcoord.coordinator.storage.backends import BlobOptions, MetadataOptions
 from snapcoord.coordinator.storage.uris import zk_chroot
-from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES, OPEN_ACL_UNSAFE, AclEntry
+from snapcoord.coordinator.storage.zookeeper import auth as zk_auth
+from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES, OPEN_ACL_UNSAFE, AclEntry
 
 
 class ConfigError(ValueError):

@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import intent_pool, intents, pins
 from snapcoord.coordinator.backlog.layout import job_path, marker_path, shard_path
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -54,9 +53,10 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     TaskReport,
 )
-from snapcoord.coordinator.leases import layout as leases_layout
+from snapcoord.coordinator.kernel import intent_pool, intents
 from snapcoord.coordinator.producers import layout as producers_layout
 from snapcoord.coordinator.snapshots import decide as snapshots_decide
+from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.layout import (
     app_path,
     checkpoint_key,
@@ -69,8 +69,9 @@ from snapcoord.coordinator.snapshots.layout import (
     task_path,
     tasks_path,
 )
+from snapcoord.coordinator.snapshots.leases import layout as leases_layout
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Op, SetData
-from snapcoord.coordinator.storage.zk_request_size import (
+from snapcoord.coordinator.storage.zookeeper.request_size import (
     MAX_CHROOT_BYTES,
     OPEN_ACL_UNSAFE,
     ZK_DEFAULT_MAX_REQUEST_BYTES,
