@@ -2,7 +2,7 @@
 
 No throughput is asserted (the machine is shared and noisy): only that every figure was measured
 and printed, and that the bounded-memory figure came out (the RSS test proper is
-``tests/coordinator/test_upload_memory.py``).
+``tests/coordinator/server/test_upload_memory.py``).
 """
 
 from __future__ import annotations

@@ -1060,7 +1060,7 @@ def _check_lease_requests_fit(cfg: Config) -> None:
     """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request,
     counting the ACL each of its creates carries. (Snapshot sizes are bounded by byte budgets
     derived from the limit, producer and backlog transactions are small or split;
-    ``tests/coordinator/test_zk_budget.py`` checks every RPC.)"""
+    ``tests/coordinator/server/test_worst_requests.py`` checks every RPC.)"""
     acl = _create_acl(cfg.storage)
     row = _worst_lease_request(cfg.leases, acl)
     if not row.fits:

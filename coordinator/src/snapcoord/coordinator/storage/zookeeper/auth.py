@@ -17,7 +17,7 @@ from snapcoord.coordinator.storage.zookeeper.request_size import AclEntry
 #: The longest user name accepted. Every create carries the user's digest ACL, 24 bytes plus the
 #: name's more than an open one; the fixed reserves of the request budgets (the snapshot header's,
 #: ``domain.snapshots.REQUEST_RESERVE_BYTES``) hold it up to this length, which
-#: ``tests/coordinator/test_zk_budget.py`` checks for every RPC. The lease limits, which have no
+#: ``tests/coordinator/server/test_worst_requests.py`` checks for every RPC. The lease limits, which have no
 #: reserve, are checked against the configured user's exact ACL at start-up (``config``).
 MAX_USER_BYTES = 256
 

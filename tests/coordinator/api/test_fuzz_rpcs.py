@@ -12,7 +12,7 @@ integers mix small values with the type's extremes. Properties:
 
 Examples per RPC: ``SNAPCOORD_FUZZ_EXAMPLES`` (default 25 on the embedded stores; a fifth of it,
 at least 3, on ZooKeeper + S3). The long mode is the same test with a larger number, e.g.
-``SNAPCOORD_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest tests/coordinator/test_fuzz_rpcs.py``;
+``SNAPCOORD_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest tests/coordinator/api/test_fuzz_rpcs.py``;
 ``SNAPCOORD_FUZZ_SEED`` unset there means random exploration (CI runs derandomized).
 
 Sizes stay small (lists of at most 8, payloads of at most 64 bytes) so that many calls fit a
