@@ -118,7 +118,7 @@ def in_process_coordinator(metadata_uri: str, blobs_uri: str, **flags: str) -> I
     as in ``snapcoord serve``, underscores for dashes). Yields the gRPC port; closes everything."""
     from snapcoord.coordinator.config import settings as coordinator_config
     from snapcoord.coordinator.server.app import build_server
-    from snapcoord.coordinator.server.services import Deps
+    from snapcoord.coordinator.services import Deps
     from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
     deps = Deps(metadata=open_metadata_store(metadata_uri), blobs=open_blob_store(blobs_uri))

@@ -1001,7 +1001,7 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     from snapcoord.coordinator.domain.producers import new_record
     from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
     from snapcoord.coordinator.producers import layout as producer_layout
-    from snapcoord.coordinator.server.services import Deps, Services
+    from snapcoord.coordinator.services import Deps, Services
     from snapcoord.coordinator.snapshots.leases import layout as lease_layout
     from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 

@@ -2,7 +2,7 @@
 
 The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
 that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
-the coordinator (read from ``settings.OPTIONS``), and every value must load. The rules pass
+the coordinator (read from ``options.OPTIONS``), and every value must load. The rules pass
 ``promtool check rules`` and their unit tests, and every metric name used by the rules and the
 dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
 ``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
@@ -36,7 +36,7 @@ from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator import api
-from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config import options, settings
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +66,8 @@ BOTO3_CHAIN_VARS = {
 }
 #: Series Prometheus makes itself rather than scraping them from the coordinator.
 PROMETHEUS_SYNTHETIC = {"up"}
-OPTION_ENVS = {opt.env for opt in settings.OPTIONS}
-DEFAULTS = {opt.name: opt.default for opt in settings.OPTIONS}
+OPTION_ENVS = {opt.env for opt in options.OPTIONS}
+DEFAULTS = {opt.name: opt.default for opt in options.OPTIONS}
 
 
 def tool(name: str) -> str:
@@ -220,7 +220,7 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     pre_stop_s = int(seconds)
     # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
-    assert settings.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+    assert options.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
 
 
 @pytest.mark.process
@@ -328,8 +328,8 @@ def test_promtool_unit_tests_cover_every_alert() -> None:
 
 def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
     (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
-    interval_ms = settings.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
-    assert settings.parse_duration_ms(rule["for"]) == 2 * interval_ms
+    interval_ms = options.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
+    assert options.parse_duration_ms(rule["for"]) == 2 * interval_ms
 
 
 # --- metric names ------------------------------------------------------------------------------

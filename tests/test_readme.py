@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config import options
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -12,9 +12,9 @@ CONFIGURATION = (ROOT / "docs" / "operations" / "configuration.md").read_text()
 
 
 def render_config_table() -> str:
-    """docs/operations/configuration.md's table, rendered from settings.OPTIONS (the one source)."""
+    """docs/operations/configuration.md's table, rendered from options.OPTIONS (the one source)."""
     rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
-    for opt in settings.OPTIONS:
+    for opt in options.OPTIONS:
         rows.append(f"| `{opt.flag}` | `{opt.env}` | `{opt.shown_default}` | {opt.help} |")
     return "\n".join(rows)
 

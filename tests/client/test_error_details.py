@@ -31,7 +31,7 @@ from snapcoord.client import (
     Unavailable,
 )
 from snapcoord.client.errors import error_from_rpc
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.coordinator import CoordinatorProcess, snapcoord_command
 from snapcoord.coordinator import __version__, cli
-from snapcoord.coordinator.config.settings import OPTIONS
+from snapcoord.coordinator.config.options import OPTIONS
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
@@ -72,6 +72,7 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
         ([], {"SNAPCOORD_METRICS_PORT": "-5"}, "SNAPCOORD_METRICS_PORT='-5'"),
         ([], {"SNAPCOORD_METADATA": "mysql://db"}, "SNAPCOORD_METADATA='mysql://db'"),
         (["--unknown-flag"], {}, "unrecognized arguments: --unknown-flag"),
+        (["--lease-max-snapshots", "1000"], {}, "--lease-max-snapshots=1000 and --lease-max-holders=4"),
     ],
 )
 @pytest.mark.process

@@ -32,7 +32,7 @@ from harness.process import ManagedProcess, ServerStartError, log_tail, wait_unt
 from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.config.settings import load as load_config
 from snapcoord.coordinator.server.app import CoordinatorServer, build_server
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.observability.tracing import Tracing

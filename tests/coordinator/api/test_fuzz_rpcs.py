@@ -41,7 +41,7 @@ from harness.coordinator import InProcessCoordinator, serve_in_process
 from harness.isolation import s3_prefix, zk_chroot
 from harness.seaweed import SeaweedS3Server
 from snapcoord.coordinator.domain.paging import encode_name_token
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore

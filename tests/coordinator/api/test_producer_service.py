@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from harness.coordinator import CoordinatorProcess, embedded_deps, serve_in_process
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 

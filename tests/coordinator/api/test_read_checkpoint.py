@@ -14,7 +14,7 @@ import pytest
 from harness.coordinator import InProcessCoordinator, serve_in_process
 from harness.stores import Stores
 from snapcoord.client import CoordinatorClient, Internal, InvalidArgument, NotFound, TaskSnapshot
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 MiB = 1024 * 1024

@@ -15,7 +15,7 @@ import pytest
 
 from harness.coordinator import serve_in_process
 from harness.zk_requests import count_requests
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.v1 import (
     backlog_pb2,

@@ -27,7 +27,7 @@ from snapcoord.client import (
     TaskSnapshot,
 )
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.transport.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 

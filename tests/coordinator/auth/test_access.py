@@ -37,7 +37,7 @@ from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.coordinator.auth.audit import LOGGER_NAME
 from snapcoord.coordinator.auth.rules import RULES
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,

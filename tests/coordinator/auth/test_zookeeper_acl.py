@@ -15,7 +15,7 @@ from harness.coordinator import serve_in_process
 from harness.isolation import chroot_of
 from harness.process import wait_until
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import MetadataOptions, open_metadata_store
 from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.v1 import (

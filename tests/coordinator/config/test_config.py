@@ -12,16 +12,9 @@ import grpc
 import pytest
 
 from harness.coordinator import embedded_deps, serve_in_process
-from snapcoord.coordinator.config import settings
-from snapcoord.coordinator.config.settings import (
-    FIXED,
-    OPTIONS,
-    ConfigError,
-    load,
-    parse_duration_ms,
-    redact_uri,
-    sections,
-)
+from snapcoord.coordinator.config import options, settings
+from snapcoord.coordinator.config.options import OPTIONS, parse_duration_ms
+from snapcoord.coordinator.config.settings import FIXED, ConfigError, load, redact_uri, sections
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
@@ -546,7 +539,7 @@ def test_the_policy_sections_are_the_domain_policies_with_the_same_defaults() ->
 
 def test_every_option_is_a_flag_that_load_reads() -> None:
     parser = argparse.ArgumentParser()
-    settings.add_arguments(parser)
+    options.add_arguments(parser)
     assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
     for name, (first, _, where, expected) in SAMPLES.items():
         flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))
@@ -611,49 +604,10 @@ def test_policy_options_reach_the_running_services(tmp_path: Path) -> None:
         assert "2 partitions per job" in _invalid(e.value)
 
 
-def test_lease_limits_that_outgrow_a_zookeeper_request_are_refused() -> None:
-    """#11 D5: a legal AcquireSnapshots must fit one ZooKeeper request, so limits under which one
-    would not are a configuration error naming both lease limits; a larger limit admits them."""
-    with pytest.raises(ConfigError, match=r"--lease-max-snapshots=1000 and --lease-max-holders=4.*lower one"):
-        load({"lease_max_snapshots": "1000"}, {})
-    cfg = load({"lease_max_snapshots": "1000", "zk_max_request_bytes": "4194304"}, {})
-    assert cfg.leases.max_snapshots == 1000 and cfg.leases.max_request_bytes == 4_194_304
-    assert cfg.snapshots.max_request_bytes == 4_194_304
-    assert cfg.storage.metadata_options().zk_max_request_bytes == 4_194_304
-
-
 def _zk_auth_file(tmp_path: Path, user: str) -> str:
     path = tmp_path / "zk-auth"
     path.write_text(f"{user}:zk-secret\n")
     return str(path)
-
-
-def test_lease_limits_that_only_the_digest_acl_takes_over_a_zookeeper_request_are_refused(
-    tmp_path: Path,
-) -> None:
-    """With --zk-auth-file every create carries the user's digest ACL (33 bytes more than
-    world:anyone for this user, and AcquireSnapshots creates one node per snapshot): the most
-    snapshots per lease that fit without it do not fit with it, so that configuration is refused."""
-    zk = {"metadata": "zk://zk1:2181/sc"}
-
-    def fits(n: int, **flags: str) -> bool:
-        try:
-            load({**zk, **flags, "lease_max_snapshots": str(n)}, {})
-        except ConfigError:
-            return False
-        return True
-
-    lo, hi = 256, 1000  # the default fits, 1000 does not (the test above)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    auth = _zk_auth_file(tmp_path, "snapcoord")
-    refused = rf"--lease-max-snapshots={lo} .*digest ACL of --zk-auth-file.*lower one"
-    with pytest.raises(ConfigError, match=refused):
-        load({**zk, "zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {})
-    # The file matters to a zk:// store only: with embedded metadata it is not read nor counted.
-    assert load({"zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {}).leases.max_snapshots == lo
-    assert load({**zk, "zk_auth_file": auth}, {}).storage.zk_auth_file == auth
 
 
 def test_a_zookeeper_auth_file_that_cannot_be_used_is_a_config_error(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.coordinator import InProcessCoordinator, ProbeService, embedded_deps, serve_in_process
 from harness.process import wait_until
 from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.transport.interceptors import code_label
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

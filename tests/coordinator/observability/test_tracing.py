@@ -37,7 +37,7 @@ from snapcoord.client import CoordinatorClient, NotFound, Offset, TaskSnapshot
 from snapcoord.client import tracing as client_tracing
 from snapcoord.coordinator.errors import NodeExistsError
 from snapcoord.coordinator.observability.tracing import Tracing
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
 # One provider for the whole process: OpenTelemetry lets the global one be set once. The client

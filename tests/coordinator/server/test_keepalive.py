@@ -29,14 +29,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from snapcoord.client._channel import KEEPALIVE_OPTIONS
-from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config import options, settings
 
 CLIENT_KEEPALIVE_MS = 1_000
 #: The server's interval at the ratio of the defaults (30 s to the client's 60 s).
 SERVER_MIN_PING_INTERVAL_MS = (
     CLIENT_KEEPALIVE_MS
-    * settings.parse_duration_ms(
-        next(o.default for o in settings.OPTIONS if o.name == "keepalive_min_ping_interval") or ""
+    * options.parse_duration_ms(
+        next(o.default for o in options.OPTIONS if o.name == "keepalive_min_ping_interval") or ""
     )
     // KEEPALIVE_OPTIONS["grpc.keepalive_time_ms"]
 )

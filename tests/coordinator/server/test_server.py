@@ -30,7 +30,7 @@ from harness.process import wait_until
 from snapcoord.coordinator import __version__, errors
 from snapcoord.coordinator.observability.metrics import GrpcServerMetrics, new_registry
 from snapcoord.coordinator.server.app import _StopSignals, build_server
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.election import Election
 from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op, StateListener, WatchCallback

@@ -3,13 +3,14 @@ upper bound of what the registries really send to a real ZooKeeper."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from harness.isolation import chroot_of
 from snapcoord.coordinator.backlog import layout as backlog_layout
+from snapcoord.coordinator.config.settings import Config, ConfigError, load
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
@@ -21,6 +22,7 @@ from snapcoord.coordinator.server.worst_requests import (
     WORST_CASE,
     Limits,
     acquire_snapshots,
+    check_lease_requests_fit,
     create_snapshot,
     delete_snapshot,
     mark_backlog,
@@ -210,3 +212,57 @@ def test_the_calculator_bounds_what_the_registries_send(
     assert len(recorder.sizes) == 3  # the mark, one batch of N tasks, the header
     assert max(recorder.sizes) <= computed, (recorder.sizes, computed)
     blobs.close()
+
+
+def _load_checked(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
+    """The config as ``snapcoord serve`` accepts it: loaded, then the lease limits checked."""
+    cfg = load(flags, environ)
+    check_lease_requests_fit(cfg)
+    return cfg
+
+
+def test_lease_limits_that_outgrow_a_zookeeper_request_are_refused() -> None:
+    """A legal AcquireSnapshots must fit one ZooKeeper request, so limits under which one
+    would not are a configuration error naming both lease limits; a larger limit admits them."""
+    with pytest.raises(ConfigError, match=r"--lease-max-snapshots=1000 and --lease-max-holders=4.*lower one"):
+        _load_checked({"lease_max_snapshots": "1000"}, {})
+    cfg = _load_checked({"lease_max_snapshots": "1000", "zk_max_request_bytes": "4194304"}, {})
+    assert cfg.leases.max_snapshots == 1000 and cfg.leases.max_request_bytes == 4_194_304
+    assert cfg.snapshots.max_request_bytes == 4_194_304
+    assert cfg.storage.metadata_options().zk_max_request_bytes == 4_194_304
+
+
+def _zk_auth_file(tmp_path: Path, user: str) -> str:
+    path = tmp_path / "zk-auth"
+    path.write_text(f"{user}:zk-secret\n")
+    return str(path)
+
+
+def test_lease_limits_that_only_the_digest_acl_takes_over_a_zookeeper_request_are_refused(
+    tmp_path: Path,
+) -> None:
+    """With --zk-auth-file every create carries the user's digest ACL (33 bytes more than
+    world:anyone for this user, and AcquireSnapshots creates one node per snapshot): the most
+    snapshots per lease that fit without it do not fit with it, so that configuration is refused."""
+    zk = {"metadata": "zk://zk1:2181/sc"}
+
+    def fits(n: int, **flags: str) -> bool:
+        try:
+            _load_checked({**zk, **flags, "lease_max_snapshots": str(n)}, {})
+        except ConfigError:
+            return False
+        return True
+
+    lo, hi = 256, 1000  # the default fits, 1000 does not (the test above)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    auth = _zk_auth_file(tmp_path, "snapcoord")
+    refused = rf"--lease-max-snapshots={lo} .*digest ACL of --zk-auth-file.*lower one"
+    with pytest.raises(ConfigError, match=refused):
+        _load_checked({**zk, "zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {})
+    # The file matters to a zk:// store only: with embedded metadata it is not read nor counted.
+    assert (
+        _load_checked({"zk_auth_file": auth, "lease_max_snapshots": str(lo)}, {}).leases.max_snapshots == lo
+    )
+    assert _load_checked({**zk, "zk_auth_file": auth}, {}).storage.zk_auth_file == auth

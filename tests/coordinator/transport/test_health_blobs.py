@@ -12,7 +12,7 @@ from harness.coordinator import serve_in_process
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.coordinator.server.app import BLOB_SERVICE_NAMES
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import BlobOptions, open_blob_store
 from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.transport.health import StoreHealth

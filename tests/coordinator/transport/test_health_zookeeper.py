@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.coordinator import serve_in_process
 from harness.faults import expire_zk_session
 from harness.zookeeper import ZooKeeperServer
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE

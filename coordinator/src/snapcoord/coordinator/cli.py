@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from snapcoord.coordinator import __version__
-from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config import options, settings
 from snapcoord.coordinator.observability import logging_setup
 
 _log = logging.getLogger("snapcoord")
@@ -36,7 +36,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             "500ms, 10s, 5m, 24h, 7d."
         ),
     )
-    settings.add_arguments(serve)
+    options.add_arguments(serve)
     health = commands.add_parser(
         "health",
         help="check a coordinator's gRPC health (exit 0 when SERVING)",
@@ -54,7 +54,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def _health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        timeout_ms = settings.parse_duration_ms(args.timeout)
+        timeout_ms = options.parse_duration_ms(args.timeout)
     except ValueError as e:
         parser.error(f"--timeout: {e}")
     target = args.target or f"127.0.0.1:{os.environ.get('SNAPCOORD_PORT') or 50051}"
@@ -72,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _health(args, parser)
     try:
         cfg = settings.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
+        # Limits that fit no ZooKeeper request are a config error too, told before anything starts.
+        from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
+
+        check_lease_requests_fit(cfg)
     except settings.ConfigError as e:
         serve_parser.error(str(e))  # exits 2 with usage
     logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)

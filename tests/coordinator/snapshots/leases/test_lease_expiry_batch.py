@@ -18,7 +18,7 @@ from harness.coordinator import serve_in_process
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator.domain.leases import decode_pins
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 

@@ -18,7 +18,7 @@ from snapcoord.coordinator.api.snapshot import SnapshotService
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server.services import Services
+    from snapcoord.coordinator.services import Services
 
 #: Full names of the snapcoord.v1 services, from the descriptors (so a rename cannot drift).
 SERVICE_NAMES: tuple[str, ...] = (

@@ -13,7 +13,7 @@ from snapcoord.coordinator.domain.backlog import Positions
 from snapcoord.v1 import backlog_pb2, backlog_pb2_grpc, common_pb2
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server.services import Services
+    from snapcoord.coordinator.services import Services
 
 
 _FIELDS = attrgetter("stream", "partition", "offset")

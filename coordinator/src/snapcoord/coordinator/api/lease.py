@@ -10,7 +10,7 @@ from snapcoord.coordinator.api.convert import lease_to_pb, refs_from_pb, refs_to
 from snapcoord.v1 import lease_pb2, lease_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server.services import Services
+    from snapcoord.coordinator.services import Services
 
 
 class LeaseService(lease_pb2_grpc.LeaseServiceServicer):

@@ -10,7 +10,7 @@ from snapcoord.coordinator.api.convert import offsets_from_pb, producer_snapshot
 from snapcoord.v1 import producer_pb2, producer_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server.services import Services
+    from snapcoord.coordinator.services import Services
 
 
 class ProducerOffsetService(producer_pb2_grpc.ProducerOffsetServiceServicer):

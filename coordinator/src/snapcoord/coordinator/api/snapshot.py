@@ -16,7 +16,7 @@ from snapcoord.coordinator.transport.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.server.services import Services
+    from snapcoord.coordinator.services import Services
 
 
 class SnapshotService(snapshot_pb2_grpc.SnapshotServiceServicer):

@@ -37,7 +37,8 @@ from snapcoord.coordinator.observability.metrics import (
 )
 from snapcoord.coordinator.server.health_listener import HealthListener
 from snapcoord.coordinator.server.processes import process_count, serve_processes
-from snapcoord.coordinator.server.services import Deps, Services
+from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
+from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.transport import reflection
@@ -247,6 +248,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1),
     followed by `` health=HOST:PORT`` when the health-only port is on.
     """
+    check_lease_requests_fit(config)
     count = process_count(config)
     config = replace(config, grpc=replace(config.grpc, processes=count))  # auto resolved from here on
     if count > 1:

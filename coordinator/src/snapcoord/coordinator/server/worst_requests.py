@@ -1,4 +1,4 @@
-"""The largest ZooKeeper request each RPC can send at the configured limits (issue #11 D5/D6).
+"""The largest ZooKeeper request each RPC can send at the configured limits.
 
 For every RPC, ``worst_case_ops`` builds the largest transaction that RPC sends in its worst legal
 case: maximum-length (200-character) identifiers, every count at its configured maximum or as
@@ -6,11 +6,15 @@ many as the byte budgets admit, the branch with the most operations (a first wri
 parents, an expired lease is replaced with different snapshots...). An RPC that commits in several
 transactions (DeleteSnapshot: mark, batches, header) is represented by its largest one. Data comes
 from the real domain encoders and paths from the registries' own layout modules;
-``zk_request_size`` turns the ops into the exact request size, to compare with ``jute.maxbuffer``,
-counting on each create the ACL the store sends (``Limits.acl``: a digest ACL with
+``storage.zookeeper.request_size`` turns the ops into the exact request size, to compare with
+``jute.maxbuffer``, counting on each create the ACL the store sends (``Limits.acl``: a digest ACL with
 ``--zk-auth-file``) and on each path the longest chroot a ``zk://`` URI may name
-(``Limits.chroot``, ``MAX_CHROOT_BYTES``). A test asserts that every legal request fits, and
-``config`` refuses a configuration where one would not (a longer chroot included).
+(``Limits.chroot``, ``MAX_CHROOT_BYTES``). A test asserts that every legal request fits;
+``check_lease_requests_fit`` refuses lease limits under which one would not (the CLI and
+``app.run`` call it before anything starts), and ``config`` refuses a longer chroot.
+
+It builds real transactions from every aggregate's layout and encoders, so it sits with the
+process assembly, above them, and ``config`` stays free of them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from snapcoord.coordinator.backlog.layout import job_path, marker_path, shard_path
+from snapcoord.coordinator.config.settings import Config, ConfigError, zk_create_acl
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
@@ -567,3 +572,31 @@ def worst_case_table(
         ops = build(limits)
         rows.append(Row(rpc, len(ops), transaction_bytes(ops, limits), max_request_bytes))
     return rows
+
+
+def check_lease_requests_fit(cfg: Config) -> None:
+    """Refuse lease limits under which a legal lease call would not fit one ZooKeeper request,
+    counting the ACL each of its creates carries, with ``ConfigError`` naming the two limits.
+    The other RPCs need no check at start: snapshot sizes are bounded by byte budgets derived from
+    the request limit, producer and backlog transactions are small or split
+    (``tests/coordinator/server/test_worst_requests.py`` checks every RPC)."""
+    acl = zk_create_acl(cfg.storage)
+    row = _worst_lease_request(cfg.leases, acl)
+    if not row.fits:
+        with_acl = " (each create with the digest ACL of --zk-auth-file)" if acl != OPEN_ACL_UNSAFE else ""
+        raise ConfigError(
+            f"with --lease-max-snapshots={cfg.leases.max_snapshots} and --lease-max-holders="
+            f"{cfg.leases.max_holders}, {row.rpc} may send a {row.request_bytes}-byte ZooKeeper request"
+            f"{with_acl}; --zk-max-request-bytes is {row.limit}: lower one of the two lease limits"
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _worst_lease_request(leases: LeasePolicy, acl: tuple[AclEntry, ...]) -> Row:
+    limits = Limits(leases=leases, acl=acl)
+    rows = [
+        Row(rpc, len(ops), transaction_bytes(ops, limits), leases.max_request_bytes)
+        for rpc, build in WORST_CASE.items()
+        if rpc.startswith("LeaseService/") and (ops := build(limits))
+    ]
+    return max(rows, key=lambda r: r.request_bytes)

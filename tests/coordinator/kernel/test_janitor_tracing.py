@@ -17,10 +17,10 @@ from harness.coordinator import serve_in_process
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.coordinator.errors import StoreUnavailable
+from snapcoord.coordinator.kernel.janitor_loop import Janitor, Step
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.observability.tracing import Tracing
-from snapcoord.coordinator.server.janitor_loop import Janitor, Step
-from snapcoord.coordinator.server.services import Deps
+from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.election import Election
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
 from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
+from snapcoord.coordinator.kernel.janitor_loop import Janitor, Step
 from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers.registry import DEFAULT_INTENT_MAX_AGE_MS, ProducerRegistry
-from snapcoord.coordinator.server.janitor_loop import Janitor, Step
 from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from harness.process import wait_until
 from snapcoord.coordinator.errors import Internal, StoreUnavailable
+from snapcoord.coordinator.kernel.janitor_loop import Janitor, Step
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
-from snapcoord.coordinator.server.janitor_loop import Janitor, Step
 from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.election import Election
 
