@@ -26,7 +26,7 @@ from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import Internal, NotFound
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, Decision, Done, More, ReadChildren, Reads
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadChildren, Reads
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, SetData
 
 NOW = 6_000_000

@@ -14,18 +14,8 @@ from prometheus_client import CollectorRegistry
 from harness.faults import call_while_blob_deletes_fail
 from harness.stores import Stores
 from snapcoord.coordinator.errors import Aborted, CommitOutcomeUnknown, Reason, StoreUnavailable
-from snapcoord.coordinator.kernel.commit import (
-    Commit,
-    CommitKernel,
-    Done,
-    More,
-    ReadChildren,
-    ReadNode,
-    Reads,
-    Reread,
-    RetryPolicy,
-    landed,
-)
+from snapcoord.coordinator.kernel.commit import CommitKernel, Reread, RetryPolicy
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Create, Node, Op, SetData
 

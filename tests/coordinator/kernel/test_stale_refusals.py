@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.kernel.commit import Commit, CommitKernel, Done, ReadNode, Reads, synced_retry
+from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.decision import Commit, Done, ReadNode, Reads
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.election import Election

@@ -27,7 +27,7 @@ from snapcoord.coordinator.domain.snapshots import (
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, Decision, Done, More, ReadNode, Reads
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.decide import CreateRequest, Outcome, ReportRequest
 from snapcoord.coordinator.snapshots.layout import APPS, DEADLINES, RETENTION

@@ -8,7 +8,7 @@ from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_pins,
 from snapcoord.coordinator.domain.snapshot_codec import encode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.kernel.commit import Commit, Decision, Done, More, ReadNode, Reads
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.snapshots.leases import decide
 from snapcoord.coordinator.snapshots.leases.decide import Acquired, Clocks, Released

@@ -29,7 +29,7 @@ from snapcoord.coordinator.domain.backlog_codec import (
 )
 from snapcoord.coordinator.errors import Internal, NotFound
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 

@@ -43,7 +43,8 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import BlobNotFound, Internal
-from snapcoord.coordinator.kernel.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
+from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
+from snapcoord.coordinator.kernel.decision import ReadChildren, ReadNode, Reads
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore

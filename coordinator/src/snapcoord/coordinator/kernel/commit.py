@@ -1,14 +1,7 @@
 """The commit kernel: the one read-decide-commit loop every registry operation runs in.
 
-A registry operation is data plus a pure function. It names what to read (``ReadNode``,
-``ReadChildren``) and supplies ``decide(reads, pending) -> Done | Commit | More``:
-
-- ``Done(result)``: nothing to write (the answer is already stored, or the request is refused by
-  raising a ``SnapcoordError`` from ``decide``);
-- ``Commit(ops, result)``: one all-or-nothing transaction, with the payload objects to upload
-  first (``uploads``), the objects it unreferences (``cleanup``), the expiry-index buckets and
-  layout paths its creates need;
-- ``More(reads)``: reads that depend on what was read (a lease's pins), issued together.
+A registry operation is data plus a pure function: what to read and ``decide(reads, pending) ->
+Done | Commit | More``, all defined in ``decision``.
 
 The kernel owns everything around that: reading (independent reads in one ``get_many``), the
 attempts-and-backoff policy, re-reading after a lost compare-and-set (``TransactionFailed``) or a
@@ -33,8 +26,8 @@ import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
 
 from snapcoord.coordinator.errors import (
     Aborted,
@@ -47,11 +40,21 @@ from snapcoord.coordinator.errors import (
     TransactionFailed,
 )
 from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import (
+    Commit,
+    Decide,
+    Done,
+    More,
+    Read,
+    ReadChildren,
+    ReadNode,
+    Reads,
+)
 from snapcoord.coordinator.kernel.expiry_index import ExpiryIndex
 from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import Create, MetadataStore, Node, Op
+from snapcoord.coordinator.storage.metadata import Create, MetadataStore, Op
 
 _log = logging.getLogger(__name__)
 
@@ -86,95 +89,6 @@ def synced_retry(metadata: MetadataStore, attempt: Callable[[], T]) -> T:
             raise
     metadata.sync("/")
     return attempt()
-
-
-@dataclass(frozen=True)
-class ReadNode:
-    """Read the node at ``path`` (None when absent)."""
-
-    path: str
-
-
-@dataclass(frozen=True)
-class ReadChildren:
-    """List the children of ``path`` (empty when absent)."""
-
-    path: str
-
-
-Read = ReadNode | ReadChildren
-
-
-@dataclass(frozen=True)
-class Reads:
-    """What the kernel read for one decision. Asking for something not read is a bug (KeyError)."""
-
-    nodes: Mapping[str, Node | None] = field(default_factory=dict)
-    lists: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def node(self, path: str) -> Node | None:
-        return self.nodes[path]
-
-    def children(self, path: str) -> tuple[str, ...]:
-        return self.lists[path]
-
-    def has(self, read: Read) -> bool:
-        return read.path in (self.nodes if isinstance(read, ReadNode) else self.lists)
-
-    def merged(self, other: Reads) -> Reads:
-        return Reads({**self.nodes, **other.nodes}, {**self.lists, **other.lists})
-
-
-@dataclass(frozen=True)
-class Done(Generic[R]):
-    """Nothing to write. ``keep``: uploaded objects the stored state references (an earlier commit
-    of this call landed); ``cleanup``: objects to delete now (what that commit unreferenced), and
-    ``withdraw`` the intents that commit made for them."""
-
-    result: R
-    keep: Collection[str] = frozenset()
-    cleanup: Sequence[str] = ()
-    withdraw: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class Commit(Generic[R]):
-    """One transaction and what it needs around it.
-
-    ``uploads`` are put before the commit (payload first: once the record commits, its object
-    exists); an upload of an earlier round is not put again. ``cleanup`` names objects the commit
-    unreferences, deleted once it landed; ``withdraw``, the intents ``ops`` make for them
-    (``intents.doom``), removed once every one of them is deleted. ``buckets`` are ``(index root,
-    due_ms)`` pairs whose bucket a ``Create`` in ``ops`` needs; ``ensure`` are parent paths it
-    needs (made once).
-    """
-
-    ops: Sequence[Op]
-    result: R
-    uploads: Mapping[str, bytes] = field(default_factory=dict)
-    cleanup: Sequence[str] = ()
-    withdraw: Sequence[str] = ()
-    buckets: Sequence[tuple[str, int]] = ()
-    ensure: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class More:
-    """Read these as well (together), then decide again with everything read so far."""
-
-    reads: Sequence[Read]
-
-
-Decision = Done[R] | Commit[R] | More
-#: ``decide(reads, pending)``; ``pending`` is this call's last commit when its outcome is unknown.
-Decide = Callable[[Reads, "Commit[R] | None"], Decision[R]]
-
-
-def landed(pending: Commit[R]) -> Done[R]:
-    """The answer when the reads show that ``pending`` (a commit in doubt) was applied."""
-    return Done(
-        pending.result, keep=frozenset(pending.uploads), cleanup=pending.cleanup, withdraw=pending.withdraw
-    )
 
 
 class Reread(Exception):

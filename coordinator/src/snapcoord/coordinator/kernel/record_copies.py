@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from snapcoord.coordinator.domain.lru import Lru
-from snapcoord.coordinator.kernel.commit import Commit
+from snapcoord.coordinator.kernel.decision import Commit
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 #: Records kept (least recently used go first): a few hundred bytes each.

@@ -12,7 +12,7 @@ from typing import Literal, TypeVar
 from snapcoord.coordinator.domain.codec import decode_producer_record, encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, Done, Reads, landed
+from snapcoord.coordinator.kernel.decision import Commit, Done, Reads, landed
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 

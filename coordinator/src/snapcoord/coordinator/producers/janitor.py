@@ -7,7 +7,8 @@ import logging
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
-from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.decision import ReadNode
 from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics

@@ -23,7 +23,8 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode, Reads, Reread, synced_retry
+from snapcoord.coordinator.kernel.commit import CommitKernel, Reread, synced_retry
+from snapcoord.coordinator.kernel.decision import ReadNode, Reads
 from snapcoord.coordinator.kernel.intent_pool import IntentPool
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide

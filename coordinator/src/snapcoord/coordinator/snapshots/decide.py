@@ -34,7 +34,7 @@ from snapcoord.coordinator.domain.snapshots import (
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason, SnapcoordError
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.layout import (
     APPS,

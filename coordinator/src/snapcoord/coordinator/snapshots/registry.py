@@ -54,7 +54,8 @@ from snapcoord.coordinator.errors import (
     Reason,
 )
 from snapcoord.coordinator.kernel import intents
-from snapcoord.coordinator.kernel.commit import Commit, CommitKernel, Decision, ReadNode, Reads, synced_retry
+from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.decision import Commit, Decision, ReadNode, Reads
 from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.kernel.record_copies import RecordCache
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics

@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_lease, encode_lease
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.kernel.commit import Commit, Done, More, ReadNode, Reads, landed
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadNode, Reads, landed
 from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.layout import RETENTION
 from snapcoord.coordinator.snapshots.leases.layout import (

@@ -6,7 +6,8 @@ import logging
 
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.leases import LeasePolicy
-from snapcoord.coordinator.kernel.commit import CommitKernel, ReadNode
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.decision import ReadNode
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.leases import decide

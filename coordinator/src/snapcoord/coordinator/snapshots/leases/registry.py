@@ -24,15 +24,8 @@ from snapcoord.coordinator.domain.leases import (
 )
 from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.kernel.commit import (
-    Commit,
-    CommitKernel,
-    Decide,
-    Decision,
-    ReadNode,
-    Reads,
-    synced_retry,
-)
+from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.decision import Commit, Decide, Decision, ReadNode, Reads
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots.leases import decide
 from snapcoord.coordinator.snapshots.leases.cache import RecordCache
