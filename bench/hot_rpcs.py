@@ -996,8 +996,8 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from snapcoord.coordinator.config import settings as coordinator_config
-    from snapcoord.coordinator.domain.codec import encode_producer_record
     from snapcoord.coordinator.domain.leases import Lease, encode_lease
+    from snapcoord.coordinator.domain.producer_codec import encode_producer_record
     from snapcoord.coordinator.domain.producers import new_record
     from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
     from snapcoord.coordinator.producers import layout as producer_layout

@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import pytest
 
-from snapcoord.coordinator.domain.codec import encode_producer_record
+from snapcoord.coordinator.domain.producer_codec import encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, Reads

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
-from snapcoord.coordinator.domain.codec import decode_producer_record, encode_producer_record
+from snapcoord.coordinator.domain.producer_codec import decode_producer_record, encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.decision import Commit, Done, Reads, landed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.domain.codec import decode_producer_record
+from snapcoord.coordinator.domain.producer_codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
 from snapcoord.coordinator.kernel.commit import CommitKernel
 from snapcoord.coordinator.kernel.decision import ReadNode

@@ -10,10 +10,10 @@ import bisect
 from collections.abc import Iterable
 
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
+from snapcoord.coordinator.domain.producer_codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.producers import (
     ProducerPolicy,
     ProducerRecord,

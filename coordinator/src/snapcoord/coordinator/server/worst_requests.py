@@ -35,10 +35,10 @@ from snapcoord.coordinator.domain.backlog import (
     empty_shard,
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
-from snapcoord.coordinator.domain.codec import encode_producer_record
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
 from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, Offset
+from snapcoord.coordinator.domain.producer_codec import encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerPolicy, ProducerRecord
 from snapcoord.coordinator.domain.snapshot_codec import (
     encode_app,

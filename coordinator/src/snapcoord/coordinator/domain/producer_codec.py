@@ -1,15 +1,9 @@
-"""The stored formats: versioned JSON for metadata records and payloads.
-
-Every document carries ``"version"``; writers write the current version, readers read every
-version ever written (tests pin the bytes with golden files). A document from a newer snapcoord
-is refused with a clear error rather than misread.
-"""
+"""The stored formats of producer offsets: the producer record (metadata) and its offsets payload,
+as versioned JSON documents (``documents``)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
+from snapcoord.coordinator.domain.documents import dump, load
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.errors import Internal
@@ -18,29 +12,8 @@ PRODUCER_RECORD_VERSION = 1
 PRODUCER_OFFSETS_VERSION = 1
 
 
-def _dump(doc: dict[str, Any]) -> bytes:
-    # Sorted keys and no spaces: the same document always gives the same bytes.
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _load(data: bytes, what: str, supported: int) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise Internal(f"stored {what} is not JSON: {e}") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
-        raise Internal(f"stored {what} has no version field")
-    version = doc["version"]
-    if version > supported:
-        raise Internal(
-            f"stored {what} has format version {version}, newer than this snapcoord reads ({supported}): "
-            "upgrade this coordinator"
-        )
-    return doc
-
-
 def encode_producer_record(record: ProducerRecord) -> bytes:
-    return _dump(
+    return dump(
         {
             "version": PRODUCER_RECORD_VERSION,
             "producer_id": record.producer_id,
@@ -52,7 +25,7 @@ def encode_producer_record(record: ProducerRecord) -> bytes:
 
 
 def decode_producer_record(data: bytes) -> ProducerRecord:
-    doc = _load(data, "producer record", PRODUCER_RECORD_VERSION)
+    doc = load(data, "producer record", PRODUCER_RECORD_VERSION)
     try:  # version 1 is the only one so far
         return ProducerRecord(
             producer_id=str(doc["producer_id"]),
@@ -65,7 +38,7 @@ def decode_producer_record(data: bytes) -> ProducerRecord:
 
 
 def encode_producer_offsets(producer_id: str, offsets: tuple[Offset, ...]) -> bytes:
-    return _dump(
+    return dump(
         {
             "version": PRODUCER_OFFSETS_VERSION,
             "producer_id": producer_id,
@@ -75,7 +48,7 @@ def encode_producer_offsets(producer_id: str, offsets: tuple[Offset, ...]) -> by
 
 
 def decode_producer_offsets(data: bytes) -> tuple[str, tuple[Offset, ...]]:
-    doc = _load(data, "producer offsets payload", PRODUCER_OFFSETS_VERSION)
+    doc = load(data, "producer offsets payload", PRODUCER_OFFSETS_VERSION)
     try:
         offsets = tuple(
             Offset(stream=str(o["stream"]), partition=int(o["partition"]), offset=int(o["offset"]))

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from snapcoord.coordinator.domain.codec import (
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.domain.producer_codec import (
     decode_producer_offsets,
     decode_producer_record,
     encode_producer_offsets,
     encode_producer_record,
 )
-from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerRecord
 from snapcoord.coordinator.errors import Internal
 
