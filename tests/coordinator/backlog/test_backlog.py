@@ -20,7 +20,7 @@ from harness.concurrency import run_threads
 from harness.faults import LaggingReads, SimulatedCrash, call_while_blob_deletes_fail
 from harness.stores import Stores
 from snapcoord.coordinator.backlog.layout import JOBS, job_path
-from snapcoord.coordinator.backlog.registry import BacklogRegistry
+from snapcoord.coordinator.backlog.registry import CHUNK_BYTES, BacklogRegistry
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
@@ -42,10 +42,17 @@ POLICY = BacklogPolicy(max_partitions=10_000)
 
 
 def make_registry(
-    stores: Stores, clock: ManualClock, *, shard_size: int = 4, policy: BacklogPolicy = POLICY, **kw: int
+    stores: Stores,
+    clock: ManualClock,
+    *,
+    shard_size: int = 4,
+    policy: BacklogPolicy = POLICY,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> BacklogRegistry:
     metrics = CoordinatorMetrics(new_registry())
-    return BacklogRegistry(stores.metadata, stores.blobs, clock, policy, metrics, shard_size=shard_size, **kw)
+    return BacklogRegistry(
+        stores.metadata, stores.blobs, clock, policy, metrics, shard_size=shard_size, chunk_bytes=chunk_bytes
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Every write RPC at its largest legal sizes against a real ZooKeeper with its default
-jute.maxbuffer (#11): maximum-length ids, every count at the default maximum or as many as the
+jute.maxbuffer: maximum-length ids, every count at the default maximum or as many as the
 byte budgets admit. Each call succeeds, every request sent fits the limit, and one more item is
 refused with INVALID_ARGUMENT (TOO_LARGE) before anything is written."""
 
@@ -93,7 +93,7 @@ def test_every_rpc_at_its_largest_legal_sizes_fits_zookeeper(
     spolicy = SnapshotPolicy()
     lpolicy = LeasePolicy()
     snapshots = SnapshotRegistry(metadata, blobs, clock, spolicy, metrics)
-    leases = LeaseRegistry(metadata, clock, lpolicy, snapshots, metrics)
+    leases = LeaseRegistry(metadata, clock, lpolicy, snapshots.kernel, metrics)
 
     # CreateSnapshot: as many 200-character task ids as the header budget admits, every label.
     limits = zk_budget.Limits(snapshots=spolicy, leases=lpolicy)

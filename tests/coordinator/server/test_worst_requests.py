@@ -87,7 +87,7 @@ def _limits(max_request_bytes: int, acl: tuple[AclEntry, ...] = OPEN_ACL_UNSAFE,
 def test_every_legal_request_fits_the_configured_limit(
     max_request_bytes: int, leases: dict[str, int], acl: tuple[AclEntry, ...]
 ) -> None:
-    """#11 D5/D6: at every maximum and maximum-length ids together, every RPC's largest
+    """At every maximum and maximum-length ids together, every RPC's largest
     transaction fits the limit (the config refuses lease limits where it would not), also when
     each create carries the longest digest ACL (``zk_auth.MAX_USER_BYTES``)."""
     limits = _limits(max_request_bytes, acl, **leases)
@@ -180,7 +180,7 @@ def test_the_calculator_bounds_what_the_registries_send(
     blobs = LocalBlobStore.from_uri((tmp_path / "blobs").as_uri())
     metrics = CoordinatorMetrics(new_registry())
     snaps = SnapshotRegistry(store, blobs, clock, spolicy, metrics)
-    lease_registry = LeaseRegistry(store, clock, lpolicy, snaps, metrics)
+    lease_registry = LeaseRegistry(store, clock, lpolicy, snaps.kernel, metrics)
     tasks = [_id("t", i) for i in range(N)]
     old: list[SnapshotRef] = []
     new: list[SnapshotRef] = []

@@ -55,7 +55,7 @@ def snapshots(stores: Stores, clock: ManualClock) -> SnapshotRegistry:
 
 
 def registry(stores: Stores, clock: ManualClock, snapshots: SnapshotRegistry) -> LeaseRegistry:
-    return LeaseRegistry(stores.metadata, clock, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    return LeaseRegistry(stores.metadata, clock, LEASES, snapshots.kernel, CoordinatorMetrics(new_registry()))
 
 
 @pytest.fixture
@@ -176,7 +176,9 @@ def test_a_renew_after_the_janitor_expired_and_another_process_reacquired(
     """Expiry by the janitor (not a drop) and a re-acquire elsewhere while a process whose clock
     lags still holds the old copy, which to it shows a live lease (replicas' clocks differ)."""
     behind = ManualClock(clock.now_ms())
-    lagging = LeaseRegistry(stores.metadata, behind, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    lagging = LeaseRegistry(
+        stores.metadata, behind, LEASES, snapshots.kernel, CoordinatorMetrics(new_registry())
+    )
     old, new = completed(snapshots, "old"), completed(snapshots, "new")
     lagging.acquire("job", 10_000, [old])
     clock.advance(10_000 + SKEW_MS + 1)
@@ -311,7 +313,9 @@ def test_a_holder_another_clock_shows_expired_keeps_its_place_and_renewed_its_sn
     ref = completed(snapshots, "app")
     completed(snapshots, "app")  # retention (keep the last 1) would delete ref if nothing pinned it
     ahead = ManualClock(clock.now_ms())
-    other = LeaseRegistry(stores.metadata, ahead, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    other = LeaseRegistry(
+        stores.metadata, ahead, LEASES, snapshots.kernel, CoordinatorMetrics(new_registry())
+    )
     b = here.acquire("b", 10_000, [ref]).lease
 
     # b is current here for 1 ms more, and listed as expired by the other process's clock (further
@@ -456,7 +460,7 @@ def test_an_expired_holder_takes_a_place_until_the_janitor_removes_it(
         stores.metadata,
         clock,
         LeasePolicy(max_duration_ms=24 * HOUR_MS, max_holders=2, max_clock_skew_ms=SKEW_MS),
-        snapshots,
+        snapshots.kernel,
         CoordinatorMetrics(new_registry()),
     )
     two.acquire("x", 10_000, [ref])

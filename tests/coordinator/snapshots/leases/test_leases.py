@@ -42,7 +42,7 @@ def snapshots(stores: Stores, clock: ManualClock) -> SnapshotRegistry:
 
 @pytest.fixture
 def leases(stores: Stores, clock: ManualClock, snapshots: SnapshotRegistry) -> LeaseRegistry:
-    return LeaseRegistry(stores.metadata, clock, LEASES, snapshots, CoordinatorMetrics(new_registry()))
+    return LeaseRegistry(stores.metadata, clock, LEASES, snapshots.kernel, CoordinatorMetrics(new_registry()))
 
 
 def completed(snapshots: SnapshotRegistry, app_id: str = "app") -> SnapshotRef:

@@ -76,6 +76,7 @@ class BacklogRegistry:
         gauges_stale_after_ms: int = 180_000,
         shard_size: int = SHARD_SIZE,
         chunk_bytes: int = CHUNK_BYTES,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -84,12 +85,12 @@ class BacklogRegistry:
         self._metrics = metrics
         self._shard_size = shard_size
         self._chunk_bytes = chunk_bytes
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
         self._shards = ShardCopies()
         self._janitor = BacklogJanitor(
-            metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
+            self._kernel, metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
 
     # --- the API ----------------------------------------------------------------------------

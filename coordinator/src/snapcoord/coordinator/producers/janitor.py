@@ -9,7 +9,6 @@ from snapcoord.coordinator.domain.producer_codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
 from snapcoord.coordinator.kernel.commit import CommitKernel
 from snapcoord.coordinator.kernel.decision import ReadNode
-from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
@@ -80,7 +79,7 @@ class ProducerJanitor:
 
         # Objects a live intent announces are the intent sweep's (they may be in flight); read
         # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
-        announced = IntentIndex(self._metadata).announced_keys()
+        announced = self._kernel.intents.announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,

@@ -56,6 +56,7 @@ class ProducerRegistry:
         *,
         intent_max_age_ms: int = DEFAULT_INTENT_MAX_AGE_MS,
         list_page_bytes: int = LIST_PAGE_BYTES,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._list_page_bytes = list_page_bytes
@@ -63,7 +64,7 @@ class ProducerRegistry:
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
         # A registration has no read its intent could ride with: its intents are made ahead, in
         # batches (intent_pool), so that most registrations are one transaction.

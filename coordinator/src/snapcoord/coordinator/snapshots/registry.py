@@ -123,16 +123,17 @@ class SnapshotRegistry:
         cache_size: int = 10_000,
         delete_batch_bytes: int | None = None,
         payload_budget: PayloadBudget | None = None,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         #: Path bytes of task deletes per deletion step: half a request (tests make it small).
         self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
-        #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
+        #: Payload bytes in flight across calls; unbounded for tests that build their own.
         self._budget = payload_budget or PayloadBudget(2**62, 0)
         #: app -> the current generation last seen, so that a read of the pointer can read that
         #: header in the same round trip (a wrong guess costs the round it would have cost anyway).
@@ -158,7 +159,7 @@ class SnapshotRegistry:
 
     @property
     def kernel(self) -> CommitKernel:
-        """The commit kernel, which leases share (they write retention triggers too)."""
+        """The commit kernel this registry commits through."""
         return self._kernel
 
     # --- the API ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Snapshot leases: the LeaseService logic on the commit kernel.
 
 The rules of each change are in ``decide``, the paths in ``layout``, the janitor's steps in
-``janitor``; what leases and snapshots share (pin indexes) in ``coordinator.pins``. Pinning a
+``janitor``; what leases and snapshots share (pin indexes) in ``snapshots.pins``. Pinning a
 snapshot checks the version of its header in the same transaction, and a snapshot deletion checks
 its pin index and the records of the holders it found dead: of an acquire, or a renewal, and a
 delete racing on one snapshot, exactly one commits.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
@@ -42,14 +42,6 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
-class SharesKernel(Protocol):
-    """The snapshot registry, as leases see it: the kernel they share (both write retention
-    triggers, so one bucket cache serves both)."""
-
-    @property
-    def kernel(self) -> CommitKernel: ...
-
-
 class LeaseRegistry:
     """Acquire, renew, release, drop, read and expire leases."""
 
@@ -58,14 +50,14 @@ class LeaseRegistry:
         metadata: MetadataStore,
         clock: Clock,
         policy: LeasePolicy,
-        snapshots: SharesKernel,
+        kernel: CommitKernel,
         metrics: CoordinatorMetrics,
     ) -> None:
         self._metadata = metadata
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = snapshots.kernel
+        self._kernel = kernel
         self._janitor = LeaseJanitor(self._kernel, metadata, clock, policy, metrics)
         self._records = RecordCache()
 
