@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every RPC through a real channel against a real server (issue #11).
+"""Property-based fuzzing of every RPC through a real channel against a real server.
 
 Requests are generated from the protobuf descriptors, so a new field or RPC is fuzzed without
 touching this file. Strings mix a small pool of valid identifiers (so calls reach existing records
@@ -17,9 +17,9 @@ at least 3, on ZooKeeper + S3). The long mode is the same test with a larger num
 
 Sizes stay small (lists of at most 8, payloads of at most 64 bytes) so that many calls fit a
 run; the server runs with small count limits (4 checkpoints per report, 4 snapshots per lease, 2
-holders per snapshot, 1 KiB inline reads) so that the fuzzer reaches the limits of #11 D5-D8 and
-their refusals. The largest legal sizes have their own tests (``test_largest_requests``,
-``test_zk_budget``, ``test_payload_memory``).
+holders per snapshot, 1 KiB inline reads) so that the fuzzer reaches the count, size and
+paging limits and their refusals. The largest legal sizes have their own tests
+(``test_largest_requests``, ``test_worst_requests``, ``test_payload_memory``).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ HOSTILE = [
     "\x00",
     "\u202e",
     "z" * 100_000,
-    "m" * 1_048_576,  # D4: a megabyte echoed whole used to exceed the metadata limit
+    "m" * 1_048_576,  # a megabyte echoed whole would exceed the metadata limit
 ]
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)  # protobuf needs UTF-8
 _VALID = st.sampled_from(POOL)

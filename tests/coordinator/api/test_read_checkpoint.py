@@ -1,4 +1,4 @@
-"""ReadCheckpoint and the inline limit of GetSnapshot (#11 D8), through the real server and the
+"""ReadCheckpoint and the inline limit of GetSnapshot, through the real server and the
 thin client, on the embedded stores and on ZooKeeper + S3: payloads stream in pieces of at most
 1 MiB and arrive whole; GetSnapshot refuses more inline bytes than its limit, pointing to the
 stream; absent things are NOT_FOUND."""

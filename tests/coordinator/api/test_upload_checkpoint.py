@@ -1,4 +1,4 @@
-"""UploadCheckpoint and reports that reference uploads (#11), through the real server and the thin
+"""UploadCheckpoint and reports that reference uploads, through the real server and the thin
 client, on the embedded stores and on ZooKeeper + S3: a streamed payload reads back whole like any
 checkpoint; the header is checked like a report's before data is read; bad uploads and bad
 references are refused precisely and leave nothing behind."""

@@ -1,4 +1,4 @@
-"""The server-wide budget of payload bytes in flight (#11 D8): calls that do not fit wait for room,
+"""The server-wide budget of payload bytes in flight: calls that do not fit wait for room,
 then get RESOURCE_EXHAUSTED (reason OVERLOADED); a call larger than the budget is refused at once;
 the registry holds a report's and a GetSnapshot's payload bytes from it, and a streamed read's
 pieces in memory (the one sent and those read ahead)."""

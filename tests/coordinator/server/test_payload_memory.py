@@ -1,4 +1,4 @@
-"""#11 D8: the server's memory stays bounded while several clients stream large checkpoints out
+"""The server's memory stays bounded while several clients stream large checkpoints out
 at once. The coordinator runs as its own process; its VmRSS is sampled from /proc while four
 clients each read a 64 MiB payload with ReadCheckpoint. (Sizes are bounded for CI; bench/ has the
 500 MB measurement.)"""

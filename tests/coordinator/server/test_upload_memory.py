@@ -1,4 +1,4 @@
-"""#11: the server's memory stays within its payload budget while several clients upload and download
+"""The server's memory stays within its payload budget while several clients upload and download
 large checkpoints at once, on ZooKeeper + S3 (multipart uploads: the store's part buffers are what
 the budget counts). The coordinator runs as its own process; its VmRSS is sampled from /proc.
 (Sizes are bounded for CI; ``bench/upload_checkpoint.py`` has the 500 MB measurement.)"""

@@ -1,4 +1,4 @@
-"""#11 D7 on both backends: checkpoint entries per report are capped with a precise refusal, a
+"""On both backends: checkpoint entries per report are capped with a precise refusal, a
 report's payloads are put in parallel (all before the commit), and a failed put leaves no object
 behind."""
 

@@ -220,7 +220,7 @@ def test_local_key_that_is_also_a_directory_is_rejected(tmp_path: Path) -> None:
 
 
 def test_get_stream_yields_bounded_pieces_in_order(store: BlobStore) -> None:
-    """#11 D8: a payload read in pieces of at most chunk_bytes, as the reader consumes them."""
+    """A payload read in pieces of at most chunk_bytes, as the reader consumes them."""
     data = random.Random(7).randbytes(5 * 65536 + 123)
     store.put("stream/a", data)
     pieces = list(store.get_stream("stream/a", 65536))

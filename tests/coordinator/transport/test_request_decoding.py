@@ -1,4 +1,4 @@
-"""Malformed request bytes on every RPC: INVALID_ARGUMENT naming the RPC and type, never INTERNAL (#11 D3)."""
+"""Malformed request bytes on every RPC: INVALID_ARGUMENT naming the RPC and type, never INTERNAL."""
 
 from __future__ import annotations
 

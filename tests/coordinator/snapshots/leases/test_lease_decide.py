@@ -284,7 +284,7 @@ def test_remove_takes_the_lease_out_of_its_pins() -> None:
 def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots() -> None:
     """A DELETING snapshot comes back unavailable (its deletion checked the pins already); a
     snapshot held by max_holders other live leases, or a lease beyond max_snapshots, is refused
-    (#11 D5: every legal acquire fits a ZooKeeper request). A holder listed as expired counts too:
+    (every legal acquire fits a ZooKeeper request). A holder listed as expired counts too:
     only the janitor's expiry, with the record, takes it out (it may have renewed since)."""
     deleting = encode_snapshot(SnapshotRecord("a", 1, State.DELETING, ("t",), 1, 1, 2, 2, 3, 0, (), ""))
     reads = with_nodes(lease_reads(None), {snapshot_path("a", 1): node(deleting, 4), pin_path("a", 1): None})

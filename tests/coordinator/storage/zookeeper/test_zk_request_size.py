@@ -1,8 +1,8 @@
 """The ZooKeeper request size calculator, checked against kazoo's serializer and the real server.
 
 The server test is the point: multis sized exactly at the computed limit commit, one byte more
-and ZooKeeper drops the connection ("Len error"). Two shapes, since the bug of #11 D5/D6 was the
-overhead of many small ops, not the data of one large op. With ``--zk-auth-file`` every create
+and ZooKeeper drops the connection ("Len error"). Two shapes, since what outgrows a request is
+as often the overhead of many small ops as the data of one large op. With ``--zk-auth-file`` every create
 carries a digest ACL, 24 bytes plus the user name's longer than world:anyone, which the store
 counts too.
 """
@@ -100,7 +100,7 @@ def _one_big_create(parent: str, chroot: str, target: int) -> list[Op]:
 def _many_small_creates(
     parent: str, chroot: str, target: int, acl: tuple[AclEntry, ...] = _entries(OPEN_ACL_UNSAFE)
 ) -> list[Op]:
-    """Creates of 200-character names with no data (the shape of D5's pin index writes), then one
+    """Creates of 200-character names with no data (the shape of a large lease's pin index writes), then one
     whose name is lengthened to land on exactly ``target`` bytes when each create carries ``acl``."""
     ops: list[Op] = []
     i = 0
@@ -249,8 +249,8 @@ def any_store(request: pytest.FixtureRequest) -> ZooKeeperMetadataStore:
 
 
 def test_the_store_refuses_an_oversized_multi_before_sending_it(any_store: ZooKeeperMetadataStore) -> None:
-    """D5: 4000 small creates (data far below MAX_NODE_BYTES) used to reach the server and drop
-    the connection on every retry. Now: INVALID_ARGUMENT/TOO_LARGE at once, nothing stored, the
+    """4000 small creates (data far below MAX_NODE_BYTES), which the server would answer by dropping
+    the connection on every retry: INVALID_ARGUMENT/TOO_LARGE at once, nothing stored, the
     session untouched; exactly at the limit, ZooKeeper commits them. With a digest ACL the creates'
     world:anyone count is tens of KB under the limit: only the ACL each carries takes it over."""
     store = any_store

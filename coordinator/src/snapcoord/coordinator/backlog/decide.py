@@ -1,7 +1,7 @@
 """The rules of every backlog change, as pure functions of what was read (no I/O).
 
 Each takes the request, the kernel's ``Reads`` and the commit still in doubt (``pending``), and
-returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals raise. ``MarkGone`` says the
+returns ``Done``, ``Commit`` or ``More`` (see ``kernel.decision``); refusals raise. ``MarkGone`` says the
 mark a call was working on was reset or cleared meanwhile: the caller starts again from the record.
 """
 

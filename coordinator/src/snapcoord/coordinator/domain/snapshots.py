@@ -257,7 +257,7 @@ def validate_report(
         )
     total = 0
     for store, payload in checkpoints.items():
-        # The field name quotes only a prefix: the key itself may be megabytes long (D4).
+        # The field name quotes only a prefix: the key itself may be megabytes long.
         require_id(f"task.checkpoints key {quote_prefix(store)}", store)
         total += len(payload)
     for store in uploads:

@@ -1,4 +1,4 @@
-"""A server-wide budget of checkpoint payload bytes in flight (#11 D8).
+"""A server-wide budget of checkpoint payload bytes in flight: admission of payloads into memory.
 
 Every call that holds payloads in memory (a report's checkpoints while they are uploaded, the
 payloads a GetSnapshot reads) takes their size from one budget first and gives it back when it is

@@ -1,7 +1,7 @@
 """The rules of every producer-record change, as pure functions of what was read.
 
 Each takes the request, the kernel's ``Reads`` (the record node), the commit still in doubt
-(``pending``) and the time, and returns ``Done`` or ``Commit`` (see ``commit``). No I/O here.
+(``pending``) and the time, and returns ``Done`` or ``Commit`` (see ``kernel.decision``). No I/O here.
 """
 
 from __future__ import annotations

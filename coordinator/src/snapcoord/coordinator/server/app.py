@@ -222,7 +222,7 @@ def build_server(
     services = Services.build(config, deps, CoordinatorMetrics(registry))
     if tracing is not None:
         services.janitor.trace_with(tracing.janitor_span)
-    # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL (#11 D3).
+    # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL.
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
         deps.metadata,
@@ -319,8 +319,8 @@ class _StopSignals:
 
     Python runs signal handlers on the main thread only, and only when it executes bytecode. A
     signal the kernel delivers to another thread (grpc's, kazoo's) does not wake a main thread
-    blocked in ``Event.wait()``, so a handler that sets the event may never run: SIGTERM right after
-    start hung now and then. A handler that takes a lock can also deadlock against the main
+    blocked in ``Event.wait()``, so a handler that sets the event may never run (a SIGTERM right
+    after start would then hang the process). A handler that takes a lock can also deadlock against the main
     thread it interrupts. So the Python handler does nothing; the interpreter's C-level wakeup fd
     carries the signal number, from whichever thread got it, to a watcher thread.
     """

@@ -102,7 +102,8 @@ class Limits:
     #: (``MAX_CHROOT_BYTES``, refused beyond by config and the store), so the budgets hold for all.
     chroot: str = "/" + "c" * (MAX_CHROOT_BYTES - 1)
     #: The ACL the store sends with every create: kazoo's open one, or the digest ACL of the
-    #: ``--zk-auth-file`` user (``zk_auth.digest_acl``), longer by 24 bytes plus the user name's.
+    #: ``--zk-auth-file`` user (``storage.zookeeper.auth.digest_acl``), longer by 24 bytes plus
+    #: the user name's.
     acl: tuple[AclEntry, ...] = OPEN_ACL_UNSAFE
 
     @property

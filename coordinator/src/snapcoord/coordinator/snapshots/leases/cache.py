@@ -5,7 +5,7 @@ the same process). After a commit that wrote a lease record, its data and new ve
 without a read: ``Create`` gives version 0, ``SetData`` at v gives v + 1. The next call on that
 lease hands the copy to the commit kernel as ``assume`` (a guess the transaction verifies), so a
 RenewLease is one ZooKeeper transaction (it writes the record only, whatever the lease holds:
-the pin indexes keep the expiry each snapshot was pinned with, see ``coordinator.pins``).
+the pin indexes keep the expiry each snapshot was pinned with, see ``snapshots.pins``).
 
 Why a stale copy is harmless: every rewrite of a record is version-checked and checks the
 record's incarnation child (``decide.record_ops``). If anyone else wrote the record since (another

@@ -3,10 +3,10 @@
     /leases/records/<lease_id>                  the lease: duration, expiry, pinned snapshots
     /leases/records/<lease_id>/<incarnation>    empty; exists exactly as long as that incarnation
     /leases/expiry/<minute>/<lease_id>          the expiry index (ExpiryIndex), by expiry + skew
-    /snapshots/pins/<app>@<generation>          each pinned snapshot's reverse index (coordinator.pins)
+    /snapshots/pins/<app>@<generation>          each pinned snapshot's reverse index (snapshots.pins)
 
 A lease, its expiry-index entry and the pin indexes of the snapshots it pins or gives up change in
-one transaction; a renewal changes the record and its entry only (``coordinator.pins``).
+one transaction; a renewal changes the record and its entry only (``snapshots.pins``).
 The incarnation child is created with the record and deleted with it (ZooKeeper refuses to delete a
 record that still has it), so a ``Check`` on it in a transaction proves the record is still the
 incarnation the writer knows, which the record's version alone cannot (versions restart at 0).

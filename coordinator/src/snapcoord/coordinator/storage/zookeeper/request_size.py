@@ -5,7 +5,7 @@ ZooKeeper reads a request's 4-byte length prefix first and, when the length is a
 ``len < 0 || len > maxBuffer`` gives "Len error"), closes the connection without an answer. The
 client then reconnects and retries the same request, forever: the call hangs until its deadline
 and the session flaps. Counting only node data misses paths and per-op overhead, which dominate
-a multi of many small nodes (issue #11 D5/D6). This module counts exactly what kazoo sends.
+a multi of many small nodes. This module counts exactly what kazoo sends.
 
 Jute encoding (big-endian): ``int`` 4 bytes; ``boolean`` 1 byte; ``ustring`` and ``buffer`` a
 4-byte length then the bytes (UTF-8 for strings); ``vector`` a 4-byte count then the items.

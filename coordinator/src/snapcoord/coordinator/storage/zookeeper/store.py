@@ -536,8 +536,8 @@ class ZooKeeperMetadataStore(MetadataStore):
             return
         # The server refuses any request above jute.maxbuffer by dropping the connection; kazoo
         # would then resend it on every reconnect until the deadline, flapping the session. The
-        # limit bounds the whole multi, paths, per-op overhead and each create's ACL included
-        # (#11 D5/D6), so count the exact request and refuse it here, before anything is sent.
+        # limit bounds the whole multi, paths, per-op overhead and each create's ACL included, so
+        # count the exact request and refuse it here, before anything is sent.
         size = zk_request_bytes(ops, chroot=self._chroot, acl=self._create_acl)
         if size > self._max_request_bytes:
             raise InvalidArgument(
