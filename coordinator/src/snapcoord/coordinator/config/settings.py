@@ -85,48 +85,26 @@ class MetricsConfig:
         return self.port >= 0
 
 
-@dataclass(frozen=True)
-class StorageConfig:
-    """Where metadata and payloads live, and the backend settings that are not part of a URI."""
+@dataclass(frozen=True, kw_only=True)
+class StorageConfig(MetadataOptions, BlobOptions):
+    """Where metadata and payloads live, and the backend settings that are not part of a URI.
+
+    The backend settings are the stores' own ``MetadataOptions`` and ``BlobOptions``, declared
+    once there and inherited here; the options table fills them like any other field, and those
+    it does not fill (retry deadlines, S3 timeouts) keep the stores' defaults (``FIXED``).
+    """
 
     data_dir: str
     metadata_uri: str
     blobs_uri: str
-    zk_session_timeout_ms: int
-    zk_connect_timeout_ms: int
-    #: The ensemble's jute.maxbuffer: the largest request ZooKeeper accepts (the limits that keep
-    #: every legal request under it are derived from it too, see ``server.worst_requests``).
-    zk_max_request_bytes: int
-    s3_addressing_style: Literal["auto", "path", "virtual"]
     #: How often health probes the blob store (services that write payloads follow it).
     blob_probe_interval_ms: int
-    #: ZooKeeper digest credentials file ("" = none): ``user:password`` on its first line.
-    zk_auth_file: str
-    #: TLS to ZooKeeper's secure client port ("" = plaintext).
-    zk_tls_ca: str
-    zk_tls_cert: str
-    zk_tls_key: str
-    #: S3 server-side encryption: "" (the bucket's default), "AES256" or "aws:kms".
-    s3_sse: str
-    s3_sse_kms_key_id: str
 
     def metadata_options(self) -> MetadataOptions:
-        return MetadataOptions(
-            zk_session_timeout_ms=self.zk_session_timeout_ms,
-            zk_connect_timeout_ms=self.zk_connect_timeout_ms,
-            zk_max_request_bytes=self.zk_max_request_bytes,
-            zk_auth_file=self.zk_auth_file,
-            zk_tls_ca=self.zk_tls_ca,
-            zk_tls_cert=self.zk_tls_cert,
-            zk_tls_key=self.zk_tls_key,
-        )
+        return MetadataOptions(**{f.name: getattr(self, f.name) for f in fields(MetadataOptions)})
 
     def blob_options(self) -> BlobOptions:
-        return BlobOptions(
-            s3_addressing_style=self.s3_addressing_style,
-            s3_sse=self.s3_sse,
-            s3_sse_kms_key_id=self.s3_sse_kms_key_id,
-        )
+        return BlobOptions(**{f.name: getattr(self, f.name) for f in fields(BlobOptions)})
 
 
 @dataclass(frozen=True)
@@ -230,6 +208,11 @@ FIXED: frozenset[tuple[str, str]] = frozenset(
         ("snapshots", "max_ttl_ms"),  # the longest TTL a snapshot or a retention policy may ask for
         ("snapshots", "max_offsets_per_task"),
         ("grpc", "reuse_port"),  # set by --processes in each worker process, never by an operator
+        # Backend settings without an option: the stores' own defaults.
+        ("storage", "zk_retry_deadline_ms"),
+        ("storage", "s3_connect_timeout_ms"),
+        ("storage", "s3_read_timeout_ms"),
+        ("storage", "s3_max_attempts"),
     }
 )
 
