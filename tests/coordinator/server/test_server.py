@@ -556,7 +556,7 @@ def test_a_second_signal_cancels_in_flight_calls() -> None:
 
 _SIGTERM_DURING_CLOSE = """
 import os, signal, sys
-from snapcoord.coordinator import config
+from snapcoord.coordinator.config import settings
 from snapcoord.coordinator.server.app import run
 from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 
@@ -573,7 +573,7 @@ def close_with_a_second_sigterm(self):  # the same signal again, delivered while
     close(self)
 EmbeddedMetadataStore.close = close_with_a_second_sigterm
 flags = {"data_dir": sys.argv[1], "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
-sys.exit(run(config.load(flags, {}), out=Out()))
+sys.exit(run(settings.load(flags, {}), out=Out()))
 """
 
 

@@ -29,7 +29,8 @@ class SnapshotRef:
 
 @dataclass(frozen=True)
 class LeasePolicy:
-    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
+    """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
+    each field)."""
 
     min_duration_ms: int = 1_000
     max_duration_ms: int = 7 * 24 * 3_600_000

@@ -18,7 +18,8 @@ from snapcoord.coordinator.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class ProducerPolicy:
-    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
+    """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
+    each field)."""
 
     #: TTL of a record registered with ttl_ms=0.
     default_ttl_ms: int = 24 * 3_600_000
