@@ -82,7 +82,8 @@ def test_every_folder_and_root_module_has_a_layer() -> None:
 
 def test_no_import_runs_back_up() -> None:
     upward = [
-        f"{path.relative_to(ROOT)}:{line} imports {target} ({_top(target)} is above {_top(_module_name(path))})"
+        f"{path.relative_to(ROOT)}:{line} imports {target} "
+        f"({_top(target)} is above {_top(_module_name(path))})"
         for path in _sources()
         for line, target in _imports(path)
         if RANK[_top(target)] > RANK[_top(_module_name(path))]
