@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import threading
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -44,6 +46,23 @@ CONDITIONAL_CREATE_PROTOCOLS = frozenset({"s3"})
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "abfs", "gcs"})
 
 
+#: fsspec protocols whose filesystem object must not be used by two threads at once: fsspec's sftp
+#: shares one paramiko SFTP session between them, and concurrent requests on it hang.
+SERIAL_PROTOCOLS = frozenset({"sftp"})
+
+_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _lock_for(fs: Any) -> threading.RLock:
+    """The lock of one fsspec filesystem object (fsspec hands out one object per set of arguments)."""
+    with _locks_guard:
+        lock = _locks.get(fs)
+        if lock is None:
+            lock = _locks[fs] = threading.RLock()
+        return lock
+
+
 def install_hint(scheme: FsspecScheme) -> str:
     return f"pip install 'snapcoord-spark[{scheme.extra}]'"
 
@@ -60,7 +79,13 @@ def open_fsspec(location: str, scheme: FsspecScheme, storage_options: dict[str, 
     import fsspec
 
     url = f"{scheme.protocol}://{location.split('://', 1)[1]}"
-    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    try:
+        # Some filesystems (sftp) connect here; others on their first request.
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    except (ValueError, TypeError) as e:
+        raise UnsupportedLocation(f"{location!r}: {scheme.module} refuses it: {e}") from e
+    except Exception as e:
+        raise StorageError(f"{location!r}: cannot reach the store: {type(e).__name__}: {e}") from e
     if scheme.protocol == "sftp":
         root = "/" + str(root).lstrip("/")  # sftp paths are absolute from the server's root
     return FsspecStorage(fs, scheme.protocol, str(root).rstrip("/"), location.rstrip("/"))
@@ -99,6 +124,9 @@ class FsspecStorage:
         self._location = location
         self._object_store = protocol in OBJECT_STORE_PROTOCOLS
         self.atomic_exclusive: bool = protocol in CONDITIONAL_CREATE_PROTOCOLS
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            _lock_for(fs) if protocol in SERIAL_PROTOCOLS else contextlib.nullcontext()
+        )
 
     def __repr__(self) -> str:
         return f"FsspecStorage({self._location!r}, {type(self._fs).__name__})"
@@ -117,9 +145,11 @@ class FsspecStorage:
 
     @contextlib.contextmanager
     def _errors(self, what: str, path: str) -> Iterator[None]:
-        """Store errors as ``FileNotFoundError``/``FileExistsError`` or ``StorageError`` naming the URI."""
+        """One call to the store, serialised where the filesystem object is not thread-safe; its errors
+        as ``FileNotFoundError``/``FileExistsError`` or ``StorageError`` naming the URI."""
         try:
-            yield
+            with self._lock:
+                yield
         except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError):
             raise
         except OSError as e:
@@ -165,13 +195,16 @@ class FsspecStorage:
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         with self._errors("read", path):
             f = self._fs.open(self._path(path), "rb", block_size=max(chunk_bytes, 1 << 16))
-        with f:
+        try:
             while True:
                 with self._errors("read", path):
                     chunk = f.read(chunk_bytes)
                 if not chunk:
                     return
                 yield bytes(chunk)
+        finally:
+            with contextlib.suppress(Exception), self._lock:
+                f.close()
 
     def _invalidate(self, path: str) -> None:
         """Forget fsspec's listing cache: another writer may have changed the store since."""
