@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import threading
 import uuid
 import weakref
@@ -30,11 +31,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from snapcoord.spark_connector.storage.base import (
+    COPY_CHUNK_BYTES,
     Entry,
     Storage,
     StorageError,
     UnsupportedLocation,
     clean_path,
+    download_by_chunks,
+    local_file_chunks,
 )
 
 if TYPE_CHECKING:
@@ -303,6 +307,12 @@ class FsspecStorage:
             self._invalidate(path)
             if self._fs.exists(target):
                 self._fs.rm(target, recursive=True)
+
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        download_by_chunks(self, path, local_file)
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self.write_chunks(path, local_file_chunks(local_file, COPY_CHUNK_BYTES))
 
     def child(self, path: str) -> Storage:
         rel = clean_path(path)
