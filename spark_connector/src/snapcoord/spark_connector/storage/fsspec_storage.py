@@ -199,6 +199,9 @@ class FsspecStorage:
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         with self._errors("read", path):
             f = self._fs.open(self._path(path), "rb", block_size=max(chunk_bytes, 1 << 16))
+            if self.protocol == "sftp":
+                # paramiko asks for 32 KiB per round trip; prefetching keeps many requests in flight.
+                f.prefetch()
         try:
             while True:
                 with self._errors("read", path):
@@ -218,6 +221,10 @@ class FsspecStorage:
     # -- writes ------------------------------------------------------------------------------------------
     def _upload(self, target: str, chunks: Iterable[bytes], mode: str) -> None:
         f = self._fs.open(target, mode)
+        if self.protocol == "sftp":
+            # paramiko waits for each write's acknowledgement unless pipelined; errors then surface at
+            # close, which this method always reaches before the write counts as done.
+            f.set_pipelined(True)
         try:
             for chunk in chunks:
                 f.write(chunk)
