@@ -49,6 +49,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 
 
 @pytest.mark.parametrize(("script", "args", "last"), SMALL, ids=[s for s, _, _ in SMALL])
+@pytest.mark.process
 def test_benchmark_runs_with_small_sizes(script: str, args: tuple[str, ...], last: str) -> None:
     stdout = run_bench(script, *args, timeout_s=900)
     assert last in stdout, f"{last!r} missing from bench/{script}.py's output:\n{stdout[-4000:]}"

@@ -7,7 +7,11 @@ and printed, and that the bounded-memory figure came out (the RSS test proper is
 
 from __future__ import annotations
 
+import pytest
+
 from harness.benchmarks import run_bench
+
+pytestmark = pytest.mark.process
 
 
 def test_upload_checkpoint_benchmark_smoke_prints_every_figure() -> None:

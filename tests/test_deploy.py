@@ -129,6 +129,7 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 # --- Kubernetes --------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in manifests)
     assert kinds == sorted(
@@ -152,6 +153,7 @@ def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]])
             kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
 
 
+@pytest.mark.process
 def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
     monitor = one(manifests, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -168,6 +170,7 @@ def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]
     assert container_port["containerPort"] == int(coordinator_env(manifests)["SNAPCOORD_METRICS_PORT"])
 
 
+@pytest.mark.process
 def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[str, Any]]) -> None:
     env = coordinator_env(manifests)
     assert env, "the coordinator gets no settings"
@@ -185,11 +188,13 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
     assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
+@pytest.mark.process
 def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
     values = secret_data(one(manifests, "Secret"))
     assert values and all(value.startswith("EXAMPLE") for value in values.values())
 
 
+@pytest.mark.process
 def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
     env = coordinator_env(manifests)
     cfg = config.load({}, env)
@@ -217,6 +222,7 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
 
 
+@pytest.mark.process
 def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> None:
     docs = render("deploy/kubernetes/overlays/mtls")
     cfg = config.load({}, coordinator_env(docs))
@@ -234,6 +240,7 @@ def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> 
         assert c[probe] == example[probe]
 
 
+@pytest.mark.process
 def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, Any]]) -> None:
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
     uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])  # type: ignore[index]
@@ -253,6 +260,7 @@ def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, 
             assert "secret" in volumes[mount["name"]] and mount["readOnly"] is True, mount
 
 
+@pytest.mark.process
 def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str, Any]]) -> None:
     deployment = one(manifests, "Deployment")
     assert deployment["spec"]["replicas"] == 3
@@ -287,6 +295,7 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+@pytest.mark.process
 def test_promtool_checks_the_rules() -> None:
     done = subprocess.run(
         [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
@@ -295,6 +304,7 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(_rules())} rules found" in done.stdout
 
 
+@pytest.mark.process
 def test_promtool_unit_tests_cover_every_alert() -> None:
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
     firing = {

@@ -221,6 +221,7 @@ _NEXT_TO_GOOGLEAPIS = textwrap.dedent(
 
 
 @pytest.mark.parametrize("order", ["googleapis-first", "snapcoord-first"])
+@pytest.mark.process
 def test_the_client_works_next_to_googleapis_common_protos(
     coordinator: InProcessCoordinator, client: CoordinatorClient, uid: str, order: str
 ) -> None:
@@ -246,6 +247,7 @@ def test_the_client_works_next_to_googleapis_common_protos(
 # --- grpcurl -----------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_grpcurl_prints_the_reason_and_metadata(
     coordinator: InProcessCoordinator, client: CoordinatorClient, uid: str
 ) -> None:

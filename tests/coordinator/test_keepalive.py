@@ -137,6 +137,7 @@ def _still_connected(target: str, channel: grpc.Channel, socket_id: int, states:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
 def test_a_quiet_call_outlives_many_keepalive_pings(server: CoordinatorProcess) -> None:
     states: list[grpc.ChannelConnectivity] = []
     with grpc.insecure_channel(server.target, options=client_options(without_calls=False)) as channel:
@@ -155,6 +156,7 @@ def test_a_quiet_call_outlives_many_keepalive_pings(server: CoordinatorProcess) 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
 def test_an_idle_connection_pinging_without_calls_is_kept(server: CoordinatorProcess) -> None:
     states: list[grpc.ChannelConnectivity] = []
     with grpc.insecure_channel(server.target, options=client_options(without_calls=True)) as channel:
@@ -170,6 +172,7 @@ def test_an_idle_connection_pinging_without_calls_is_kept(server: CoordinatorPro
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
 def test_control_grpcs_default_policy_sends_goaway_to_the_same_client(tmp_path: Path) -> None:
     """Without the policy (gRPC's default: 5 minutes), the same client is cut off: the test above
     would see it."""

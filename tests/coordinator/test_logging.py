@@ -192,6 +192,7 @@ def test_json_logs_of_a_real_server_on_zookeeper_and_s3(tmp_path: Path, zk_uri: 
         assert secret not in text
 
 
+@pytest.mark.process
 def test_auto_writes_json_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     """No flag: the default (an empty variable counts as unset) is auto, and stderr is a file."""
     with CoordinatorProcess(tmp_path, env={"SNAPCOORD_LOG_FORMAT": ""}) as proc:
@@ -205,6 +206,7 @@ def test_auto_writes_json_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert '"shutdown_grace_ms": 10000' in starting[0]["message"]  # the effective config, intact
 
 
+@pytest.mark.process
 def test_text_logs_name_the_call_too(tmp_path: Path) -> None:
     with CoordinatorProcess(tmp_path, args=["--log-format", "text"]) as proc:
         with CoordinatorClient(proc.target) as client, pytest.raises(NotFound):

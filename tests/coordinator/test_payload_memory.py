@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness.concurrency import run_threads
 from harness.coordinator import CoordinatorProcess
 from harness.rss import PeakRss
 from snapcoord.client import CoordinatorClient, TaskSnapshot
+
+pytestmark = pytest.mark.process
 
 MiB = 1024 * 1024
 CLIENTS = 4

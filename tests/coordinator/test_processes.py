@@ -241,6 +241,7 @@ def test_auto_with_embedded_metadata_is_one_process_and_says_why(
         process_count(config.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {}))
 
 
+@pytest.mark.process
 def test_serve_with_auto_on_embedded_metadata_serves_from_one_process(tmp_path: Path) -> None:
     """SNAPCOORD_PROCESSES=auto (the environment's way) on the embedded store: a plain coordinator,
     no supervisor and no workers, whatever the machine's CPUs."""

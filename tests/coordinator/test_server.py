@@ -270,6 +270,7 @@ def _grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(GRPCURL), "-plaintext", *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.process
 def test_grpcurl_lists_the_services(deps: Deps) -> None:
     with serve_in_process(deps) as coord:
         result = _grpcurl(coord.target, "list")
@@ -277,6 +278,7 @@ def test_grpcurl_lists_the_services(deps: Deps) -> None:
     assert set(result.stdout.split()) == ALL_SERVICES
 
 
+@pytest.mark.process
 def test_grpcurl_describes_and_calls_an_rpc(deps: Deps) -> None:
     with serve_in_process(deps) as coord:
         described = _grpcurl(coord.target, "describe", "snapcoord.v1.LeaseService")
@@ -574,6 +576,7 @@ sys.exit(server.run(config.load(flags, {}), out=Out()))
 """
 
 
+@pytest.mark.process
 def test_a_sigterm_repeated_while_the_stores_close_still_exits_0(tmp_path: Path) -> None:
     """A supervisor may signal the process group and then each process (systemd's default
     KillMode, --processes children): the second SIGTERM must not turn a clean drain into exit 143."""

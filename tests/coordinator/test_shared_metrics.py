@@ -80,6 +80,7 @@ def start_process(leader: int) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.process
 def test_one_endpoint_sums_counters_and_drops_a_dead_leader(shared: SharedMetrics, temp_dir: Path) -> None:
     assert os.environ[MULTIPROC_DIR_ENV] == shared.directory
     assert Path(shared.directory).parent == temp_dir
@@ -114,6 +115,7 @@ def test_one_endpoint_sums_counters_and_drops_a_dead_leader(shared: SharedMetric
             proc.stdout.close()
 
 
+@pytest.mark.process
 def test_close_removes_the_directory_and_restores_the_environment(
     temp_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,6 +173,7 @@ def start_supervisor(temp_dir: Path) -> tuple[subprocess.Popen[str], Path]:
     return proc, Path(proc.stdout.readline().strip())
 
 
+@pytest.mark.process
 def test_a_start_removes_what_a_killed_supervisor_left_and_nothing_live(temp_dir: Path) -> None:
     killed, abandoned = start_supervisor(temp_dir)
     live, kept = start_supervisor(temp_dir)

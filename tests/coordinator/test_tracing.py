@@ -261,6 +261,7 @@ def _span_lines(proc: CoordinatorProcess) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proc.stdout_lines() if line.startswith("{")]
 
 
+@pytest.mark.process
 def test_the_console_exporter_joins_the_callers_trace_and_the_logs_name_it(
     spans: InMemorySpanExporter, tmp_path: Path, without_otel: tuple[dict[str, str], Path]
 ) -> None:
@@ -355,6 +356,7 @@ class _OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         return out
 
 
+@pytest.mark.process
 def test_the_otlp_exporter_sends_to_the_endpoint_the_standard_variables_name(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
@@ -394,6 +396,7 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SNAPCOORD_", "OTEL_"))}
 
 
+@pytest.mark.process
 def test_without_the_extra_the_coordinator_serves_and_refuses_tracing_naming_the_extra(
     tmp_path: Path, without_otel: tuple[dict[str, str], Path]
 ) -> None:

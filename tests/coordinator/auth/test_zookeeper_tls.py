@@ -14,6 +14,8 @@ from harness.zookeeper import ZooKeeperServer, ZooKeeperTls
 from snapcoord.coordinator.errors import StoreUnavailable
 from snapcoord.coordinator.storage.registry import MetadataOptions, open_metadata_store
 
+pytestmark = pytest.mark.zookeeper
+
 
 @dataclass(frozen=True)
 class TlsZooKeeper:

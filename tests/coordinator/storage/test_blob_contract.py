@@ -15,7 +15,7 @@ from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.registry import open_blob_store
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
     # Only the S3 cases ask for (and so start) the server.
     uri = (tmp_path / "blobs").as_uri() if request.param == "local" else request.getfixturevalue("s3_uri")

@@ -183,7 +183,7 @@ class Backend:
             assert contender.returned.wait(WAIT_S), f"run() of {contender.identifier} did not return"
 
 
-@pytest.fixture(params=["embedded", "zookeeper"])
+@pytest.fixture(params=["embedded", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "embedded":
         b = Backend("embedded", lambda: EmbeddedMetadataStore(tmp_path / "metadata"))

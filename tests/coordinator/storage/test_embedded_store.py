@@ -65,6 +65,7 @@ def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
         reopened.close()
 
 
+@pytest.mark.process
 def test_committed_writes_survive_a_killed_process(tmp_path: Path) -> None:
     code = """
         import os, signal, sys
@@ -83,6 +84,7 @@ def test_committed_writes_survive_a_killed_process(tmp_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.process
 def test_second_process_fails_at_once_with_a_clear_message(tmp_path: Path) -> None:
     store = EmbeddedMetadataStore.from_uri(tmp_path.as_uri())
     try:

@@ -39,7 +39,7 @@ from snapcoord.coordinator.storage.registry import open_metadata_store
 WAIT_S = 20.0
 
 
-@pytest.fixture(params=["embedded", "zookeeper"])
+@pytest.fixture(params=["embedded", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
     if request.param == "embedded":
         uri = (tmp_path / "metadata").as_uri()

@@ -239,7 +239,7 @@ def test_a_digest_acl_store_counts_the_request_kazoo_sends(
     assert sorted(store.children("/a")) == sorted(["b", "n" * 200])
 
 
-@pytest.fixture(params=["open", "digest"])
+@pytest.fixture(params=[pytest.param(acl, marks=pytest.mark.zookeeper) for acl in ("open", "digest")])
 def any_store(request: pytest.FixtureRequest) -> ZooKeeperMetadataStore:
     """The store with kazoo's open ACL, then with ``--zk-auth-file``'s digest ACL."""
     store: ZooKeeperMetadataStore = request.getfixturevalue(
