@@ -26,8 +26,6 @@ from snapcoord.spark_connector.storage import (
 )
 from snapcoord.spark_connector.storage.hadoop import HadoopStorage
 
-pytestmark = pytest.mark.spark
-
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
