@@ -34,6 +34,7 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "private_s3_server": ("s3",),
     "spark": ("spark",),
     "spark_connect_server": ("spark",),
+    "sshd": ("process",),
     "zk_coordinator": ("process",),
     "cluster": ("zookeeper", "process"),
 }
