@@ -3,8 +3,6 @@ log written here is what every Spark reader of the table reads (and nothing else
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +11,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
 from snapcoord.spark_connector.spark_sink_log import (
     COMPACT_INTERVAL_CONF,
     LOG_DIR,
@@ -23,7 +22,7 @@ from snapcoord.spark_connector.spark_sink_log import (
 )
 from snapcoord.spark_connector.storage import LocalStorage
 
-SCHEMA = "id INT, batch INT"
+ROWS = 3
 
 
 @pytest.fixture
@@ -44,39 +43,15 @@ def local_path(uri: str) -> Path:
     return Path(unquote(parsed.path))
 
 
-def run_file_sink(spark: SparkSession, source: Path, table: Path, checkpoint: Path, fmt: str) -> None:
-    """Run Spark's own file sink over every input file (one file per batch) to the end."""
-    query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .writeStream.format(fmt)
-        .option("path", str(table))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    assert query.exception() is None
+def rows_of(spark: SparkSession, table: Path | list[str], fmt: str = "parquet") -> list[int]:
+    paths = [str(table)] if isinstance(table, Path) else table
+    if not paths:
+        return []
+    return sorted(r["id"] for r in spark.read.format(fmt).schema(SCHEMA).load(paths).collect())
 
 
-def write_inputs(source: Path, batches: range, rows: int = 3) -> None:
-    source.mkdir(parents=True, exist_ok=True)
-    for b in batches:
-        lines = [json.dumps({"id": b * 100 + i, "batch": b}) for i in range(rows)]
-        path = source / f"in-{b:04d}.json"
-        path.write_text("\n".join(lines) + "\n")
-        # Spark's file source takes the oldest file first: batch b reads input b.
-        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
-
-
-def rows_of(spark: SparkSession, table: Path, fmt: str = "parquet") -> list[tuple[int, int]]:
-    df = spark.read.format(fmt).schema(SCHEMA).load(str(table))
-    return sorted((r["id"], r["batch"]) for r in df.collect())
-
-
-def expected_rows(batches: range, rows: int = 3) -> list[tuple[int, int]]:
-    return sorted((b * 100 + i, b) for b in batches for i in range(rows))
+def expected_rows(batches: range) -> list[int]:
+    return sorted(b * ROWS + i for b in batches for i in range(ROWS))
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "json"])
@@ -84,8 +59,8 @@ def test_reads_the_log_spark_file_sink_wrote(
     spark: SparkSession, tmp_path: Path, compact_every_3: int, fmt: str
 ) -> None:
     source, table = tmp_path / "in", tmp_path / "table"
-    write_inputs(source, range(8))
-    run_file_sink(spark, source, table, tmp_path / "cp", fmt)
+    publish_inputs(source, range(8), ROWS)
+    run_file_sink(spark, source, tmp_path / "cp", table, fmt)
 
     names = sorted(p.name for p in (table / LOG_DIR).iterdir() if not p.name.startswith("."))
     assert {"2.compact", "5.compact"} <= set(names), names
@@ -105,9 +80,7 @@ def test_reads_the_log_spark_file_sink_wrote(
     # Every batch's state: the files of batches 0..b hold exactly those batches' rows.
     for b in range(8):
         at_b = [str(local_path(f.path)) for f in log.files_at(b)]
-        df = spark.read.format(fmt).schema(SCHEMA).load(at_b) if at_b else None
-        got = sorted((r["id"], r["batch"]) for r in df.collect()) if df is not None else []
-        assert got == expected_rows(range(b + 1)), b
+        assert rows_of(spark, at_b, fmt) == expected_rows(range(b + 1)), b
     # Our own formatting of what we parsed reproduces Spark's bytes.
     for name in names:
         data = (table / LOG_DIR / name).read_bytes()
@@ -118,7 +91,7 @@ def plant_batch(spark: SparkSession, table: Path, scratch: Path, batch: int) -> 
     """Write batch ``batch``'s rows as part files into ``table`` (as a sink's tasks would) and return
     their statuses; nothing is committed."""
     out = scratch / f"b{batch}"
-    rows = [(batch * 100 + i, batch) for i in range(3)]
+    rows = [(batch * ROWS + i,) for i in range(ROWS)]
     spark.createDataFrame(rows, SCHEMA).coalesce(1).write.parquet(str(out))
     statuses = []
     storage = LocalStorage(table)
@@ -154,7 +127,7 @@ def test_spark_readers_read_exactly_the_log_written_here(
     )
     stream.awaitTermination()
     assert stream.exception() is None
-    got = sorted((r["id"], r["batch"]) for r in spark.sql("select * from sink_log_reader").collect())
+    got = sorted(r["id"] for r in spark.sql("select * from sink_log_reader").collect())
     assert got == expected_rows(range(8))
 
     # Cut back to batch 4: every reader then sees batches 0..4 only.
@@ -174,19 +147,19 @@ def test_spark_file_sink_writes_again_a_batch_whose_entry_was_cut(
     """The rule the built-in sink's restore relies on: Spark's file sink skips a batch whose id is at
     most the log's latest, so a cut log makes it write the removed batches again."""
     source, table, cp = tmp_path / "in", tmp_path / "table", tmp_path / "cp"
-    write_inputs(source, range(4))
-    run_file_sink(spark, source, table, cp, "parquet")
+    publish_inputs(source, range(4), ROWS)
+    run_file_sink(spark, source, cp, table, "parquet")
     log = SparkSinkLog(LocalStorage(table), default_compact_interval=compact_every_3)
     assert log.latest_batch_id() == 3
     drop_commit(cp, 3)
     log.cut(2, log.entries_for(2))
     assert rows_of(spark, table) == expected_rows(range(3))
-    run_file_sink(spark, source, table, cp, "parquet")
+    run_file_sink(spark, source, cp, table, "parquet")
     assert log.latest_batch_id() == 3
     assert rows_of(spark, table) == expected_rows(range(4))
     # And without the cut it is skipped (rows are not written twice; nothing new appears).
     drop_commit(cp, 3)
     before = sorted(p.name for p in table.glob("part-*"))
-    run_file_sink(spark, source, table, cp, "parquet")
+    run_file_sink(spark, source, cp, table, "parquet")
     assert sorted(p.name for p in table.glob("part-*")) == before
     assert rows_of(spark, table) == expected_rows(range(4))

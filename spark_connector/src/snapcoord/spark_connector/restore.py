@@ -13,7 +13,9 @@ meanwhile) and, for the queries to restore:
 3. rolls each sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
    sink with it (a still-running old driver can no longer make anything visible) and removes every
    write at or after the positions, of any run, keeping everything before them
-   (``RestorableSink.restore_to``, which checks again after its fence);
+   (``RestorableSink.restore_to``, which checks again after its fence). A sink no epoch can fence
+   (``UnfencedRestorableSink``: Spark's own file sink, ``spark_file_sink``) is cut without one: its
+   query must be stopped;
 4. renames each unpacked copy to its checkpoint directory, which so appears only when complete.
 
 A query started on that checkpoint runs batch ``N+1`` next, from the snapshot's source offsets and
@@ -52,7 +54,12 @@ from snapcoord.spark_connector.app_snapshots import (
 from snapcoord.spark_connector.checkpoint_archive import local_checkpoint, unpack_archive
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.epochs import claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sinks import RestorableSink, RestoreCheckedSink
+from snapcoord.spark_connector.sinks import (
+    FencedSink,
+    RestorableSink,
+    RestoreCheckedSink,
+    UnfencedRestorableSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +78,7 @@ class RestoreTarget:
 
     query_name: str
     checkpoint_location: str
-    sink: RestorableSink | None = None
+    sink: RestorableSink | UnfencedRestorableSink | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,11 @@ def _new_query_id(checkpoint: Path) -> str:
 def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions: Sequence[Offset]) -> None:
     sink = target.sink
     assert sink is not None
+    if not isinstance(sink, FencedSink):
+        # Spark's own sink (UnfencedRestorableSink): no epoch can fence it; its query is stopped.
+        sink.restore_to(positions)
+        log.info("%s: sink %r restored to %s (unfenced)", target.query_name, sink, list(positions))
+        return
     epoch = claim_epoch(
         client, target.query_name, floor=sink.max_epoch(), ttl_ms=_EPOCH_TTL_MS, query_id=None
     )
@@ -116,7 +128,7 @@ def _check_sink(target: RestoreTarget, positions: Sequence[Offset]) -> None:
         raise ValueError(
             f"the snapshot has no sink positions of {target.query_name}: cannot restore its sink"
         )
-    if isinstance(target.sink, RestoreCheckedSink):
+    if isinstance(target.sink, (RestoreCheckedSink, UnfencedRestorableSink)):
         target.sink.check_restore(positions)
 
 

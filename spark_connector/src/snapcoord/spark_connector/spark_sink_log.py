@@ -25,6 +25,7 @@ Each entry object is written whole and only if absent: that write is the commit 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -212,6 +213,13 @@ def parse_entry(data: bytes, name: str = "entry") -> tuple[SinkFileStatus, ...]:
     return tuple(files)
 
 
+def files_fingerprint(files: Iterable[SinkFileStatus]) -> int:
+    """A 63-bit digest of ``files`` in order, every field: equal exactly when a log lists the same
+    files in the same order."""
+    digest = hashlib.sha256(format_entry(files)).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
 def visible_files(files: Iterable[SinkFileStatus]) -> tuple[SinkFileStatus, ...]:
     """The data files a Spark reader reads from these entries' files: every non-directory one."""
     return tuple(f for f in files if not f.is_dir)
@@ -298,6 +306,14 @@ class SparkSinkLog:
                 raise SinkLogError(f"{self.log.uri(name)} vanished while being read") from e
         return out
 
+    def listed_at(self, batch_id: int) -> tuple[SinkFileStatus, ...]:
+        """Every entry line a reader of ``batch_id`` reads, in log order (directories too). A
+        compaction copies the entries it merges in order, so this is every batch's files through
+        ``batch_id`` in batch order, whatever the layout: the list at an earlier batch is a prefix
+        of it (unless the writer's ``retention`` option dropped old files from a compaction)."""
+        entries = self.entries_for(batch_id)
+        return tuple(f for batch in sorted(entries) for f in entries[batch])
+
     def files_at(self, batch_id: int | None = None) -> tuple[SinkFileStatus, ...]:
         """The data files a Spark reader sees when the log's latest batch is ``batch_id`` (default:
         the latest now), in log order; empty for an empty log."""
@@ -305,8 +321,7 @@ class SparkSinkLog:
             batch_id = self.latest_batch_id()
             if batch_id is None:
                 return ()
-        entries = self.entries_for(batch_id)
-        return visible_files(f for batch in sorted(entries) for f in entries[batch])
+        return visible_files(self.listed_at(batch_id))
 
     def write_batch(self, batch_id: int, files: Sequence[SinkFileStatus]) -> bool:
         """Commit batch ``batch_id`` listing ``files``: write its entry only if absent (a compaction
