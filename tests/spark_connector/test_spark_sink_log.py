@@ -44,6 +44,19 @@ def test_format_is_spark_layout() -> None:
     assert format_entry([]) == b"v1"
 
 
+@pytest.mark.parametrize("path", ["file:/t/a b", 'q"u\\o\tte', "\u00e9\u2028\U0001f600", "\x00\x1f\x7f"])
+def test_line_is_json_dumps(path: str) -> None:
+    f = SinkFileStatus(path, 2**40, True, -1, 3, 0, "delete")
+    assert f.to_line() == json.dumps(f.to_json(), separators=(",", ":"), ensure_ascii=False)
+    assert parse_entry(format_entry([f, f])) == (f, f)
+
+
+def test_parse_rejects_two_values_on_one_line() -> None:
+    line = json.dumps(status("a").to_json())
+    with pytest.raises(SinkLogError, match="line 2"):
+        parse_entry(f"v1\n{line},{line}\n{line}".encode())
+
+
 def test_parse_round_trips_and_accepts_spark_line_ends() -> None:
     files = (status("a"), status("b%20c"), SinkFileStatus("file:/t/d", 0, True, action="delete"))
     assert parse_entry(format_entry(files)) == files

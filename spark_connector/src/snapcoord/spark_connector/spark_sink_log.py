@@ -29,6 +29,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 from snapcoord.spark_connector.storage.base import Storage
@@ -74,35 +75,43 @@ class SinkFileStatus:
             "action": self.action,
         }
 
+    def to_line(self) -> str:
+        """``to_json()`` as compact JSON text (what ``json.dumps`` with ``(",", ":")`` separators and
+        ``ensure_ascii=False`` gives), built directly: a compaction formats every file of the table."""
+        return (
+            f'{{"path":{encode_basestring(self.path)},"size":{self.size},'
+            f'"isDir":{"true" if self.is_dir else "false"},"modificationTime":{self.modification_time},'
+            f'"blockReplication":{self.block_replication},"blockSize":{self.block_size},'
+            f'"action":{encode_basestring(self.action)}}}'
+        )
+
     @classmethod
     def from_json(cls, obj: object) -> SinkFileStatus:
         if not isinstance(obj, dict):
             raise ValueError(f"a file status is a JSON object, not {type(obj).__name__}")
-        want: dict[str, type] = {
-            "path": str,
-            "size": int,
-            "isDir": bool,
-            "modificationTime": int,
-            "blockReplication": int,
-            "blockSize": int,
-            "action": str,
-        }
-        for key, kind in want.items():
-            value = obj.get(key)
-            # bool is an int subclass: a number field holding true/false is not a number.
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ValueError(f"field {key!r} must be a {kind.__name__}, got {value!r}")
-        if obj["action"] not in (ADD, DELETE):
-            raise ValueError(f"action must be {ADD!r} or {DELETE!r}, got {obj['action']!r}")
-        return cls(
-            path=obj["path"],
-            size=obj["size"],
-            is_dir=obj["isDir"],
-            modification_time=obj["modificationTime"],
-            block_replication=obj["blockReplication"],
-            block_size=obj["blockSize"],
-            action=obj["action"],
-        )
+        values: list[Any] = [obj.get(key) for key, _ in _FIELDS]
+        # Exact types, as JSON decodes them: true/false is no number (bool is an int subclass).
+        if tuple(map(type, values)) != _TYPES:
+            for (key, kind), value in zip(_FIELDS, values, strict=True):
+                if type(value) is not kind:
+                    raise ValueError(f"field {key!r} must be a {kind.__name__}, got {value!r}")
+        path, size, is_dir, modification_time, block_replication, block_size, action = values
+        if action not in (ADD, DELETE):
+            raise ValueError(f"action must be {ADD!r} or {DELETE!r}, got {action!r}")
+        return cls(path, size, is_dir, modification_time, block_replication, block_size, action)
+
+
+#: The JSON fields of a file status, in the order of ``SinkFileStatus``'s fields, with their types.
+_FIELDS: tuple[tuple[str, type], ...] = (
+    ("path", str),
+    ("size", int),
+    ("isDir", bool),
+    ("modificationTime", int),
+    ("blockReplication", int),
+    ("blockSize", int),
+    ("action", str),
+)
+_TYPES = tuple(kind for _, kind in _FIELDS)
 
 
 # ---- pure: names, batch arithmetic, format -------------------------------------------------------
@@ -178,7 +187,7 @@ def derive_compact_interval(default_interval: int, compaction_ids: Iterable[int]
 def format_entry(files: Iterable[SinkFileStatus]) -> bytes:
     """An entry object's bytes: ``v1`` then one compact JSON object per line, no trailing newline."""
     lines = [f"v{VERSION}"]
-    lines += [json.dumps(f.to_json(), separators=(",", ":"), ensure_ascii=False) for f in files]
+    lines += [f.to_line() for f in files]
     return "\n".join(lines).encode("utf-8")
 
 
@@ -204,11 +213,25 @@ def parse_entry(data: bytes, name: str = "entry") -> tuple[SinkFileStatus, ...]:
             f"{name}: log version {head}, this connector reads v{VERSION} "
             "(written by a Spark it does not know)"
         )
+    body = lines[1:]
+    try:
+        # One decoder call for the whole object (a compaction lists every file of the table); a
+        # line that is no JSON, or several values on one line, is found line by line below.
+        objs = json.loads("[" + ",".join(body) + "]")
+        if len(objs) != len(body):
+            raise ValueError("not one JSON value per line")
+    except ValueError:
+        objs = []
+        for number, line in enumerate(body, start=2):
+            try:
+                objs.append(json.loads(line))
+            except ValueError as e:  # json.JSONDecodeError is a ValueError
+                raise SinkLogError(f"{name} line {number}: not a file status: {e}") from e
     files = []
-    for number, line in enumerate(lines[1:], start=2):
+    for number, obj in enumerate(objs, start=2):
         try:
-            files.append(SinkFileStatus.from_json(json.loads(line)))
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            files.append(SinkFileStatus.from_json(obj))
+        except ValueError as e:
             raise SinkLogError(f"{name} line {number}: not a file status: {e}") from e
     return tuple(files)
 
