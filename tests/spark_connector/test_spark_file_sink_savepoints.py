@@ -18,13 +18,15 @@ from pyspark.sql import SparkSession
 
 from harness.coordinator import CoordinatorProcess
 from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
+from harness.locations import TestDir
+from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.app_snapshots import SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.sinks import RestoreRefused
 from snapcoord.spark_connector.spark_file_sink import SparkFileSink
 from snapcoord.spark_connector.spark_sink_log import COMPACT_INTERVAL_CONF, LOG_DIR
-from snapcoord.spark_connector.storage import LocalStorage
+from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
 
 pytestmark = pytest.mark.spark
 
@@ -67,15 +69,17 @@ def publish(source: Path, files: range) -> None:
     publish_inputs(source, files, ROWS)
 
 
-def run(spark: SparkSession, source: Path, checkpoint: Path, table: Path, fmt: str) -> None:
+def run(spark: SparkSession, source: Path, checkpoint: Path, table: Path | str, fmt: str) -> None:
     run_file_sink(spark, source, checkpoint, table, fmt)
 
 
-def table_ids(spark: SparkSession, table: Path, fmt: str) -> Counter[int]:
+def table_ids(spark: SparkSession, table: Path | str, fmt: str) -> Counter[int]:
     return Counter(int(r["id"]) for r in spark.read.format(fmt).schema(SCHEMA).load(str(table)).collect())
 
 
-def streamed_ids(spark: SparkSession, table: Path, fmt: str, checkpoint: Path, name: str) -> Counter[int]:
+def streamed_ids(
+    spark: SparkSession, table: Path | str, fmt: str, checkpoint: Path, name: str
+) -> Counter[int]:
     query = (
         spark.readStream.format(fmt)
         .schema(SCHEMA)
@@ -94,12 +98,24 @@ def ids_of(files: range) -> Counter[int]:
     return Counter(i * ROWS + j for i in files for j in range(ROWS))
 
 
-def log_names(table: Path) -> list[str]:
-    return sorted(p.name for p in (table / LOG_DIR).iterdir() if not p.name.startswith("."))
+def log_names(table: Path | TestDir) -> list[str]:
+    """The sink log's object names (checksum files aside), as the table's file server keeps them."""
+    log = (
+        table.storage.child(f"table/{LOG_DIR}")
+        if isinstance(table, TestDir)
+        else LocalStorage(table / LOG_DIR)
+    )
+    return sorted(e.name for e in log.list() if not e.name.startswith("."))
 
 
 def log_bytes(table: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in (table / LOG_DIR).iterdir()}
+
+
+def table_storage(test_dir: TestDir, sshd: SshServer) -> Storage:
+    """The table of ``test_dir`` as the connector reaches it without Spark's JVM (fsspec for sftp)."""
+    options = sshd.storage_options() if test_dir.kind == "sftp" else None
+    return open_location(test_dir.uri_of("table"), use_jvm=False, storage_options=options)
 
 
 def snapshot(client: CoordinatorClient, app: str, name: str, cp: Path, sink: SparkFileSink) -> int:
@@ -108,53 +124,74 @@ def snapshot(client: CoordinatorClient, app: str, name: str, cp: Path, sink: Spa
 
 
 def test_restore_then_run_again_shows_each_batch_once(
-    spark: SparkSession, client: CoordinatorClient, tmp_path: Path, compact_every_3: None
+    spark: SparkSession,
+    client: CoordinatorClient,
+    tmp_path: Path,
+    test_dir: TestDir,
+    sshd: SshServer,
+    compact_every_3: None,
 ) -> None:
-    source, cp, table = tmp_path / "in", tmp_path / "cp", tmp_path / "table"
+    """Local and on the sftp server (the table; the checkpoints stay local)."""
+    source, cp, table = tmp_path / "in", tmp_path / "cp", test_dir.uri_of("table")
     publish(source, range(5))
     run(spark, source, cp, table, "parquet")
-    sink = SparkFileSink(LocalStorage(table), spark=spark)
+    sink = SparkFileSink(table_storage(test_dir, sshd), spark=spark)
     assert sink.last_batch_id() == 4  # the sink log's batch ids are the query's
-    generation = snapshot(client, "fs-roundtrip", "q", cp, sink)
+    generation = snapshot(client, f"fs-roundtrip-{test_dir.kind}", "q", cp, sink)
 
     publish(source, range(5, 12))
     run(spark, source, cp, table, "parquet")
     assert sink.last_batch_id() == 11
-    assert {"5.compact", "8.compact", "11.compact"} <= set(log_names(table))
+    assert {"5.compact", "8.compact", "11.compact"} <= set(log_names(test_dir))
 
     restored = restore_snapshot(
-        client, "fs-roundtrip", generation, [RestoreTarget("q", str(tmp_path / "cp2"), sink=sink)]
+        client,
+        f"fs-roundtrip-{test_dir.kind}",
+        generation,
+        [RestoreTarget("q", str(tmp_path / "cp2"), sink=sink)],
     )
     assert restored["q"].batch_id == 4
     assert sink.last_batch_id() == 4
-    assert max(int(n.removesuffix(".compact")) for n in log_names(table)) == 4
+    assert max(int(n.removesuffix(".compact")) for n in log_names(test_dir)) == 4
     assert table_ids(spark, table, "parquet") == ids_of(range(5))
 
     run(spark, source, tmp_path / "cp2", table, "parquet")
     assert sink.last_batch_id() == 11
     assert table_ids(spark, table, "parquet") == ids_of(range(12))
-    assert streamed_ids(spark, table, "parquet", tmp_path / "reader", "fs_roundtrip") == ids_of(range(12))
+    assert streamed_ids(
+        spark, table, "parquet", tmp_path / "reader", f"fs_roundtrip_{test_dir.kind}"
+    ) == ids_of(range(12))
 
 
 def test_restore_writes_back_what_spark_cleaned_up_below_a_compaction(
-    spark: SparkSession, client: CoordinatorClient, tmp_path: Path, eager_log_cleanup: None
+    spark: SparkSession,
+    client: CoordinatorClient,
+    tmp_path: Path,
+    test_dir: TestDir,
+    sshd: SshServer,
+    eager_log_cleanup: None,
 ) -> None:
     """The data-loss case: Spark's retention deleted the log entries of the snapshot's batch; only a
     compaction above the cut still lists those files. Deleting it would empty the table: the restore
-    writes the entries back first."""
-    source, cp, table = tmp_path / "in", tmp_path / "cp", tmp_path / "table"
+    writes the entries back first. Local and on the sftp server."""
+    source, cp, table = tmp_path / "in", tmp_path / "cp", test_dir.uri_of("table")
     publish(source, range(5))
     run(spark, source, cp, table, "json")
-    sink = SparkFileSink(LocalStorage(table), spark=spark)
-    generation = snapshot(client, "fs-cleanup", "q", cp, sink)
+    sink = SparkFileSink(table_storage(test_dir, sshd), spark=spark)
+    generation = snapshot(client, f"fs-cleanup-{test_dir.kind}", "q", cp, sink)
 
     publish(source, range(5, 12))
     run(spark, source, cp, table, "json")
-    names = log_names(table)
+    names = log_names(test_dir)
     assert "8.compact" in names and "4" not in names and "2.compact" not in names, names
 
-    restore_snapshot(client, "fs-cleanup", generation, [RestoreTarget("q", str(tmp_path / "cp2"), sink=sink)])
-    assert log_names(table) == ["2.compact", "3", "4"]
+    restore_snapshot(
+        client,
+        f"fs-cleanup-{test_dir.kind}",
+        generation,
+        [RestoreTarget("q", str(tmp_path / "cp2"), sink=sink)],
+    )
+    assert log_names(test_dir) == ["2.compact", "3", "4"]
     assert table_ids(spark, table, "json") == ids_of(range(5))
     run(spark, source, tmp_path / "cp2", table, "json")
     assert table_ids(spark, table, "json") == ids_of(range(12))
