@@ -139,3 +139,38 @@ def test_relative_paths() -> None:
     assert _relative("sftp://h:23/t/a", "sftp://h:22/t") is None
     assert _relative("hdfs://h/t/a", "file:/t") is None
     assert _relative("file:/t/../a", "file:/t") is None
+
+
+def test_restore_interrupted_after_writing_back_completes_when_run_again(tmp_path: Path) -> None:
+    """A crash after the cleaned-up entries are back but before the compaction above the cut is
+    deleted leaves compactions 9 and 29: Spark would derive interval 20 from them. The same restore
+    again reads the log with the recorded interval and finishes the cut."""
+    sink = SparkFileSink(LocalStorage(tmp_path), compact_interval=10)
+    write_batches(sink, range(16))
+    positions = sink.batch_end_positions(15)
+    write_batches(sink, range(16, 35))
+    clean_up_below(tmp_path, 29)
+    # Replay the cut up to the crash: deletes above, every entry written back, 29.compact kept.
+    recorded = {b: fs for b, fs in zip(range(9, 16), _split_recorded(sink, positions), strict=True)}
+    cut_plan = sink.log.plan_cut(15, recorded)
+    for name in cut_plan.delete_above:
+        (tmp_path / LOG_DIR / name).unlink()
+    for name, data in cut_plan.write_back:
+        (tmp_path / LOG_DIR / name).write_bytes(data)
+    assert cut_plan.delete_last == ("29.compact",)
+    assert sink.log.compact_interval() == 20
+    sink.restore_to(positions)
+    assert sink.log.compact_interval() == 10
+    assert sink.last_batch_id() == 15
+    assert visible_names(sink) == names_through(15)
+
+
+def _split_recorded(sink: SparkFileSink, positions: list[Offset]) -> list[tuple[SinkFileStatus, ...]]:
+    """The lines of entries 9..15 as the positions record them, cut from the log's first lines."""
+    counts = [p.offset for p in sorted(positions, key=lambda p: p.partition) if p.partition >= 100]
+    listed = sink.log.listed_at(sink.log.latest_batch_id() or 0)
+    out, low = [], 0
+    for count in counts:
+        out.append(listed[low:count])
+        low = count
+    return out

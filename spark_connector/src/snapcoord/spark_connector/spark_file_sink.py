@@ -41,6 +41,7 @@ import posixpath
 import re
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -138,16 +139,16 @@ class SparkFileSink:
         """Raise, changing nothing, when ``restore_to(positions)`` would refuse: ``ValueError`` for
         positions that are not this sink's, ``RestoreRefused`` when the sink no longer holds what they
         recorded below the cut."""
-        batch_id, recorded = self._recorded(positions)
-        self._plan(batch_id, recorded)
+        batch_id, recorded, log = self._recorded(positions)
+        self._plan(log, batch_id, recorded)
 
     def restore_to(self, positions: Sequence[Offset]) -> None:
         """Make the sink log end at the recorded batch, with exactly the files it listed then (module
         docstring); checks first, like ``check_restore``."""
-        batch_id, recorded = self._recorded(positions)
-        self._plan(batch_id, recorded)
+        batch_id, recorded, log = self._recorded(positions)
+        self._plan(log, batch_id, recorded)
         try:
-            self.log.cut(batch_id, recorded)
+            log.cut(batch_id, recorded)
         except SinkLogError as e:
             raise RestoreRefused(f"{self!r}: {e}") from e
         latest = self.log.latest_batch_id()
@@ -157,9 +158,17 @@ class SparkFileSink:
                 "still writes to this table; stop it and restore again"
             )
 
-    def _recorded(self, positions: Sequence[Offset]) -> tuple[int, dict[int, tuple[SinkFileStatus, ...]]]:
-        """The batch and, per entry a reader of it reads, the lines it held, taken from the log as it
-        is now and checked against the positions' fingerprint."""
+    def _recorded(
+        self, positions: Sequence[Offset]
+    ) -> tuple[int, dict[int, tuple[SinkFileStatus, ...]], SparkSinkLog]:
+        """The batch; per entry a reader of it reads, the lines it held, taken from the log as it is
+        now and checked against the positions' fingerprint; and the log to cut.
+
+        The log is read with the interval Spark derives; when that fails and the recorded interval
+        differs, with the recorded one: a restore that a crash interrupted after writing entries back
+        below a compaction it had not yet deleted leaves two compactions that mislead the derivation
+        (the same restore again then completes the cut; the cut checks that Spark's derivation reads
+        the right entries afterwards)."""
         mine = {p.partition: p.offset for p in positions if p.stream == self.name}
         need = (CUT_PARTITION, INTERVAL_PARTITION, FINGERPRINT_PARTITION, START_PARTITION)
         if any(k not in mine for k in need):
@@ -172,7 +181,26 @@ class SparkFileSink:
         counts = [mine.get(COUNTS_PARTITION + i) for i in range(len(batches))]
         if not batches or batches[0] != start or any(c is None for c in counts):
             raise ValueError(f"positions {list(positions)!r} do not describe batch {batch_id} of {self!r}")
-        latest = self.log.latest_batch_id()
+        first: RestoreRefused | None = None
+        for log in (self.log, replace(self.log, interval=interval)):
+            if log is not self.log and self.log.compact_interval() == interval:
+                break
+            try:
+                return batch_id, self._lines(log, batch_id, batches, counts, mine), log
+            except RestoreRefused as e:
+                first = first or e
+        assert first is not None
+        raise first
+
+    def _lines(
+        self,
+        log: SparkSinkLog,
+        batch_id: int,
+        batches: list[int],
+        counts: list[int | None],
+        mine: dict[int, int],
+    ) -> dict[int, tuple[SinkFileStatus, ...]]:
+        latest = log.latest_batch_id()
         if latest is None or latest < batch_id:
             raise RestoreRefused(
                 f"{self!r}: refusing to restore to batch {batch_id}: the sink log ends at batch {latest}. "
@@ -180,7 +208,7 @@ class SparkFileSink:
                 "checkpoint would resume after batches the table no longer lists"
             )
         try:
-            listed = self.log.listed_at(latest)
+            listed = log.listed_at(latest)
         except SinkLogError as e:
             raise RestoreRefused(f"{self!r}: cannot read the sink log now: {e}") from e
         total = counts[-1]
@@ -200,11 +228,13 @@ class SparkFileSink:
             assert count is not None
             recorded[batch] = prefix[low:count]
             low = count
-        return batch_id, recorded
+        return recorded
 
-    def _plan(self, batch_id: int, recorded: dict[int, tuple[SinkFileStatus, ...]]) -> None:
+    def _plan(
+        self, log: SparkSinkLog, batch_id: int, recorded: dict[int, tuple[SinkFileStatus, ...]]
+    ) -> None:
         try:
-            self.log.plan_cut(batch_id, recorded)
+            log.plan_cut(batch_id, recorded)
         except SinkLogError as e:
             raise RestoreRefused(f"{self!r}: refusing to restore to batch {batch_id}: {e}") from e
         self._check_data_files(

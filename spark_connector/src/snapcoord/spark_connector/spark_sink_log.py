@@ -257,10 +257,14 @@ class SparkSinkLog:
 
     ``default_compact_interval`` is what the writer's or reader's
     ``spark.sql.streaming.fileSink.log.compactInterval`` says; it only matters while the log holds at
-    most one compaction. Every method lists the log afresh (nothing is cached across calls)."""
+    most one compaction. ``interval`` fixes the interval instead of deriving it from the compactions
+    present, as Spark does: only to finish a cut that a crash interrupted while it wrote entries back
+    (a compaction written back below one not yet deleted misleads the derivation). Every method lists
+    the log afresh (nothing is cached across calls)."""
 
     table: Storage
     default_compact_interval: int = DEFAULT_COMPACT_INTERVAL
+    interval: int | None = None
 
     @property
     def log(self) -> Storage:
@@ -286,11 +290,14 @@ class SparkSinkLog:
         return out, {e.name for e in listing}
 
     def _interval_of(self, names: Mapping[int, str]) -> int:
+        return self.interval if self.interval is not None else self._derived_interval(names)
+
+    def _derived_interval(self, names: Mapping[int, str]) -> int:
         compactions = [b for b, n in names.items() if n.endswith(COMPACT_SUFFIX)]
         return derive_compact_interval(self.default_compact_interval, compactions)
 
     def compact_interval(self) -> int:
-        """The compaction interval Spark would use on this log now."""
+        """The compaction interval Spark would use on this log now (``interval`` when fixed)."""
         return self._interval_of(self._names())
 
     def batch_ids(self) -> list[int]:
@@ -499,7 +506,7 @@ class SparkSinkLog:
         # fine exactly when the entries a reader of ``batch_id`` needs stay the same).
         after = {b: n for b, n in names.items() if b <= batch_id}
         after.update({b: entry_name(b, interval) for b in missing})
-        post = self._interval_of(after)
+        post = self._derived_interval(after)
         post_needed = [(b, entry_name(b, post)) for b in valid_batches(batch_id, post)]
         if post_needed != [(b, entry_name(b, interval)) for b in needed] or any(
             after.get(b) != n for b, n in post_needed
