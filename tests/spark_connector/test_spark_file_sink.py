@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from snapcoord.client import Offset
-from snapcoord.spark_connector.sinks import RestoreRefused, UnfencedRestorableSink
-from snapcoord.spark_connector.spark_file_sink import SparkFileSink, _relative
+from snapcoord.spark_connector.sinks import RestorableSink, RestoreRefused
+from snapcoord.spark_connector.spark_file_sink import SparkFileSink, UnfencedRestorableSink, _relative
 from snapcoord.spark_connector.spark_sink_log import LOG_DIR, SinkFileStatus, batch_id_of
 from snapcoord.spark_connector.storage import LocalStorage
 
@@ -49,7 +49,7 @@ def clean_up_below(root: Path, compaction: int) -> None:
 
 def test_is_the_unfenced_protocol_and_records_small_positions(tmp_path: Path) -> None:
     sink = SparkFileSink(LocalStorage(tmp_path / "my table"), compact_interval=10)
-    assert isinstance(sink, UnfencedRestorableSink)
+    assert isinstance(sink, UnfencedRestorableSink) and not isinstance(sink, RestorableSink)
     assert sink.name == "my_table"
     write_batches(sink, range(25))
     positions = sink.batch_end_positions(22)

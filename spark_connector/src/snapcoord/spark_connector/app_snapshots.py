@@ -57,8 +57,9 @@ from snapcoord.spark_connector.checkpoint_archive import (
     stage_cut,
 )
 from snapcoord.spark_connector.driver import require_driver
-from snapcoord.spark_connector.sinks import RestorableSink, UnfencedRestorableSink
+from snapcoord.spark_connector.sinks import RestorableSink
 from snapcoord.spark_connector.sources import OffsetParser, offsets_of_sources
+from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,7 @@ meanwhile) and, for the queries to restore:
 3. rolls each sink back to the snapshot's positions: it claims a new epoch (``epochs``), fences the
    sink with it (a still-running old driver can no longer make anything visible) and removes every
    write at or after the positions, of any run, keeping everything before them
-   (``RestorableSink.restore_to``, which checks again after its fence). A sink no epoch can fence
-   (``UnfencedRestorableSink``: Spark's own file sink, ``spark_file_sink``) is cut without one: its
-   query must be stopped;
+   (``RestorableSink.restore_to``, which checks again after its fence);
 4. renames each unpacked copy to its checkpoint directory, which so appears only when complete.
 
 A query started on that checkpoint runs batch ``N+1`` next, from the snapshot's source offsets and
@@ -54,12 +52,8 @@ from snapcoord.spark_connector.app_snapshots import (
 from snapcoord.spark_connector.checkpoint_archive import local_checkpoint, unpack_archive
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.epochs import claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sinks import (
-    FencedSink,
-    RestorableSink,
-    RestoreCheckedSink,
-    UnfencedRestorableSink,
-)
+from snapcoord.spark_connector.sinks import RestorableSink, RestoreCheckedSink
+from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +99,9 @@ def _new_query_id(checkpoint: Path) -> str:
 def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions: Sequence[Offset]) -> None:
     sink = target.sink
     assert sink is not None
-    if not isinstance(sink, FencedSink):
-        # Spark's own sink (UnfencedRestorableSink): no epoch can fence it; its query is stopped.
+    if not isinstance(sink, RestorableSink):
+        # Spark's own file sink (UnfencedRestorableSink): no epoch can fence it, so it is cut without
+        # one; its query must be stopped (restore_to checks that nothing wrote past the cut).
         sink.restore_to(positions)
         log.info("%s: sink %r restored to %s (unfenced)", target.query_name, sink, list(positions))
         return

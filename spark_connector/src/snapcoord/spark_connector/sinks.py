@@ -162,23 +162,6 @@ class RestoreCheckedSink(RestorableSink, Protocol):
     def check_restore(self, positions: Sequence[Offset]) -> None: ...
 
 
-@runtime_checkable
-class UnfencedRestorableSink(Protocol):
-    """A sink that a snapshot can record and a restore can put back, but that no epoch can fence:
-    Spark itself writes it (``spark_file_sink.SparkFileSink``, the built-in file sink), so nothing
-    shuts out a query that still runs. The methods are ``RestorableSink``'s and
-    ``RestoreCheckedSink``'s of the same names; ``restore_snapshot`` checks it with every other sink
-    before the first cut and then cuts it without claiming an epoch: stop its query first."""
-
-    def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
-
-    def last_batch_id(self) -> int | None: ...
-
-    def check_restore(self, positions: Sequence[Offset]) -> None: ...
-
-    def restore_to(self, positions: Sequence[Offset]) -> None: ...
-
-
 class PartitionedFileSink:
     """An append-only, Hive-partitioned file table with an atomic commit per batch (see the module
     docstring).

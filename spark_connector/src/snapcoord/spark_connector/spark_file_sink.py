@@ -42,7 +42,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from snapcoord.client import Offset
@@ -65,6 +65,23 @@ FINGERPRINT_PARTITION = 2
 START_PARTITION = 3
 COUNTS_PARTITION = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+
+
+@runtime_checkable
+class UnfencedRestorableSink(Protocol):
+    """A sink that a snapshot can record and a restore can put back, but that no epoch can fence:
+    Spark itself writes it (``SparkFileSink``), so nothing shuts out a query that still runs. The
+    methods are those of ``sinks.RestorableSink`` and ``sinks.RestoreCheckedSink`` of the same names;
+    ``restore_snapshot`` checks it with every other sink before the first cut and then cuts it
+    without claiming an epoch: stop its query first."""
+
+    def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
+
+    def last_batch_id(self) -> int | None: ...
+
+    def check_restore(self, positions: Sequence[Offset]) -> None: ...
+
+    def restore_to(self, positions: Sequence[Offset]) -> None: ...
 
 
 class SparkFileSink:
