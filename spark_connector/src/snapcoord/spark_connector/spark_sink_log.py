@@ -411,8 +411,10 @@ class SparkSinkLog:
         can restore. Deleting newest first means a concurrent reader sees the log at some batch
         between the old latest and ``batch_id``, each complete; only while cleaned-up entries are
         written back can a reader planning at that moment fail (or, when ``batch_id`` is itself a
-        compaction, see an empty table) for the span of two storage calls. A crash leaves a log
-        that a repeated ``cut`` with the same arguments completes."""
+        compaction, see an empty table), from the write of the compaction to the delete of the one
+        above. A crash leaves a log that a repeated ``cut`` with the same arguments completes (on a
+        log whose ``interval`` is fixed to the recorded one when the crash left two compactions that
+        are not adjacent: ``SparkFileSink`` does that)."""
         plan = self.plan_cut(batch_id, recorded)
         for name in plan.delete_above:
             self.log.delete(name)
