@@ -113,7 +113,8 @@ def log_bytes(table: Path) -> dict[str, bytes]:
 
 
 def table_storage(test_dir: TestDir, sshd: SshServer) -> Storage:
-    """The table of ``test_dir`` as the connector reaches it without Spark's JVM (fsspec for sftp)."""
+    """The table of ``test_dir`` as the connector reaches it without Spark's JVM (fsspec for sftp, as
+    under Spark Connect)."""
     options = sshd.storage_options() if test_dir.kind == "sftp" else None
     return open_location(test_dir.uri_of("table"), use_jvm=False, storage_options=options)
 
@@ -128,14 +129,14 @@ def test_restore_then_run_again_shows_each_batch_once(
     client: CoordinatorClient,
     tmp_path: Path,
     test_dir: TestDir,
-    sshd: SshServer,
     compact_every_3: None,
 ) -> None:
-    """Local and on the sftp server (the table; the checkpoints stay local)."""
+    """Local and on the sftp server (the table; the checkpoints stay local). The connector reaches
+    the table as the query does: through Spark's Hadoop file system."""
     source, cp, table = tmp_path / "in", tmp_path / "cp", test_dir.uri_of("table")
     publish(source, range(5))
     run(spark, source, cp, table, "parquet")
-    sink = SparkFileSink(table_storage(test_dir, sshd), spark=spark)
+    sink = SparkFileSink(table, spark=spark)
     assert sink.last_batch_id() == 4  # the sink log's batch ids are the query's
     generation = snapshot(client, f"fs-roundtrip-{test_dir.kind}", "q", cp, sink)
 
