@@ -30,6 +30,7 @@ from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.spark_connector import ExecutorContextError
 from snapcoord.spark_connector.attempts import decode
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
+from snapcoord.spark_connector.commit_log import Commit
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.listener import SnapcoordListener
@@ -141,14 +142,14 @@ def test_writer_from_a_live_client_refuses_pickling_and_says_what_to_pass(coordi
 def test_pickled_file_sink_rescans_instead_of_trusting_a_cached_position(tmp_path: Path) -> None:
     sink = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
     assert sink.positions() == [Offset("t", 0, 0), Offset("t", 1, 0)]  # cached from now on
-    # Another process (an earlier query run) published write 4 since.
-    part = tmp_path / "t" / "bucket=b0" / f"part-{4:012d}-e{0:012d}-{'a' * 12}-00000.json"
-    part.parent.mkdir(parents=True)
-    part.write_text('{"id": 1}\n')
+    # Another process (an earlier query run) committed writes 0..4 since.
+    other = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
+    for seq in range(5):
+        other._create_entry(Commit(seq, 0, seq, ()), [])
     copy = pickle.loads(pickle.dumps(sink))
     # A stale 0 would later roll back to 0: data loss.
     assert copy.positions() == [Offset("t", 0, 5), Offset("t", 1, 0)]
-    assert (copy.path, copy.partition_by, copy.name) == (sink.path, sink.partition_by, sink.name)
+    assert (copy.location, copy.partition_by, copy.name) == (sink.location, sink.partition_by, sink.name)
 
 
 def test_pickled_file_sink_copy_cannot_act_as_the_senders_epoch(spark: Any, tmp_path: Path) -> None:
@@ -161,12 +162,13 @@ def test_pickled_file_sink_copy_cannot_act_as_the_senders_epoch(spark: Any, tmp_
     df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(4)], "id long, bucket string")
     sink.write(df, 0)
     mark = sink.positions()
-    assert mark == [Offset("t", 0, 1), Offset("t", 1, 3)]
+    assert mark == [Offset("t", 0, 2), Offset("t", 1, 3)]  # entry 0: the fence's empty batch
     copy = pickle.loads(_cloudpickle(sink))  # e.g. shipped with a foreachBatch function mid-run
     assert copy.epoch == 0
 
-    # Epoch 3's next write is in flight: renamed into place, its commit file not yet written.
-    in_flight = table / "bucket=b0" / f"part-{1:012d}-e{3:012d}-{'b' * 12}-00000.json"
+    # Epoch 3's next write is in flight: its part files written, its log entry not yet.
+    in_flight = table / "bucket=b0" / f"_w-s2-e3-a{'b' * 12}-p0" / "part-00000-in-flight.json"
+    in_flight.parent.mkdir()
     in_flight.write_text('{"id": 10}\n')
     on_disk = sorted(table.rglob("*"))
     with pytest.raises(Fenced):

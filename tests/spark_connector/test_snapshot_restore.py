@@ -79,14 +79,16 @@ def ids_below(sink: PartitionedFileSink, positions: tuple[Offset, ...]) -> Count
     for commit in sink.commits():
         if commit.seq < limit:
             for f in commit.files:
-                out.update(int(json.loads(line)["id"]) for line in (sink.path / f).read_text().splitlines())
+                out.update(
+                    int(json.loads(line)["id"]) for line in sink.storage.read_bytes(f).decode().splitlines()
+                )
     return out
 
 
 def committed_content(sink: PartitionedFileSink) -> dict[str, str]:
     """Every visible commit and the SHA-256 of each file it lists: what must survive a restore."""
     return {
-        f"{c.file_name}:{f}": hashlib.sha256((sink.path / f).read_bytes()).hexdigest()
+        f"{c.file_name}:{f}": hashlib.sha256(sink.storage.read_bytes(f)).hexdigest()
         for c in sink.commits()
         for f in c.files
     }
