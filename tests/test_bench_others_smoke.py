@@ -35,6 +35,7 @@ SPARK = [
     ("spark_snapshot_restore", "restored query resumed from the snapshot's state: ok"),
     ("spark_backlog", "stops that interrupted a batch"),
     ("spark_wrapper_overhead", "wrapper own time per batch"),
+    ("spark_storage_throughput", "every copy read back byte-identical: ok"),
 ]
 
 #: Benchmarks that have their smoke test elsewhere.

@@ -152,6 +152,30 @@ def test_large_streamed_file(storage: Storage) -> None:
     assert storage.read_bytes("big/file.bin") == data
 
 
+def test_upload_and_download(storage: Storage, tmp_path: Path) -> None:
+    data = os.urandom(6 * 1024 * 1024 + 7)
+    source = tmp_path / "up.bin"
+    source.write_bytes(data)
+    storage.upload(source, "u/v/up.bin")
+    assert storage.size("u/v/up.bin") == len(data)
+    assert [e.name for e in storage.list("u/v")] == ["up.bin"]
+    copy = tmp_path / "down" / "copy.bin"
+    copy.parent.mkdir()
+    copy.write_bytes(b"an older local file")
+    storage.download("u/v/up.bin", copy)
+    assert copy.read_bytes() == data
+    storage.upload(tmp_path / "down" / "copy.bin", "u/v/up.bin")  # replaces the object
+    storage.write_bytes("small", b"tiny")
+    storage.download("small", copy)
+    assert copy.read_bytes() == b"tiny"
+    with pytest.raises(FileNotFoundError):
+        storage.download("u/missing", tmp_path / "down" / "missing.bin")
+    assert sorted(os.listdir(tmp_path / "down")) == ["copy.bin"]  # no partial or temporary file
+    with pytest.raises(FileNotFoundError):
+        storage.upload(tmp_path / "no-such-file", "u/x")
+    assert not storage.exists("u/x")
+
+
 def test_child_is_the_same_store(storage: Storage) -> None:
     child = storage.child("x/y")
     child.write_bytes("f", b"via child")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import threading
 import uuid
 import weakref
@@ -30,11 +31,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from snapcoord.spark_connector.storage.base import (
+    COPY_CHUNK_BYTES,
     Entry,
     Storage,
     StorageError,
     UnsupportedLocation,
     clean_path,
+    download_by_chunks,
+    local_file_chunks,
 )
 
 if TYPE_CHECKING:
@@ -195,6 +199,9 @@ class FsspecStorage:
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         with self._errors("read", path):
             f = self._fs.open(self._path(path), "rb", block_size=max(chunk_bytes, 1 << 16))
+            if self.protocol == "sftp":
+                # paramiko asks for 32 KiB per round trip; prefetching keeps many requests in flight.
+                f.prefetch()
         try:
             while True:
                 with self._errors("read", path):
@@ -214,6 +221,10 @@ class FsspecStorage:
     # -- writes ------------------------------------------------------------------------------------------
     def _upload(self, target: str, chunks: Iterable[bytes], mode: str) -> None:
         f = self._fs.open(target, mode)
+        if self.protocol == "sftp":
+            # paramiko waits for each write's acknowledgement unless pipelined; errors then surface at
+            # close, which this method always reaches before the write counts as done.
+            f.set_pipelined(True)
         try:
             for chunk in chunks:
                 f.write(chunk)
@@ -303,6 +314,12 @@ class FsspecStorage:
             self._invalidate(path)
             if self._fs.exists(target):
                 self._fs.rm(target, recursive=True)
+
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        download_by_chunks(self, path, local_file)
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self.write_chunks(path, local_file_chunks(local_file, COPY_CHUNK_BYTES))
 
     def child(self, path: str) -> Storage:
         rel = clean_path(path)

@@ -20,6 +20,10 @@ How a whole-object write stays all-or-nothing depends on the store:
   overwriting: on HDFS the NameNode refuses a rename onto an existing name atomically; elsewhere the
   check and the rename are two steps (``atomic_exclusive`` is False).
 
+py4j moves a ``byte[]`` at a few MiB/s, so only small objects travel through it: a larger read or
+write (``read_chunks``, ``write_chunks``, ``download``, ``upload``) is a copy that the JVM makes itself
+between the store and a local (temporary) file.
+
 Java's ``FileNotFoundException`` and ``FileAlreadyExistsException`` become Python's ``FileNotFoundError``
 and ``FileExistsError``; other Java errors become ``StorageError`` with the Java class and message.
 """
@@ -27,8 +31,11 @@ and ``FileExistsError``; other Java errors become ``StorageError`` with the Java
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from snapcoord.spark_connector.storage.base import (
@@ -37,6 +44,7 @@ from snapcoord.spark_connector.storage.base import (
     StorageError,
     UnsupportedLocation,
     clean_path,
+    local_file_chunks,
 )
 from snapcoord.spark_connector.storage.local import LocalStorage
 
@@ -50,6 +58,9 @@ ATOMIC_EXCLUSIVE_CLASSES = frozenset(
 
 #: The ``createFile`` option (and path capability) of a create-if-absent checked atomically at close.
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
+
+#: Objects larger than this are copied between the JVM and local files rather than sent through py4j.
+JVM_COPY_MIN_BYTES = 4 << 20
 
 #: The output stream capability of streams whose upload can be abandoned unpublished.
 ABORTABLE_STREAM = "fs.capability.outputstream.abortable"
@@ -207,6 +218,14 @@ class HadoopStorage:
         return bytes(data)
 
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        # py4j moves a byte[] at a few MiB/s; a file larger than a few pieces is copied by the JVM to
+        # a local temporary file first (tens to hundreds of MiB/s) and streamed from there.
+        if self.size(path) > JVM_COPY_MIN_BYTES:
+            with tempfile.TemporaryDirectory(prefix="snapcoord-read-") as spool:
+                local = Path(spool) / "object"
+                self.download(path, local)
+                yield from local_file_chunks(local, chunk_bytes)
+            return
         with self._errors("read", path):
             stream = self._fs.open(self._path(path))
         try:
@@ -220,22 +239,49 @@ class HadoopStorage:
             with contextlib.suppress(Exception):
                 stream.close()
 
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        target = Path(local_file).absolute()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with self._errors("download", path):
+                # useRawLocalFileSystem=True: no .crc file next to the copy.
+                self._fs.copyToLocalFile(False, self._path(path), self._jvm.path(temp.as_uri()), True)
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
     # -- writes ------------------------------------------------------------------------------------------
     def _create(self, target: Any, *, overwrite: bool) -> Any:
         if overwrite or not self._conditional_create:
             return self._fs.create(target, overwrite)
         return self._fs.createFile(target).overwrite(False).must(CONDITIONAL_CREATE, True).build()
 
-    def _write_stream(self, target: Any, chunks: Iterable[bytes], *, overwrite: bool) -> None:
-        out = self._create(target, overwrite=overwrite)
-        try:
-            for chunk in chunks:
-                if chunk:
-                    out.write(bytearray(chunk))
-        except BaseException:
-            self._abandon(out, target)
-            raise
-        out.close()
+    def _stream_to(self, chunks: Iterable[bytes]) -> Callable[[Any, bool], None]:
+        """A ``fill`` for ``_write`` that sends ``chunks`` through py4j (for small objects)."""
+
+        def fill(target: Any, overwrite: bool) -> None:
+            out = self._create(target, overwrite=overwrite)
+            try:
+                for chunk in chunks:
+                    if chunk:
+                        out.write(bytearray(chunk))
+            except BaseException:
+                self._abandon(out, target)
+                raise
+            out.close()
+
+        return fill
+
+    def _copy_from(self, local_file: Path) -> Callable[[Any, bool], None]:
+        """A ``fill`` for ``_write`` in which the JVM reads the local file itself."""
+
+        def fill(target: Any, overwrite: bool) -> None:
+            self._fs.copyFromLocalFile(
+                False, overwrite, self._jvm.path(local_file.absolute().as_uri()), target
+            )
+
+        return fill
 
     def _abandon(self, out: Any, target: Any) -> None:
         """End a stream whose write failed part way, without leaving its partial bytes visible.
@@ -265,19 +311,21 @@ class HadoopStorage:
         temp = f".{name}.{uuid.uuid4().hex}.tmp"
         return self._path(f"{parent}/{temp}" if parent else temp)
 
-    def _write(self, path: str, chunks: Iterable[bytes], *, exclusive: bool) -> None:
+    def _write(self, path: str, fill: Callable[[Any, bool], None], *, exclusive: bool) -> None:
+        """Write the object ``path`` with ``fill(target, overwrite)``, which creates ``target`` whole
+        (see the module docstring for where ``target`` is and how it becomes ``path``)."""
         if not clean_path(path):
             raise ValueError("a write needs a file path below the root")
         target = self._path(path)
         with self._errors("exclusive write" if exclusive else "write", path):
             if self._object_store:
-                self._write_stream(target, chunks, overwrite=not exclusive)
+                fill(target, not exclusive)
                 return
             if exclusive and self._fs.exists(target):
                 raise FileExistsError(f"exclusive write {self.uri(path)}: the object exists")
             temp = self._temp_for(path)
             try:
-                self._write_stream(temp, chunks, overwrite=False)
+                fill(temp, False)
                 self._rename_into_place(temp, target, path, exclusive=exclusive)
             finally:
                 with contextlib.suppress(Exception):
@@ -304,10 +352,22 @@ class HadoopStorage:
             raise StorageError(f"write {self.uri(path)}: could not rename the written file into place")
 
     def write_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
-        self._write(path, [data], exclusive=exclusive)
+        if len(data) > JVM_COPY_MIN_BYTES and not exclusive:
+            self.write_chunks(path, [data])
+            return
+        self._write(path, self._stream_to([data]), exclusive=exclusive)
 
     def write_chunks(self, path: str, chunks: Iterable[bytes]) -> None:
-        self._write(path, chunks, exclusive=False)
+        # Spooled to a local temporary file that the JVM then copies: py4j moves bytes slowly.
+        with tempfile.TemporaryDirectory(prefix="snapcoord-write-") as spool:
+            local = Path(spool) / "object"
+            with local.open("wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+            self.upload(local, path)
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self._write(path, self._copy_from(Path(local_file)), exclusive=False)
 
     def delete(self, path: str) -> bool:
         target = self._path(path)
