@@ -81,8 +81,8 @@ class MeasuredSink(PartitionedFileSink):
 
 def one_round(spark: Any, target: str, location: str, name: str, batches: int) -> list[dict[str, float]]:
     sink = MeasuredSink(location, partition_by=["bucket"], name=name)
-    sink._storage = Timed(sink.storage)  # type: ignore[assignment]
-    storage: Timed = sink._storage  # type: ignore[assignment]
+    sink._storage = Timed(sink.storage)
+    storage: Timed = sink._storage
     writer = exactly_once(sink, target, query_name=name)
     rows: list[dict[str, float]] = []
     try:
