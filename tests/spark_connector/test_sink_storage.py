@@ -7,17 +7,22 @@ Tables live in a local directory and on a real sshd reached through Hadoop's ``s
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from harness.coordinator import CoordinatorProcess
 from harness.locations import TestDir
 from snapcoord.spark_connector.commit_log import Commit, FileLine
 from snapcoord.spark_connector.epochs import Fenced
+from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.sinks import LegacyTable, PartitionedFileSink
 from snapcoord.spark_connector.storage import StorageError, UnsupportedLocation
 
@@ -202,3 +207,53 @@ def test_a_table_of_the_earlier_log_format_is_refused(spark: SparkSession, test_
         with pytest.raises(LegacyTable, match="earlier release"):
             act()
     assert [e.name for e in test_dir.storage.list("old")] == ["_commits"]  # nothing written
+
+
+def test_a_streaming_query_writes_an_sftp_table_exactly_once(
+    spark: SparkSession, remote: TestDir, tmp_path: Path, zk_coordinator: CoordinatorProcess
+) -> None:
+    """A file-source query through ``exactly_once`` into a table on the sshd; batch 1 fails once
+    after its write (a crash between the sink write and Spark's commit), and the re-run rolls it back."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(3):
+        (source / f"in-{n}.json").write_text(
+            "".join(f'{{"id": {10 * n + i}, "bucket": "b{i % 2}"}}\n' for i in range(4))
+        )
+    table = remote.uri_of("t")
+    sink = PartitionedFileSink(table, partition_by=["bucket"])
+    failed: list[int] = []
+
+    def write_then_fail_once(df: Any, batch_id: int) -> None:
+        sink.write(df, batch_id)
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("crash after the sink write of batch 1")
+
+    writer = exactly_once(
+        sink,
+        zk_coordinator.target,
+        query_name=f"sftp-{uuid.uuid4().hex[:6]}",
+        batch_function=write_then_fail_once,
+    )
+    checkpoint = str(tmp_path / "cp")
+
+    def run() -> Any:
+        query = (
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+            .writeStream.foreachBatch(writer)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        with contextlib.suppress(StreamingQueryException):  # returned below, and asserted on
+            query.awaitTermination()
+        return query.exception()
+
+    assert run() is not None and failed == [1]  # batch 1 was written, then the query failed
+    assert run() is None
+    writer.close()
+    assert writer.rollbacks == 1
+    assert plain_read(spark, table) == ids_of([0, 1, 2])
