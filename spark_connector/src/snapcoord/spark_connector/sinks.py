@@ -766,7 +766,7 @@ class PartitionedFileSink:
     def read(self, spark: Any, schema: Any = None) -> Any:
         """A DataFrame of the committed batches (with the partition columns): Spark's own reader of the
         table, which honours the log like any other reader."""
-        if not self._entry_names():
+        if not self.committed_files():  # Spark cannot infer a schema from no files
             from pyspark.sql.types import StructType
 
             return spark.createDataFrame([], schema if schema is not None else StructType([]))
