@@ -486,8 +486,8 @@ class PartitionedFileSink:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this writer holds {self.epoch}")
 
     def _fill_gaps(self, below: int, epoch: int) -> None:
-        """Create an empty entry at every free number below ``below``: one a zombie's rollback deleted
-        concurrently in an earlier release's layout, or a crash left (readers stop at a gap)."""
+        """Create an empty entry at every free number below ``below`` (readers stop at a gap): this
+        sink never leaves one, but a log that something else cut or left incomplete may have one."""
         taken = self._entry_names()
         for seq in range(below):
             if seq not in taken:
