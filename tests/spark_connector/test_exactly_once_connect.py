@@ -284,14 +284,14 @@ def test_batch_rerun_after_a_crash_leaves_each_record_once(
     # Batch 1's output is already in the table, and Spark has not committed batch 1: a plain re-run
     # would write it a second time.
     assert _table_ids(tmp_path) == _expected(2)
-    assert _records(coordinator, name) == {f"{name}.b1": _at(1, 1)}
+    assert _records(coordinator, name) == {f"{name}.b1": _at(2, 1)}  # log entry 0: the fence's
 
     code, result = _run_job(spark_connect_server, coordinator, tmp_path, name, *crash)
     assert (code, result["error"]) == (0, None), result
     assert result["batches"] == [1, 2]  # batch 1 re-ran with the same id
     assert _table_ids(tmp_path) == _expected(3)  # each record once: the re-run rolled batch 1 back
-    # The re-run (epoch 2) fenced above batch 1's rolled-back sequence 1 and rewrote batch 1 as 2.
-    assert _records(coordinator, name) == {f"{name}.b2": _at(3, 2)}
+    # The re-run (epoch 2) fenced at 3, above batch 1's voided entry 2, and rewrote batch 1 as 4.
+    assert _records(coordinator, name) == {f"{name}.b2": _at(5, 2)}
 
 
 def test_checkpoint_reset_under_connect_loses_nothing(
@@ -304,7 +304,7 @@ def test_checkpoint_reset_under_connect_loses_nothing(
     _publish(tmp_path / "input", 0, 1)
     code, result = _run_job(spark_connect_server, coordinator, tmp_path, name)
     assert (code, result["error"], result["batches"]) == (0, None, [0]), result
-    assert _records(coordinator, name) == {f"{name}.b0": _at(0, 1)}  # stays: no finish() under Connect
+    assert _records(coordinator, name) == {f"{name}.b0": _at(1, 1)}  # stays: no finish() under Connect
     old_query_id = json.loads((tmp_path / "chk" / "metadata").read_text().splitlines()[0])["id"]
 
     # Reset: the checkpoint goes; the source no longer holds file 0 (retention), new files arrive.
@@ -315,7 +315,7 @@ def test_checkpoint_reset_under_connect_loses_nothing(
     assert (code, result["error"], result["batches"]) == (0, None, [0, 1]), result
     assert json.loads((tmp_path / "chk" / "metadata").read_text().splitlines()[0])["id"] != old_query_id
     assert _table_ids(tmp_path) == _expected(3)  # file 0's committed batch survived the stale record
-    assert _records(coordinator, name) == {f"{name}.b1": _at(2, 2)}
+    assert _records(coordinator, name) == {f"{name}.b1": _at(4, 2)}  # entries 0, 2: the fences'
 
 
 def test_connect_writer_without_checkpoint_location_refuses_to_run(
@@ -397,4 +397,4 @@ def test_streaming_through_connect_with_listener_and_backlog_runner(
     assert _table_ids(tmp_path) == _expected(3)
     # The writer ran in the server's worker and talked to the coordinator from there: each batch
     # deleted its predecessor's record; the last one stays for a re-run of batch 2.
-    assert _records(coordinator, name) == {f"{name}.b2": _at(2, 1)}
+    assert _records(coordinator, name) == {f"{name}.b2": _at(3, 1)}  # log entry 0: the fence's
