@@ -1,12 +1,23 @@
-"""Pure parts of exactly-once: record payloads, whose record may roll back, which commits are visible."""
+"""Pure parts of exactly-once: record payloads, whose record may roll back, the sink's log entries."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from snapcoord.client import Offset
 from snapcoord.spark_connector.attempts import Attempt, Record, Verdict, decide, decode, encode, plan_digest
-from snapcoord.spark_connector.commit_log import Commit, Fence, is_visible, visible
+from snapcoord.spark_connector.commit_log import (
+    DATA,
+    FENCE,
+    VOID,
+    Commit,
+    FileLine,
+    commits_fingerprint,
+    parse_entry,
+    render_entry,
+)
 
 SINK = (Offset("table", 0, 7), Offset("table", 1, 3))
 Q1 = "5e0c1c3a-0000-4000-8000-000000000001"
@@ -73,15 +84,33 @@ def test_only_the_attempt_that_wrote_a_record_is_rolled_back(
     assert decision.reason
 
 
-def test_a_fence_hides_lower_epochs_from_its_sequence_on() -> None:
-    old = [Commit(s, 1, s, (f"f{s}",)) for s in range(4)]
-    fence = Fence(2, 3)
-    zombie_late = Commit(3, 1, 3, ("z",))  # the zombie committed after it passed its own check
-    new = Commit(3, 2, 3, ("n",))
-    assert [c.seq for c in visible([*old, new, zombie_late], [fence])] == [0, 1, 2, 3]
-    assert visible([*old, new, zombie_late], [fence])[-1] == new
-    assert not is_visible(zombie_late, [fence])
-    assert not is_visible(Commit(9, 1, 9, ()), [fence])
-    assert is_visible(Commit(2, 1, 2, ()), [fence])  # committed before the fence's range
-    assert is_visible(Commit(9, 2, 9, ()), [fence, Fence(1, 0)])  # an older fence never hides newer
-    assert not is_visible(Commit(9, 2, 9, ()), [fence, Fence(3, 5)])
+def test_a_log_entry_carries_its_writer_in_a_marker_spark_readers_skip() -> None:
+    table = "sftp://h:22/data/t"
+
+    def uri(path: str) -> str:
+        return f"{table}/{path}"
+
+    def relative(u: str) -> str:
+        assert u.startswith(table + "/"), u
+        return u[len(table) + 1 :]
+
+    fence = Commit(3, 2, None, (), FENCE, "f")
+    batch = Commit(4, 2, 7, ("b=1/_w-s4-e2-a1-p0/part-0.json",), DATA, "1")
+    files = [FileLine("b=1/_w-s4-e2-a1-p0/part-0.json", 12, 5)]
+    data = render_entry([fence, batch], [[], files], uri, 9)
+    statuses = [json.loads(line) for line in data.decode().splitlines()[1:]]
+    assert data.decode().startswith("v1\n")
+    # What a Spark reader reads: the data files only (the markers are directories).
+    assert [s["path"] for s in statuses if not s["isDir"]] == [f"{table}/b=1/_w-s4-e2-a1-p0/part-0.json"]
+    assert parse_entry(data, relative, "4") == [(fence, []), (batch, files)]
+    # Files of a log written without markers (Spark's own sink) belong to an anonymous batch.
+    foreign = b'v1\n{"path":"sftp://h:22/data/t/x.json","size":1,"isDir":false,"modificationTime":0,' + (
+        b'"blockReplication":1,"blockSize":1,"action":"add"}'
+    )
+    ((anonymous, its_files),) = parse_entry(foreign, relative, "0")
+    assert (anonymous.epoch, anonymous.batch_id, anonymous.files) == (0, None, ("x.json",))
+    assert its_files == [FileLine("x.json", 1, 0)]
+    # The fingerprint of what lies below a cut changes when a batch there is voided.
+    voided = Commit(4, 3, 7, (), VOID, "1")
+    assert commits_fingerprint([fence, batch], 5) != commits_fingerprint([fence, voided], 5)
+    assert commits_fingerprint([fence, batch], 4) == commits_fingerprint([fence, voided], 4)

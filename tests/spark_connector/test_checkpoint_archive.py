@@ -29,7 +29,7 @@ from snapcoord.spark_connector.checkpoint_archive import (
     local_checkpoint,
     stage_cut,
 )
-from snapcoord.spark_connector.commit_log import commits_fingerprint
+from snapcoord.spark_connector.commit_log import Commit, commits_fingerprint
 from snapcoord.spark_connector.sinks import PartitionedFileSink
 
 
@@ -191,12 +191,9 @@ def test_downstream_first_orders_readers_before_what_they_read() -> None:
 # -- the cut between two queries, on a real coordinator (ZooKeeper + S3), without Spark -------------------
 
 
-def commit_to_sink(table: Path, seq: int, batch_id: int) -> None:
-    """A visible, empty commit of ``batch_id`` in a ``PartitionedFileSink`` table (its on-disk format)."""
-    commits = table / "_commits"
-    commits.mkdir(parents=True, exist_ok=True)
-    doc = {"seq": seq, "epoch": 1, "batch_id": batch_id, "files": []}
-    (commits / f"{seq:012d}-e{1:012d}.json").write_text(json.dumps(doc))
+def commit_to_sink(sink: PartitionedFileSink, seq: int, batch_id: int) -> None:
+    """A committed, empty batch ``batch_id`` at log entry ``seq`` of a ``PartitionedFileSink`` table."""
+    sink._create_entry(Commit(seq, 1, batch_id, ()), [])
 
 
 def fingerprint(sink: PartitionedFileSink, below: int) -> int:
@@ -211,9 +208,9 @@ def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
     a_sink = PartitionedFileSink(tmp_path / "a-table", name="a")
     b_sink = PartitionedFileSink(tmp_path / "b-table")
     for b in range(5):  # A's sink shows batch 4 already; Spark has not committed it (no commits/4)
-        commit_to_sink(a_sink.path, b, b)
+        commit_to_sink(a_sink, b, b)
     for b in range(3):
-        commit_to_sink(b_sink.path, b, b)
+        commit_to_sink(b_sink, b, b)
     queries = [SnapshotQuery("a", str(a_cp), a_sink)]
     queries.append(SnapshotQuery("b", str(b_cp), b_sink, reads_from=("a",)))
     with (

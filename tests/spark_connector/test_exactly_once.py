@@ -184,7 +184,7 @@ class Reader(threading.Thread):
             for commit in commits:
                 ids: list[int] = []
                 for rel in commit.files:
-                    text = (self.sink.path / rel).read_text(encoding="utf-8")
+                    text = self.sink.storage.read_bytes(rel).decode("utf-8")
                     ids += [int(json.loads(line)["id"]) for line in text.splitlines() if line]
                 batches.append((commit, ids))
         except FileNotFoundError:
@@ -275,7 +275,7 @@ def test_killed_driver_writes_every_record_exactly_once(tmp_path: Path, zk_uri: 
         assert len(rollbacks) >= must_roll_back - delays, context
         # Nothing uncommitted is left on disk once the last run rolled back and finished.
         sink = driver.sink()
-        assert len(sink.committed_files()) == len(list(driver.table.glob("bucket=*/part-*"))), context
+        assert len(sink.committed_files()) == len(list(driver.table.glob("bucket=*/_w-*/part-*"))), context
 
         with CoordinatorClient(coord.target) as client:
             left = [p.producer_id for p in client.list_producer_offsets(page_size=1000).items]
@@ -328,8 +328,10 @@ def test_zombie_driver_stays_invisible_and_a_checkpoint_reset_loses_nothing(tmp_
         zombie_events = driver.event_lines(zombie.pid)
         assert zombie.returncode != 0, zombie_events  # its next step hit the fence and failed the query
         assert "released commit 1" in zombie_events
-        late = sorted((driver.table / "_commits").glob(f"*-e{zombie_epoch:012d}.json"))
-        assert len(late) == 2, late  # batch 0 (before the takeover) and the late batch 1
+        # The new driver's fence took the number the zombie's late batch 1 was to take: the zombie's
+        # create failed, so its only batch in the log is batch 0 (before the takeover).
+        zombie_entries = [(c.kind, c.batch_id) for c in driver.sink()._commits() if c.epoch == zombie_epoch]
+        assert zombie_entries == [("fence", None), ("data", 0)], zombie_entries
         visible_epochs = [c.epoch for c in driver.sink().commits()]
         assert visible_epochs.count(zombie_epoch) == 1 and len(visible_epochs) == 4, visible_epochs
         assert driver.table_ids() == Counter(driver.input_ids())
@@ -370,55 +372,65 @@ def test_partitioned_file_sink_commits_fences_and_rolls_back_one_attempt(
     table = tmp_path / "t"
     sink = PartitionedFileSink(table, partition_by=["bucket"])
     df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(6)], "id long, bucket string")
+
+    def plain_ids() -> list[int]:  # what a Spark reader that knows nothing of the sink reads
+        return sorted(int(r["id"]) for r in spark.read.json(str(table)).collect())
+
     assert sink.positions() == [Offset("t", 0, 0), Offset("t", 1, 0)]
     assert sink.committed_files() == [] and sink.read(spark).count() == 0
-    sink.fence(1)
+    sink.fence(1)  # log entry 0: the fence's empty batch
     sink.write(df, 0)
     mark = sink.positions()
-    assert mark == [Offset("t", 0, 1), Offset("t", 1, 1)]
+    assert mark == [Offset("t", 0, 2), Offset("t", 1, 1)]
     sink.write(df.filter("id < 3"), 1)
-    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert _ids(sink) == plain_ids() == [0, 0, 1, 1, 2, 2, 3, 4, 5]
     assert {r["bucket"] for r in sink.read_json_records()} == {"b0", "b1"}
     assert [c.batch_id for c in sink.commits()] == [0, 1]
 
-    # Files without a commit (a write that died before its commit point) are never read.
-    (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").write_text('{"id": 99}\n')
-    assert _ids(sink) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    # Files no entry lists (a write that died before its commit point) are never read.
+    junk = table / "bucket=b0" / f"_w-s9-e1-a{'a' * 12}-p0" / "part-00000-junk.json"
+    junk.parent.mkdir(parents=True)
+    junk.write_text('{"id": 99}\n')
+    assert _ids(sink) == plain_ids() == [0, 0, 1, 1, 2, 2, 3, 4, 5]
     assert sorted(r["id"] for r in sink.read(spark).collect()) == [0, 0, 1, 1, 2, 2, 3, 4, 5]
     assert sink.read(spark).columns == ["id", "bucket"]
 
-    # A restarted driver (epoch 2) rescans, fences, and rolls back epoch 1's attempt from `mark`.
+    # A restarted driver (epoch 2) rescans, fences (entry 3), and rolls back epoch 1's attempt.
     fresh = PartitionedFileSink(table, partition_by=["bucket"])
     fresh.fence(2)
-    assert fresh.positions() == [Offset("t", 0, 10), Offset("t", 1, 2)]
+    assert fresh.positions() == [Offset("t", 0, 4), Offset("t", 1, 2)]
     fresh.rollback_to(mark)
-    assert _ids(fresh) == list(range(6))
-    assert not (table / "bucket=b0" / f"part-{9:012d}-e{1:012d}-{'a' * 12}-00000.json").exists()
+    assert _ids(fresh) == plain_ids() == list(range(6))
+    assert not junk.exists()
     attempt = fresh.positions()
-    assert attempt == [Offset("t", 0, 2), Offset("t", 1, 2)]  # the junk file's number is free again
+    assert attempt == [Offset("t", 0, 4), Offset("t", 1, 2)]  # entries are voided, never deleted
     fresh.write(df.filter("id >= 4"), 1)
-    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+    assert _ids(fresh) == plain_ids() == [0, 1, 2, 3, 4, 4, 5, 5]
 
     # The old driver is a zombie: its writes fail at the fence check...
     with pytest.raises(Fenced):
         sink.write(df, 2)
     with pytest.raises(Fenced):
         sink.rollback_to(mark)
-    # ...and one that passed its check just before the fence commits into the fenced range: the
-    # commit file exists, but no reader sees it, and the write fails (Spark never records it).
+    # ...and one that passed its check just before the fence finds its number taken by the fence.
     monkeypatch.setattr(sink, "check_epoch", lambda: None)
-    with pytest.raises(Fenced, match="hidden by its fence"):
+    with pytest.raises(Fenced, match="took sequence 3"):
         sink.write(df, 2)
-    assert len(list((table / "_commits").glob(f"*-e{1:012d}.json"))) == 2
-    assert _ids(fresh) == [0, 1, 2, 3, 4, 4, 5, 5]
+    assert _ids(fresh) == plain_ids() == [0, 1, 2, 3, 4, 4, 5, 5]
     assert _ids(PartitionedFileSink(table, partition_by=["bucket"])) == [0, 1, 2, 3, 4, 4, 5, 5]
 
-    # A rollback by epoch 2 of an attempt of epoch 2 removes that attempt and the zombie's dead
+    # A rollback by epoch 2 of an attempt of epoch 2 voids that attempt, deletes the zombie's
     # files, and keeps epoch 1's committed batch 0 below the position.
     fresh.rollback_to(attempt)
-    assert _ids(fresh) == list(range(6))
-    assert sorted(p.name for p in (table / "_commits").iterdir()) == [f"{0:012d}-e{1:012d}.json"]
-    assert len(fresh.committed_files()) == len(list(table.glob("bucket=*/part-*")))  # no dead files
+    assert _ids(fresh) == plain_ids() == list(range(6))
+    assert [(c.kind, c.epoch, c.batch_id) for c in fresh._commits()] == [
+        ("fence", 1, None),
+        ("data", 1, 0),
+        ("void", 2, 1),
+        ("fence", 2, None),
+        ("void", 2, 1),
+    ]
+    assert len(fresh.committed_files()) == len(list(table.glob("bucket=*/_w-*/part-*")))  # no dead files
     with pytest.raises(Fenced):
         fresh.rollback_to([Offset("t", 0, 0), Offset("t", 1, 3)])  # a newer epoch's attempt
     with pytest.raises(ValueError, match="do not name this sink"):

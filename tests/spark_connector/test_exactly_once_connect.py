@@ -30,6 +30,7 @@ from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.spark_connector import ExecutorContextError
 from snapcoord.spark_connector.attempts import decode
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
+from snapcoord.spark_connector.commit_log import Commit
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.listener import SnapcoordListener
@@ -141,14 +142,14 @@ def test_writer_from_a_live_client_refuses_pickling_and_says_what_to_pass(coordi
 def test_pickled_file_sink_rescans_instead_of_trusting_a_cached_position(tmp_path: Path) -> None:
     sink = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
     assert sink.positions() == [Offset("t", 0, 0), Offset("t", 1, 0)]  # cached from now on
-    # Another process (an earlier query run) published write 4 since.
-    part = tmp_path / "t" / "bucket=b0" / f"part-{4:012d}-e{0:012d}-{'a' * 12}-00000.json"
-    part.parent.mkdir(parents=True)
-    part.write_text('{"id": 1}\n')
+    # Another process (an earlier query run) committed writes 0..4 since.
+    other = PartitionedFileSink(tmp_path / "t", partition_by=["bucket"])
+    for seq in range(5):
+        other._create_entry(Commit(seq, 0, seq, ()), [])
     copy = pickle.loads(pickle.dumps(sink))
     # A stale 0 would later roll back to 0: data loss.
     assert copy.positions() == [Offset("t", 0, 5), Offset("t", 1, 0)]
-    assert (copy.path, copy.partition_by, copy.name) == (sink.path, sink.partition_by, sink.name)
+    assert (copy.location, copy.partition_by, copy.name) == (sink.location, sink.partition_by, sink.name)
 
 
 def test_pickled_file_sink_copy_cannot_act_as_the_senders_epoch(spark: Any, tmp_path: Path) -> None:
@@ -161,12 +162,13 @@ def test_pickled_file_sink_copy_cannot_act_as_the_senders_epoch(spark: Any, tmp_
     df = spark.createDataFrame([(i, f"b{i % 2}") for i in range(4)], "id long, bucket string")
     sink.write(df, 0)
     mark = sink.positions()
-    assert mark == [Offset("t", 0, 1), Offset("t", 1, 3)]
+    assert mark == [Offset("t", 0, 2), Offset("t", 1, 3)]  # entry 0: the fence's empty batch
     copy = pickle.loads(_cloudpickle(sink))  # e.g. shipped with a foreachBatch function mid-run
     assert copy.epoch == 0
 
-    # Epoch 3's next write is in flight: renamed into place, its commit file not yet written.
-    in_flight = table / "bucket=b0" / f"part-{1:012d}-e{3:012d}-{'b' * 12}-00000.json"
+    # Epoch 3's next write is in flight: its part files written, its log entry not yet.
+    in_flight = table / "bucket=b0" / f"_w-s2-e3-a{'b' * 12}-p0" / "part-00000-in-flight.json"
+    in_flight.parent.mkdir()
     in_flight.write_text('{"id": 10}\n')
     on_disk = sorted(table.rglob("*"))
     with pytest.raises(Fenced):
@@ -282,14 +284,14 @@ def test_batch_rerun_after_a_crash_leaves_each_record_once(
     # Batch 1's output is already in the table, and Spark has not committed batch 1: a plain re-run
     # would write it a second time.
     assert _table_ids(tmp_path) == _expected(2)
-    assert _records(coordinator, name) == {f"{name}.b1": _at(1, 1)}
+    assert _records(coordinator, name) == {f"{name}.b1": _at(2, 1)}  # log entry 0: the fence's
 
     code, result = _run_job(spark_connect_server, coordinator, tmp_path, name, *crash)
     assert (code, result["error"]) == (0, None), result
     assert result["batches"] == [1, 2]  # batch 1 re-ran with the same id
     assert _table_ids(tmp_path) == _expected(3)  # each record once: the re-run rolled batch 1 back
-    # The re-run (epoch 2) fenced above batch 1's rolled-back sequence 1 and rewrote batch 1 as 2.
-    assert _records(coordinator, name) == {f"{name}.b2": _at(3, 2)}
+    # The re-run (epoch 2) fenced at 3, above batch 1's voided entry 2, and rewrote batch 1 as 4.
+    assert _records(coordinator, name) == {f"{name}.b2": _at(5, 2)}
 
 
 def test_checkpoint_reset_under_connect_loses_nothing(
@@ -302,7 +304,7 @@ def test_checkpoint_reset_under_connect_loses_nothing(
     _publish(tmp_path / "input", 0, 1)
     code, result = _run_job(spark_connect_server, coordinator, tmp_path, name)
     assert (code, result["error"], result["batches"]) == (0, None, [0]), result
-    assert _records(coordinator, name) == {f"{name}.b0": _at(0, 1)}  # stays: no finish() under Connect
+    assert _records(coordinator, name) == {f"{name}.b0": _at(1, 1)}  # stays: no finish() under Connect
     old_query_id = json.loads((tmp_path / "chk" / "metadata").read_text().splitlines()[0])["id"]
 
     # Reset: the checkpoint goes; the source no longer holds file 0 (retention), new files arrive.
@@ -313,7 +315,7 @@ def test_checkpoint_reset_under_connect_loses_nothing(
     assert (code, result["error"], result["batches"]) == (0, None, [0, 1]), result
     assert json.loads((tmp_path / "chk" / "metadata").read_text().splitlines()[0])["id"] != old_query_id
     assert _table_ids(tmp_path) == _expected(3)  # file 0's committed batch survived the stale record
-    assert _records(coordinator, name) == {f"{name}.b1": _at(2, 2)}
+    assert _records(coordinator, name) == {f"{name}.b1": _at(4, 2)}  # entries 0, 2: the fences'
 
 
 def test_connect_writer_without_checkpoint_location_refuses_to_run(
@@ -395,4 +397,4 @@ def test_streaming_through_connect_with_listener_and_backlog_runner(
     assert _table_ids(tmp_path) == _expected(3)
     # The writer ran in the server's worker and talked to the coordinator from there: each batch
     # deleted its predecessor's record; the last one stays for a re-run of batch 2.
-    assert _records(coordinator, name) == {f"{name}.b2": _at(2, 1)}
+    assert _records(coordinator, name) == {f"{name}.b2": _at(3, 1)}  # log entry 0: the fence's

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +23,7 @@ from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, DeadlineExceeded
 from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.checkpoint_archive import cut_checkpoint
-from snapcoord.spark_connector.commit_log import Commit
+from snapcoord.spark_connector.commit_log import Commit, FileLine
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
@@ -160,7 +160,7 @@ def test_a_reset_checkpoints_batch_is_never_found_in_the_earlier_run(
     # the old run has a batch 8, whose position would cut the new run's batches 0..7.
     with pytest.raises(LookupError, match="earlier run"):
         new.batch_end_positions(8)
-    with pytest.raises(LookupError, match="no visible commit of batch 10"):
+    with pytest.raises(LookupError, match="no batch 10 in its log"):
         new.batch_end_positions(10)
     # The new run's own batches are found, and a cut there keeps both runs' output below it.
     restore(table, new.batch_end_positions(7))
@@ -183,13 +183,13 @@ def test_a_cut_never_touches_a_newer_run_and_reports_it(spark: SparkSession, tmp
 
         raced = False
 
-        def _data_files(self) -> Iterator[tuple[Path, int, int]]:
+        def _write_dirs(self) -> Iterator[tuple[str, int]]:
             if not self.raced:
                 self.raced = True
                 newer = PartitionedFileSink(table)
                 newer.fence(self.epoch + 1)
                 write(spark, newer, 7)
-            yield from super()._data_files()
+            yield from super()._write_dirs()
 
     restorer = RacedRestorer(table)
     restorer.fence(2)
@@ -197,7 +197,7 @@ def test_a_cut_never_touches_a_newer_run_and_reports_it(spark: SparkSession, tmp
         restorer.restore_to(positions)  # not done: the newer run may have counted on what was cut
     assert restorer.raced
     reader = PartitionedFileSink(table)
-    assert all(f.exists() for f in reader.committed_files())  # the newer run's batch 7 is whole
+    assert all(reader.storage.exists(f) for f in reader.committed_files())  # the newer run's batch 7 is whole
     assert batches(table) == [0, 1, 7]
 
 
@@ -211,10 +211,10 @@ class PausesBeforeItsCommitFile(PartitionedFileSink):
     before_link: Callable[[], None] | None = None
     _committing = False
 
-    def _commit(self, commit: Commit) -> None:
+    def _commit(self, commit: Commit, files: Sequence[FileLine]) -> None:
         self._committing = True
         try:
-            super()._commit(commit)
+            super()._commit(commit, files)
         finally:
             self._committing = False
 
@@ -257,8 +257,8 @@ def test_a_batch_a_newer_fence_hides_is_never_reported_written(
                 b(df(1), 1)
 
         sink_a.before_link = driver_b
-        with pytest.raises(Fenced, match="hidden by its fence"):
-            a(df(1), 1)  # A's Spark does not write commits/1
+        with pytest.raises(Fenced, match="took sequence"):
+            a(df(1), 1)  # B's fence took A's log number; A's Spark does not write commits/1
         assert sink_a.before_link is None and batches(table) == [0]
 
         # The restarted driver resumes at batch 1: A's attempt is rolled back, nothing is lost.
@@ -279,10 +279,11 @@ def test_a_commit_linked_while_a_fence_is_computed_fails_its_write(
     failures: list[BaseException] = []
 
     class ScansThenWaits(PartitionedFileSink):
-        """Driver B: its fence has listed the commits (not A's) and waits before writing the fence."""
+        """Driver B: its fence has listed the log (without A's entry) and waits before it takes the
+        first free number."""
 
-        def _commits(self) -> list[Commit]:
-            found = super()._commits()
+        def _latest(self) -> int:
+            found = super()._latest()
             if not b_scanned.is_set():
                 b_scanned.set()
                 if not a_done.wait(120):
@@ -307,23 +308,37 @@ def test_a_commit_linked_while_a_fence_is_computed_fails_its_write(
     a.before_link = start_b_and_wait_for_its_scan
     try:
         with pytest.raises(Fenced, match="not reported as written"):
-            write(spark, a, 1)  # linked after B's scan: B's fence will hide it, so the write must fail
+            write(spark, a, 1)  # created after B's scan: B's fence replaces it, so the write must fail
     finally:
         a_done.set()
         b.join(120)
     assert not b.is_alive() and not failures
-    assert batches(table) == [0]  # hidden by B's fence: a re-run of batch 1 writes it
+    assert batches(table) == [0]  # replaced by B's fence: a re-run of batch 1 writes it
+    assert [(c.kind, c.epoch) for c in PartitionedFileSink(table)._commits()][-1] == ("fence", 2)
 
 
 # -- finding: a newer snapshot restored after an older one's restore kept the wrong commits ------------
 
 
 def tree(table: Path, *, fences: bool = True) -> dict[str, bytes]:
-    """Every file under ``table`` and its bytes (``fences=False``: without ``_fences/``)."""
+    """Every file under ``table`` and its bytes (``fences=False``: without ``_fences/`` and the log's
+    fence entries, which a refused restore's fence adds)."""
+    fence_entries = {
+        f"_spark_metadata/{name}"
+        for name in os.listdir(table / "_spark_metadata")
+        if b"_snapcoord-fence-" in (table / "_spark_metadata" / name).read_bytes().splitlines()[-1]
+    }
     return {
         p.relative_to(table).as_posix(): p.read_bytes()
         for p in sorted(table.rglob("*"))
-        if p.is_file() and (fences or "_fences" not in p.relative_to(table).parts)
+        if p.is_file()
+        and (
+            fences
+            or (
+                "_fences" not in p.relative_to(table).parts
+                and p.relative_to(table).as_posix() not in fence_entries
+            )
+        )
     }
 
 
@@ -333,22 +348,23 @@ def test_a_newer_snapshot_after_an_older_ones_restore_is_refused_and_cuts_nothin
     table = tmp_path / "table"
     run = fenced_run(spark, PartitionedFileSink, table, 1, range(10))
     s1, s2 = run.batch_end_positions(5), run.batch_end_positions(9)  # snapshots at batches 5 and 9
-    assert [(p.partition, p.offset) for p in s1 if p.partition != 2] == [(0, 6)]
+    assert [(p.partition, p.offset) for p in s1 if p.partition != 2] == [(0, 7)]  # entry 0: the fence
     assert [p.partition for p in s2] == [0, 2]  # the cut and the fingerprint of what lies below it
     restore(table, s1)
     restored_run = PartitionedFileSink(table)
     restored_run.fence(restored_run.max_epoch() + 1)
-    assert [write(spark, restored_run, n) for n in (6, 7)] == [10, 11]  # S1's checkpoint resumes at 6
-    before = tree(table)
+    # S1's checkpoint resumes at 6 (entries 11 and 12 are the two fences' empty batches)
+    assert [write(spark, restored_run, n) for n in (6, 7)] == [13, 14]
+    before, kept = tree(table), tree(table, fences=False)
 
     # S2's checkpoint resumes at batch 10, but the sink below S2's cut holds 0-5 and the new 6-7.
-    with pytest.raises(RestoreRefused, match=r"restore to sequence 10: the sink no longer holds") as info:
+    with pytest.raises(RestoreRefused, match=r"restore to sequence 11: the sink no longer holds") as info:
         PartitionedFileSink(table).check_restore(s2)
-    assert "6 visible commit(s) below it" in str(info.value) and "Nothing was cut" in str(info.value)
+    assert "6 batch(es) below it" in str(info.value) and "Nothing was cut" in str(info.value)
     assert tree(table) == before
-    with pytest.raises(RestoreRefused, match="restore to sequence 10"):
+    with pytest.raises(RestoreRefused, match="restore to sequence 11"):
         restore(table, s2)  # restore_to refuses too (after its fence), before removing anything
-    assert tree(table, fences=False) == {k: v for k, v in before.items() if not k.startswith("_fences/")}
+    assert tree(table, fences=False) == kept
     assert batches(table) == [*range(8)]
 
     # The snapshot that cut the sink, and one taken after that restore, still restore.
@@ -375,22 +391,19 @@ def test_restores_of_what_the_sink_still_holds_pass(spark: SparkSession, tmp_pat
     write(spark, run, 3)
     run.rollback_to(attempt)
     write(spark, run, 3)
-    # Run 1 becomes a zombie: a new driver fences while it commits batch 4, which stays hidden.
+    # Run 1 becomes a zombie: a new driver fences while it commits batch 4, and takes its number.
     newer = PartitionedFileSink(table)
     run.before_link = lambda: newer.fence(2)
-    with pytest.raises(Fenced, match="hidden by its fence"):
+    with pytest.raises(Fenced, match="took sequence"):
         write(spark, run, 4)
-    zombie = [c for c in newer._commits() if c not in newer.commits()]
-    assert [(c.epoch, c.batch_id) for c in zombie] == [(1, 4)]
+    assert [c.batch_id for c in newer.commits() if c.epoch == 1] == [0, 1, 2, 3]
     write(spark, newer, 4)
     write(spark, newer, 5)
     at_5 = newer.batch_end_positions(5)
-    assert zombie[0].seq < at_5[0].offset  # the hidden commit lies below this snapshot's cut
-    # The next batch's attempt is rolled back, which also removes the zombie's hidden commit.
+    # The next batch's attempt is rolled back.
     attempt = newer.positions()
     write(spark, newer, 6)
     newer.rollback_to(attempt)
-    assert not (table / "_commits" / zombie[0].file_name).exists()
     write(spark, newer, 6)
 
     restore(table, at_5)  # after the query ran on, with the zombie's commit below the cut gone
@@ -432,16 +445,16 @@ def test_restore_snapshot_checks_every_sink_before_it_cuts_one(
         b_run.fence(b_run.max_epoch() + 1)
         for n in (2, 3):
             write(spark, b_run, 10 + n, batch_id=n)
-        before = {q: tree(sinks[q].path) for q in "ab"}
+        before = {q: tree(tmp_path / f"table-{q}") for q in "ab"}
         listing = sorted(p.name for p in tmp_path.iterdir())
 
         # S2 for both: a's sink is fine, b's no longer holds S2's batches 2-3. Nothing is touched,
         # a's sink neither (not even fenced), and no checkpoint appears.
-        with pytest.raises(RestoreRefused, match=r"table-b.*restore to sequence 4"):
+        with pytest.raises(RestoreRefused, match=r"table-b.*restore to sequence 5"):
             restore_snapshot(
                 client, "refuse-app", s2.generation, [target("a", "cp-a-2"), target("b", "cp-b-2")]
             )
-        assert {q: tree(sinks[q].path) for q in "ab"} == before
+        assert {q: tree(tmp_path / f"table-{q}") for q in "ab"} == before
         assert sorted(p.name for p in tmp_path.iterdir()) == listing
         assert batches(tmp_path / "table-a") == [0, 1, 2, 3]
         assert batches(tmp_path / "table-b") == [0, 1, 12, 13]
@@ -457,10 +470,9 @@ def test_restore_snapshot_checks_every_sink_before_it_cuts_one(
 def test_a_commit_names_only_files_already_on_disk(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Spark writes part files without fsync, and their renames into the table are directory
-    entries: after a power loss a durable commit could list files that were lost. Every file a
-    commit lists, and every directory from it up to the table, is fsynced before the commit file
-    is linked."""
+    """Spark writes part files without fsync: after a power loss a durable log entry of a local table
+    could list files that were lost. Every file an entry lists, and every directory from it up to
+    the table, is fsynced before the entry is linked."""
     table = tmp_path / "table"
     sink = PartitionedFileSink(table, partition_by=["b"])
     synced: list[str] = []
@@ -479,8 +491,8 @@ def test_a_commit_names_only_files_already_on_disk(
     monkeypatch.setattr(os, "link", recording_link)
     seq = write(spark, sink, 7)
     monkeypatch.undo()
-    (commit_file,) = (table / "_commits").iterdir()
-    files = json.loads(commit_file.read_text())["files"]
+    commit_file = table / "_spark_metadata" / "0"
+    files = PartitionedFileSink(table).commits()[0].files
     assert seq == 0 and files and all(f.startswith("b=7/") for f in files)
     before_commit = set(synced[: linked_at[str(commit_file)]])
     assert {str(table / f) for f in files} <= before_commit

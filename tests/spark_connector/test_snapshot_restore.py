@@ -79,14 +79,16 @@ def ids_below(sink: PartitionedFileSink, positions: tuple[Offset, ...]) -> Count
     for commit in sink.commits():
         if commit.seq < limit:
             for f in commit.files:
-                out.update(int(json.loads(line)["id"]) for line in (sink.path / f).read_text().splitlines())
+                out.update(
+                    int(json.loads(line)["id"]) for line in sink.storage.read_bytes(f).decode().splitlines()
+                )
     return out
 
 
 def committed_content(sink: PartitionedFileSink) -> dict[str, str]:
     """Every visible commit and the SHA-256 of each file it lists: what must survive a restore."""
     return {
-        f"{c.file_name}:{f}": hashlib.sha256((sink.path / f).read_bytes()).hexdigest()
+        f"{c.file_name}:{f}": hashlib.sha256(sink.storage.read_bytes(f)).hexdigest()
         for c in sink.commits()
         for f in c.files
     }
@@ -152,7 +154,8 @@ def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession
     run2.fence(2)  # a later run of the same lineage writes batch 2
     run2.write(df.filter("id >= 2"), 2)
     at_batch_2 = run2.batch_end_positions(2)
-    assert at_batch_2 == [Offset("t", 0, 3), Offset("t", 2, commits_fingerprint(run2.commits(), 3))]
+    # Log entries 0 and 3 are the fences' empty batches: batch 2 is entry 4.
+    assert at_batch_2 == [Offset("t", 0, 5), Offset("t", 2, commits_fingerprint(run2.commits(), 5))]
     kept = committed_content(run2)
     assert run2.last_batch_id() == 2
 
@@ -161,9 +164,11 @@ def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession
     run3 = PartitionedFileSink(table, partition_by=["bucket"])
     run3.fence(3)
     run3.write(df, 4)
-    (table / "bucket=b0" / f"part-{9:012d}-e{3:012d}-{'c' * 12}-00000.json").write_text('{"id": 99}\n')
+    junk = table / "bucket=b0" / f"_w-s9-e3-a{'c' * 12}-p0" / "part-00000-junk.json"  # never committed
+    junk.parent.mkdir()
+    junk.write_text('{"id": 99}\n')
     assert run3.last_batch_id() == 4
-    with pytest.raises(LookupError, match="no visible commit of batch 7"):
+    with pytest.raises(LookupError, match="no batch 7 in its log"):
         run3.batch_end_positions(7)
 
     restorer = PartitionedFileSink(table, partition_by=["bucket"])
@@ -174,14 +179,14 @@ def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession
     restorer.restore_to(at_batch_2)
     assert committed_content(restorer) == kept  # batches 0-2, of runs 1 and 2, byte for byte
     assert sorted(int(r["id"]) for r in restorer.read_json_records()) == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert len(list(table.glob("bucket=*/part-*"))) == sum(len(c.files) for c in restorer.commits())
+    assert len(list(table.glob("bucket=*/_w-*/part-*"))) == sum(len(c.files) for c in restorer.commits())
     restorer.restore_to(at_batch_2)  # idempotent
     assert committed_content(restorer) == kept
     with pytest.raises(Fenced):
         run3.write(df, 5)  # the old run is shut out
     # The next write takes a number above everything the cut removed: positions stay meaningful.
     restorer.write(df, 3)
-    assert restorer.commits()[-1].seq > 4 and committed_content(restorer).items() >= kept.items()
+    assert restorer.commits()[-1].seq > 7 and committed_content(restorer).items() >= kept.items()
 
 
 # -- restores on classic Spark ----------------------------------------------------------------------------
@@ -222,8 +227,8 @@ def test_restore_into_the_same_sink_after_retention_is_exactly_once(
         )
         assert done[name].batch_id == 1
         assert done[name].sink_positions == (
-            Offset(name, 0, 2),
-            Offset(name, 2, commits_fingerprint(sink.commits(), 2)),
+            Offset(name, 0, 3),  # log entry 0 is the fence's empty batch
+            Offset(name, 2, commits_fingerprint(sink.commits(), 3)),
         )
         # The sink holds exactly the snapshot's output: nothing committed at or before it was touched.
         assert committed_content(sink) == at_snapshot

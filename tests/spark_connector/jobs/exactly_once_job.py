@@ -16,11 +16,11 @@ otherwise it sleeps. Points, in the order a batch meets them:
 
 - ``batch_start``: before anything, incl. the coordinator calls;
 - ``after_delete``: the record of batch N-1 is deleted, N's is not registered yet;
-- ``mid_rollback``: the rollback of an earlier attempt removed its first file;
+- ``mid_rollback``: the rollback of an earlier attempt voided its first log entry;
 - ``after_register``: N's record is registered, nothing is written;
-- ``staging``: inside a Spark task of the sink's staging write (the other task finished its file);
-- ``mid_write``: the first part file of the batch was moved to its final name, the others not;
-- ``commit``: the fence check before the commit file passed, the commit file is not written;
+- ``staging``: inside a Spark task of the sink's write (the other task finished its file);
+- ``mid_write``: the part files of the batch's first partition are written, the others not;
+- ``commit``: the fence check before the log entry passed, the entry is not written;
 - ``after_write``: the sink write finished; Spark has not written the commit log.
 
 Every process also appends ``start``, ``epoch <n>``, ``batch <id> begin/end``, ``rolled back <id>``
@@ -81,22 +81,22 @@ class HookedSink(PartitionedFileSink):
     removed = 0
     committing = False
 
-    def _publish_file(self, src: Path, dst: Path) -> None:
-        super()._publish_file(src, dst)
+    def _wrote_part(self, n: int) -> None:
+        super()._wrote_part(n)
         self.published += 1
         if self.published == 1 and self.events is not None:
             self.events.maybe_pause("mid_write", self.batch_id)
 
-    def _remove(self, path: Path) -> None:
-        super()._remove(path)
+    def _void(self, commit: Any) -> None:
+        super()._void(commit)
         self.removed += 1
         if self.removed == 1 and self.events is not None:
             self.events.maybe_pause("mid_rollback", self.batch_id)
 
-    def _commit(self, commit: Any) -> None:
+    def _commit(self, commit: Any, files: Any) -> None:
         self.committing = True
         try:
-            super()._commit(commit)
+            super()._commit(commit, files)
         finally:
             self.committing = False
 
@@ -168,7 +168,8 @@ def main() -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
 
-    sink = HookedSink(args.table, partition_by=["bucket"], name="eo-table")
+    table: Any = args.table if "://" in args.table else Path(args.table)
+    sink = HookedSink(table, partition_by=["bucket"], name="eo-table")
     sink.events = events
 
     writer: HookedWriter | None = None

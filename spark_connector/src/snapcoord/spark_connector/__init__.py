@@ -7,7 +7,8 @@ only, never on the coordinator.
 Modules: ``exactly_once`` (exactly-once foreachBatch for sinks without transactions) with
 ``attempts`` (whose record may roll a sink back), ``epochs`` (per-run fencing tokens from the
 coordinator), ``sinks`` (the sink protocol and ``PartitionedFileSink``) and ``commit_log`` (its
-atomic, fenced commits), ``sources`` (the offsets of Spark's sources, one stream per source),
+commit log, in the format of Spark's file sink), ``sources`` (the offsets of Spark's sources, one
+stream per source),
 ``backlog`` (FLIP-309's processing-backlog signal of a query, kept on the coordinator),
 ``listener`` (that signal from Spark's progress events), ``app_snapshots`` (snapshot an app's
 queries into copies the coordinator owns, with ``checkpoint_archive``), ``restore`` (checkpoints

@@ -2,86 +2,126 @@
 
 A sink that cannot write transactionally can still be made exactly-once by ``exactly_once`` if it can
 say where its output ends (``positions()``) and cut everything written after such a point
-(``rollback_to(positions)``). Sinks that can also *fence* (``FencedSink``: hide every write of an
+(``rollback_to(positions)``). Sinks that can also *fence* (``FencedSink``: shut out every write of an
 older run once a newer run started) are safe against zombie drivers too. All of it runs on the Spark
 driver; the data itself is written by executors.
 
-``PartitionedFileSink`` is an append-only table of JSON-lines (or Parquet/CSV/ORC) files under a local
-or shared filesystem path, partitioned Hive-style and written in parallel by Spark's executors, with a
-commit log (``commit_log``) that makes each batch visible atomically. Every ``write`` gets the next
-*write sequence* number ``S`` and runs under the sink's epoch ``E``:
+``PartitionedFileSink`` is an append-only table of JSON-lines (or Parquet/CSV/ORC) files at any location
+``storage.open_location`` reaches (a local path, ``hdfs://``, ``s3a://``, ``abfss://``, ``gs://``, ...),
+partitioned Hive-style and written in parallel by Spark's executors. Its commit log is Spark's own file
+sink log, ``_spark_metadata`` (``commit_log``): every Spark reader of the table (``spark.read.json(table)``,
+``spark.readStream`` on it) reads exactly the files of the batches in the log, and nothing a crashed,
+rolled-back or fenced write left behind. The driver uses only what every object store offers: listing,
+whole-object writes, create-if-absent and delete; no rename, no copy of data.
 
-1. ``df.write`` puts the batch's part files into ``table/_staging/<S>-e<E>-<attempt>/`` (executors, in
-   parallel; Spark's own committer);
-2. the driver renames each part file into its partition directory as
-   ``part-<S:012d>-e<E:012d>-<attempt>-<n>.<ext>`` (not yet visible: no commit names them), then
-   fsyncs the files and their directories (``_sync_published``);
-3. the driver checks that no newer epoch fenced the sink and writes the commit file
-   ``_commits/<S>-e<E>.json`` listing those files, atomically (the batch's visibility point), then
-   checks again: when a newer epoch announced its fence meanwhile, ``write`` raises ``Fenced`` (the
-   commit may be visible or hidden), so Spark never records such a batch as committed and its re-run
-   rolls it back;
-4. the staging directory is removed.
+Every ``write`` takes the next log number ``S`` (the *write sequence*) and runs under the sink's epoch
+``E``:
 
-``fence(E)`` goes in two steps: it announces ``E`` (``_fences/e<E>.intent``: from then on every lower
-epoch's check fails), then computes ``from_seq`` from the visible commits and writes the fence. A
-commit linked before the announcement is seen by that computation and stays visible; one linked
-after it fails its writer's second check. So a commit whose ``write`` returned is never hidden by a
-later fence, and a hidden commit was never reported as written.
+1. Spark's executors write the batch's part files straight into the table, in a directory of their own
+   per partition: ``<col>=<value>/.../_w-s<S>-e<E>-a<attempt>-p<k>/part-*`` (one Spark write per
+   partition value of the batch; ``_w-s<S>-e<E>-a<attempt>/`` for an unpartitioned table). The write
+   directory sits *below* the partition directories so that readers still infer the partition columns
+   from the path (Spark refuses a table whose partition directories hang below different directories);
+2. the driver lists those directories and checks that no newer epoch announced a fence;
+3. it creates log entry ``S`` (create-if-absent) listing the files: the batch's visibility point.
+   Then it checks again: when a newer epoch announced its fence meanwhile, ``write`` raises ``Fenced``
+   (the batch may be visible), so Spark never records the batch as committed and its re-run rolls it
+   back.
 
-Readers use ``committed_files()`` / ``read(spark)``: files no visible commit lists (a crashed or
-rolled-back write, a zombie's late write) are never read. ``positions()`` is
-``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` removes the commits at or
-after ``next_seq`` written by the epoch named in the positions (the attempt that took them), then every
-file of this or an older epoch that no visible commit lists. It is idempotent.
+Entries are never deleted. A rollback or a restore *voids* an entry: it is replaced by an empty batch
+(and every compact file above it is rewritten without its files). Deleting would leave a gap, which
+stops every Spark reader, and would free the number for a zombie's late create.
+
+Fencing with an append-only, numbered log that plain readers read without knowing of fences:
+``fence(E)`` (a) announces ``E`` (``_fences/e<E>.intent``: from then on every lower epoch's check
+fails), then (b) lists the log and creates the first free number ``F`` itself, create-if-absent, as an
+empty ``fence`` entry, then (c) writes ``_fences/e<E>.json``. A writer of a lower epoch creates its
+entry only after a check that passed, so before (a); it took its number from a listing made before that
+too, so its number is at most ``F``. Below ``F`` every number is taken and its create fails. At ``F``
+either the fence created it first, and the writer's create fails, or the writer did, after the listing
+in (b), so after (a): its check after the create fails, its batch is never reported written, and the
+fence replaces that entry with its own. So no entry of an older run that was created after a newer run
+announced itself stays in the log, and none that a ``write`` reported written is ever replaced by a
+fence. A zombie's rollback that passed its check before (a) can still void its own unreported entries
+below ``F``; voiding replaces, so the log keeps no gap.
+
+``positions()`` is ``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` voids the
+data entries at or after ``next_seq`` written by the epoch named in the positions (the attempt that
+took them) or an older one (a zombie's, created after that epoch's fence, so never reported written),
+then deletes every write directory of this or an older epoch that no entry lists. It is idempotent.
 
 A snapshot records ``batch_end_positions``: ``[Offset(name, 0, cut), Offset(name, 2, fingerprint)]``,
-the fingerprint a digest of the visible commits below ``cut`` (``commit_log.commits_fingerprint``).
+the fingerprint a digest of the data entries below ``cut`` (``commit_log.commits_fingerprint``).
 ``restore_to`` (and ``check_restore``, which a restore runs for every sink before it cuts any) refuses
-with ``RestoreRefused`` when the visible commits below the cut are no longer those: another restore
-cut the sink below it since (a restore of an older snapshot), so the snapshot's checkpoint would
-resume after output the sink no longer holds. Nothing a legitimate run does changes them: a rollback
-removes only commits at or above its attempt's positions (above every batch Spark committed), and a
-fence hides only lower epochs' commits at or above the newest visible one.
+with ``RestoreRefused`` when the data entries below the cut are no longer those: another restore cut
+the sink below it since (a restore of an older snapshot), so the snapshot's checkpoint would resume
+after output the sink no longer holds. Nothing a legitimate run does changes them: a rollback voids
+only entries at or above its attempt's positions (above every batch Spark committed), and a fence only
+adds an entry above the newest.
+
+A table written by an earlier release of this sink (a ``_commits/`` directory) is refused
+(``LegacyTable``) rather than read: its batches are not in ``_spark_metadata``, and writing on would
+hide them from every reader.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shutil
+import secrets
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote, unquote, urlparse
 
 from snapcoord.client import Offset
 from snapcoord.spark_connector.commit_log import (
-    COMMITS_DIR,
+    DATA,
+    DEFAULT_COMPACT_INTERVAL,
+    FENCE,
     FENCES_DIR,
+    LEGACY_COMMITS_DIR,
+    METADATA_DIR,
+    VOID,
     Commit,
-    Fence,
+    FileLine,
     commits_fingerprint,
     fence_file_name,
     fence_intent_name,
-    is_visible,
-    parse_commit_name,
+    parse_entry,
     parse_fence_intent_name,
     parse_fence_name,
-    visible,
+    render_entry,
 )
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.epochs import Fenced
-
-_FILE_RE = re.compile(
-    r"^part-(?P<seq>\d{12})-e(?P<epoch>\d{12})-(?P<attempt>[0-9a-f]{12})-(?P<n>\d{5})(?P<ext>\..*)?$"
+from snapcoord.spark_connector.spark_sink_log import (
+    COMPACT_SUFFIX,
+    batch_id_of,
+    derive_compact_interval,
+    entry_name,
+    is_compaction_batch,
 )
-_STAGING_RE = re.compile(r"^(?P<seq>\d{12})-e(?P<epoch>\d{12})-(?P<attempt>[0-9a-f]{12})$")
+from snapcoord.spark_connector.storage import Entry, LocalStorage, Storage, join, open_location
+
+_WRITE_DIR_RE = re.compile(r"^_w-s(?P<seq>\d+)-e(?P<epoch>\d+)-a(?P<attempt>[0-9a-f]+)(-p\d+)?$")
+_PART_JOB_RE = re.compile(r"^part-\d+-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
-STAGING_DIR = "_staging"
-#: The partition of ``batch_end_positions`` that holds the fingerprint of the visible commits below the
+#: Spark's name for a null or empty partition value, and the characters it escapes in partition
+#: directory names (``ExternalCatalogUtils.escapePathName``).
+DEFAULT_PARTITION_NAME = "__HIVE_DEFAULT_PARTITION__"
+_ESCAPED = frozenset([*map(chr, range(1, 32)), '"', "#", "%", "'", "*", "/", ":", "=", "?", "\\", "\x7f"]) | {
+    "{",
+    "[",
+    "]",
+    "^",
+}
+#: What ``java.net.URI`` leaves unescaped in a path.
+_URI_PATH_SAFE = "/,;:$&+=@-_.!~*'()"
+#: The partition of ``batch_end_positions`` that holds the fingerprint of the data entries below the
 #: cut (``commit_log.commits_fingerprint``); positions without it (older snapshots) are not checked.
 FINGERPRINT_PARTITION = 2
 
@@ -162,28 +202,52 @@ class RestoreCheckedSink(RestorableSink, Protocol):
     def check_restore(self, positions: Sequence[Offset]) -> None: ...
 
 
-class PartitionedFileSink:
-    """An append-only, Hive-partitioned file table with an atomic commit per batch (see the module
-    docstring).
+class LegacyTable(RuntimeError):
+    """The table holds a commit log of an earlier release of ``PartitionedFileSink`` (``_commits/``),
+    which Spark readers and this release do not read. Nothing was read or written."""
 
-    ``path`` is a local or shared (NFS, mounted) filesystem directory, the same path on the driver
-    and on every executor. ``partition_by`` names the columns that become directories. ``name`` is
-    the stream name used in positions (default: the directory name, sanitised).
+
+class PartitionedFileSink:
+    """An append-only, Hive-partitioned file table with Spark's file sink log as its commit log (see
+    the module docstring).
+
+    ``location`` is the table: a URI Spark can write (``s3a://bucket/t``, ``hdfs://nn/t``, ``file:/t``)
+    or a path, opened with ``storage.open_location`` (Spark's own Hadoop FileSystem next to a classic
+    driver, fsspec with ``storage_options`` where no JVM is reachable). A location the connector
+    cannot reach raises ``UnsupportedLocation`` here; nothing is created. ``partition_by`` names the
+    columns that become directories. ``name`` is the stream name used in positions (default: the
+    table directory's name, sanitised). ``compact_interval`` must match the readers'
+    ``spark.sql.streaming.fileSink.log.compactInterval`` (Spark's default, 10).
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        location: str | os.PathLike[str],
         *,
         partition_by: Sequence[str] = (),
         file_format: str = "json",
         name: str | None = None,
         write_options: dict[str, str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        compact_interval: int = DEFAULT_COMPACT_INTERVAL,
     ) -> None:
-        self.path = Path(path).absolute()
+        #: A ``Path`` (any ``os.PathLike``) names a local or mounted directory of this machine: it is
+        #: opened as one, without Spark's qualification of plain paths against ``fs.defaultFS``.
+        self.local = isinstance(location, os.PathLike)
+        if isinstance(location, os.PathLike):
+            location = str(Path(location).absolute())
+        if not isinstance(location, str) or not location:
+            raise ValueError(f"a table location must be a non-empty string or path, not {location!r}")
+        if compact_interval < 1:
+            raise ValueError(f"compact_interval must be positive, got {compact_interval}")
+        self.location = location
         self.partition_by = tuple(partition_by)
         self.file_format = file_format
-        stream = name if name is not None else re.sub(r"[^A-Za-z0-9._:-]", "_", self.path.name) or "table"
+        self.compact_interval = compact_interval
+        self.storage_options = dict(storage_options or {})
+        base = unquote(urlparse(location).path if "://" in location else location).rstrip("/")
+        stream = name if name is not None else re.sub(r"[^A-Za-z0-9._:-]", "_", base.rpartition("/")[2])
+        stream = stream or "table"
         if not _NAME_RE.fullmatch(stream) or stream in (".", "..") or stream.startswith("_eo:"):
             raise ValueError(f"sink name {stream!r} must be 1-100 characters of [A-Za-z0-9._:-]")
         self.name = stream
@@ -191,22 +255,37 @@ class PartitionedFileSink:
         #: The epoch this object writes as (0 until ``fence``: a sink used without the wrapper).
         self.epoch = 0
         self._next_seq: int | None = None  # cached after the first scan in this process
+        self._storage: Storage | None = None
+        self._format_checked = False
+        self.storage  # noqa: B018  (opens now: an unreachable location fails here, not mid-batch)
+
+    @property
+    def storage(self) -> Storage:
+        """The table's ``Storage``, opened in this process on first use."""
+        if self._storage is None:
+            self._storage = (
+                LocalStorage(self.location)
+                if self.local
+                else open_location(self.location, storage_options=self.storage_options or None)
+            )
+        return self._storage
 
     def __repr__(self) -> str:
-        return f"PartitionedFileSink({str(self.path)!r}, partition_by={self.partition_by!r})"
+        return f"PartitionedFileSink({self.location!r}, partition_by={self.partition_by!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled as configuration (Spark Connect ships the sink with the foreachBatch function):
-        the copy starts at epoch 0 and rescans, like a new object on the same path.
+        the copy starts at epoch 0, rescans and opens the location again, like a new object on the
+        same table (a ``Storage`` holds connections or a JVM handle of this process).
 
-        Both fields are this process's view. A copy that trusted a stale cached sequence would register
-        too low a position, and a later rollback to it would delete committed output. A copy that kept
-        the sender's epoch would act as that run without having claimed it: its ``rollback_to`` deletes
-        every file of that epoch no commit lists yet, which includes the real holder's in-flight write,
-        and its writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor
-        roll back (``Fenced``) until its writer claims and fences a new epoch.
+        The sequence and the epoch are this process's view. A copy that trusted a stale cached
+        sequence would register too low a position, and a later rollback to it would void committed
+        output. A copy that kept the sender's epoch would act as that run without having claimed it:
+        its ``rollback_to`` would delete the real holder's in-flight write directories, and its
+        writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor roll
+        back (``Fenced``) until its writer claims and fences a new epoch.
         """
-        return {**self.__dict__, "_next_seq": None, "epoch": 0}
+        return {**self.__dict__, "_next_seq": None, "epoch": 0, "_storage": None, "_format_checked": False}
 
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
@@ -223,40 +302,31 @@ class PartitionedFileSink:
         if attempt_epoch > self.epoch:
             raise Fenced(f"{self!r}: cannot roll back epoch {attempt_epoch}'s write as epoch {self.epoch}")
         self.check_epoch()
-        fences = self._fences()
-        commits = self._commits()
-        shown = {c.file_name for c in visible(commits, fences)}
-        # 1. The attempt's own commits (one unlink hides a whole batch), and commits of older epochs
-        #    that are invisible anyway (a zombie's fenced leftovers). Never a newer epoch's.
-        for c in commits:
-            own_attempt = c.seq >= keep_below and c.epoch == attempt_epoch
-            dead = c.file_name not in shown and c.epoch < self.epoch
-            if own_attempt or dead:
-                self._remove(self.path / COMMITS_DIR / c.file_name)
-        # 2. Files that no visible commit lists, of this or an older epoch (an in-flight write of a
-        #    newer epoch is not ours to touch), and staging directories of those epochs.
-        remaining = self._commits()
-        listed = {f for c in visible(remaining, fences) for f in c.files}
-        for file, _, epoch in self._data_files():
-            if epoch <= self.epoch and file.relative_to(self.path).as_posix() not in listed:
-                self._remove(file)
-        for staging, epoch in self._staging_dirs():
-            if epoch <= self.epoch:
-                shutil.rmtree(staging, ignore_errors=True)
-        self._next_seq = None  # rescan: the next write takes a number above everything left
+        # The attempt's own batches, and those of older epochs at or above its positions (created
+        # after the attempt's epoch fenced, so their writers failed): newest first. Never a newer
+        # epoch's, never anything below the positions.
+        voided = [
+            c
+            for c in reversed(self._commits())
+            if c.seq >= keep_below and c.is_data and c.epoch <= attempt_epoch
+        ]
+        for c in voided:
+            self._void(c)
+        self._delete_unlisted_writes(voided)
+        self._next_seq = None
 
     # -- snapshots and restores ------------------------------------------------------------------------
     def batch_end_positions(self, batch_id: int) -> list[Offset]:
         """``[Offset(name, 0, S + 1), Offset(name, 2, F)]`` where ``S`` is the sequence of the newest
-        visible commit of ``batch_id`` *in the current run of batch ids*: every write below ``S + 1``
-        is the output of that batch or of earlier ones; ``F`` is the fingerprint of the visible
-        commits below ``S + 1`` (``commit_log.commits_fingerprint``), which ``restore_to`` checks.
+        data entry of ``batch_id`` *in the current run of batch ids*: every write below ``S + 1`` is
+        the output of that batch or of earlier ones; ``F`` is the fingerprint of the data entries below
+        ``S + 1`` (``commit_log.commits_fingerprint``), which ``restore_to`` checks.
 
-        The current run is the visible commits after the last place where batch ids go down (a
+        The current run is the data entries after the last place where batch ids go down (a
         checkpoint reset starts again at a lower id; one checkpoint's batches only go up, a
-        rolled-back attempt is no longer visible). A batch id that only an earlier run wrote is
-        another checkpoint's batch: taking its position would cut the current run's output, so that
-        raises ``LookupError`` like a batch without any visible commit."""
+        rolled-back attempt is void). A batch id that only an earlier run wrote is another
+        checkpoint's batch: taking its position would cut the current run's output, so that raises
+        ``LookupError`` like a batch without any data entry."""
         shown = self.commits()
         commits = [(c.seq, c.batch_id) for c in shown if c.batch_id is not None]
         start = 0
@@ -267,11 +337,11 @@ class PartitionedFileSink:
         if not ours:
             earlier = any(b == batch_id for _, b in commits[:start])
             why = (
-                f"no visible commit of batch {batch_id} in its current run of batch ids (from sequence "
+                f"no batch {batch_id} in its current run of batch ids (from sequence "
                 f"{commits[start][0]}); an earlier run (a reset checkpoint) wrote one, which is not this "
                 "checkpoint's"
                 if earlier
-                else f"no visible commit of batch {batch_id}"
+                else f"no batch {batch_id} in its log"
             )
             raise LookupError(
                 f"{self!r} has {why}: write every batch with sink.write (exactly_once's default) so "
@@ -289,10 +359,10 @@ class PartitionedFileSink:
 
     def check_restore(self, positions: Sequence[Offset]) -> None:
         """Raise, changing nothing, when ``restore_to(positions)`` would refuse for the sink's content:
-        ``ValueError`` when the positions do not name this sink, ``RestoreRefused`` when its visible
-        commits below the cut differ from those the positions' fingerprint recorded. Positions
+        ``ValueError`` when the positions do not name this sink, ``RestoreRefused`` when its data
+        entries below the cut differ from those the positions' fingerprint recorded. Positions
         without a fingerprint (snapshots taken before it existed) pass. ``restore_to`` checks again
-        after its fence (no older run can change the visible commits any more)."""
+        after its fence (no older run can change the log any more)."""
         require_driver("PartitionedFileSink.check_restore")
         keep_below, recorded = self._restore_point(positions)
         self._check_kept(self.commits(), keep_below, recorded)
@@ -304,15 +374,15 @@ class PartitionedFileSink:
         return max(mine[0], 0), mine.get(FINGERPRINT_PARTITION)
 
     def _check_kept(self, shown: Iterable[Commit], keep_below: int, recorded: int | None) -> None:
-        """Refuse a cut at ``keep_below`` when the visible commits below it are not the recorded ones.
+        """Refuse a cut at ``keep_below`` when the data entries below it are not the recorded ones.
 
-        What legitimately changes the visible commits after a snapshot does not reach below its cut:
-        a rollback removes commits at or above its attempt's positions, which lie above every batch
-        Spark committed; a fence (a later run's, a restore's, also this restore's own) hides only
-        lower epochs' commits at or above the newest visible one; a zombie's late commit is hidden.
-        So a restore of the same snapshot again, after the query ran on, or after a zombie wrote, passes.
-        A restore of an older snapshot in between removed commits below this cut (and the runs after it
-        wrote other commits): this snapshot's checkpoint would resume after batches the sink lost."""
+        What legitimately changes the log after a snapshot does not reach below its cut: a rollback
+        voids entries at or above its attempt's positions, which lie above every batch Spark
+        committed; a fence (a later run's, a restore's, also this restore's own) adds an empty entry
+        above the newest. So a restore of the same snapshot again, after the query ran on, or after a
+        zombie wrote, passes. A restore of an older snapshot in between voided entries below this cut
+        (and the runs after it wrote others): this snapshot's checkpoint would resume after batches
+        the sink lost."""
         if recorded is None:
             return
         below = [c for c in shown if c.seq < keep_below]
@@ -320,11 +390,11 @@ class PartitionedFileSink:
             return
         if below:
             now = (
-                f"{len(below)} visible commit(s) below it, sequences {below[0].seq}..{below[-1].seq}, "
+                f"{len(below)} batch(es) below it, sequences {below[0].seq}..{below[-1].seq}, "
                 f"the newest of batch {below[-1].batch_id} (epoch {below[-1].epoch})"
             )
         else:
-            now = "no visible commit below it"
+            now = "no batch below it"
         raise RestoreRefused(
             f"{self!r}: refusing to restore to sequence {keep_below}: the sink no longer holds the output "
             f"the snapshot recorded below it (fingerprint {recorded}, now "
@@ -337,19 +407,18 @@ class PartitionedFileSink:
         )
 
     def restore_to(self, positions: Sequence[Offset]) -> None:
-        """Remove every commit at or above the snapshot's sequence (whichever run wrote it, up to
-        this object's epoch) and every file of those epochs that no remaining visible commit lists;
-        commits below it stay, visible ones intact.
+        """Void every data entry at or above the snapshot's sequence (whichever run wrote it, up to
+        this object's epoch) and delete every write directory of those epochs that no entry lists;
+        entries below it stay intact.
 
-        It refuses (``RestoreRefused``), before removing anything, when the positions carry a
-        fingerprint and the visible commits below the cut are not those it recorded
-        (``check_restore``).
+        It refuses (``RestoreRefused``), before changing anything, when the positions carry a
+        fingerprint and the data entries below the cut are not those it recorded (``check_restore``).
 
         Only the holder of the newest epoch may do this (``fence`` first): a run still writing
         would otherwise commit again behind the cut. A run that fences a newer epoch while the cut
-        is under way is never touched (its files, commits and staging directories are of a higher
-        epoch), and the cut then raises ``Fenced`` at its end: that run may have counted on output
-        the cut removed, so the restore must not be taken as done.
+        is under way is never touched (its entries and write directories are of a higher epoch),
+        and the cut then raises ``Fenced`` at its end: that run may have counted on output the cut
+        removed, so the restore must not be taken as done.
         """
         require_driver("PartitionedFileSink.restore_to")
         keep_below, recorded = self._restore_point(positions)
@@ -357,24 +426,18 @@ class PartitionedFileSink:
             raise Fenced(f"{self!r}: fence the sink with a new epoch before restoring it")
         self.check_epoch()
         commits = self._commits()
-        self._check_kept(visible(commits, self._fences()), keep_below, recorded)
-        for c in commits:
-            if c.seq >= keep_below and c.epoch <= self.epoch:
-                self._remove(self.path / COMMITS_DIR / c.file_name)
-        listed = {f for c in visible(self._commits(), self._fences()) for f in c.files}
-        for file, _, epoch in self._data_files():
-            if epoch <= self.epoch and file.relative_to(self.path).as_posix() not in listed:
-                self._remove(file)
-        for staging, epoch in self._staging_dirs():
-            if epoch <= self.epoch:
-                shutil.rmtree(staging, ignore_errors=True)
+        self._check_kept([c for c in commits if c.is_data], keep_below, recorded)
+        voided = [c for c in reversed(commits) if c.seq >= keep_below and c.is_data and c.epoch <= self.epoch]
+        for c in voided:
+            self._void(c)
+        self._delete_unlisted_writes(voided)
         self._next_seq = None
         self.check_epoch()  # a newer run that fenced during the cut: the restore is not done
 
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
         """The highest epoch fenced or announced (a fence's first step) so far."""
-        names = [p.name for p in _list_dir(self.path / FENCES_DIR)]
+        names = [e.name for e in self.storage.list(FENCES_DIR)]
         epochs = [parse_fence_name(n) for n in names] + [parse_fence_intent_name(n) for n in names]
         return max((e for e in epochs if e is not None), default=0)
 
@@ -382,191 +445,392 @@ class PartitionedFileSink:
         require_driver("PartitionedFileSink.fence")
         if epoch <= 0:
             raise ValueError(f"epoch must be positive, got {epoch}")
+        self._check_format()
         highest = self.max_epoch()
         if highest > epoch:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
-        if not (self.path / FENCES_DIR / fence_file_name(epoch)).exists():
-            # 1. Announce: every lower epoch's check fails from here on, also the check a writer makes
-            #    right after linking its commit file.
+        if not self.storage.exists(join(FENCES_DIR, fence_file_name(epoch))):
+            # (a) Announce: every lower epoch's check fails from here on, also the check a writer
+            #     makes right after creating its entry.
             with contextlib.suppress(FileExistsError):  # announced before, by a fence that failed
-                _create_exclusive(self.path / FENCES_DIR, fence_intent_name(epoch), "")
-            highest = self.max_epoch()
-            if highest > epoch:
-                raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
-            # 2. Everything committed so far stays visible; a lower epoch's commit at or above from_seq,
-            #    now or later, is hidden. A commit linked after the announcement is not seen here, and
-            #    its writer fails its check after the link (never reports it written). A zombie cannot
-            #    commit below from_seq: its next sequence is above its own last commit, and every
-            #    visible commit is below from_seq.
-            from_seq = max((c.seq for c in visible(self._commits(), self._fences())), default=-1) + 1
-            payload = json.dumps({"epoch": epoch, "from_seq": from_seq})
-            _create_exclusive(self.path / FENCES_DIR, fence_file_name(epoch), payload)
+                self.storage.write_bytes(join(FENCES_DIR, fence_intent_name(epoch)), b"", exclusive=True)
+            self.check_fence_of(epoch)
+            # (b) Take the first free number as an empty batch (see the module docstring).
+            from_seq = self._latest() + 1
+            marker = Commit(from_seq, epoch, None, (), FENCE, "f")
+            try:
+                self._create_entry(marker, [])
+            except FileExistsError:
+                found = self._entry(from_seq)
+                if [c for c, _ in found] != [marker]:
+                    # Created after this fence's listing, so after its announcement: its writer's
+                    # check after the create fails, and the batch is never reported written.
+                    self.check_fence_of(epoch)
+                    self._replace_entry(marker, [])
+            self._fill_gaps(from_seq, epoch)
+            # (c) The fence is complete.
+            payload = f'{{"epoch": {epoch}, "from_seq": {from_seq}}}'.encode()
+            with contextlib.suppress(FileExistsError):
+                self.storage.write_bytes(join(FENCES_DIR, fence_file_name(epoch)), payload, exclusive=True)
         self.epoch = epoch
         self._next_seq = None
+
+    def check_fence_of(self, epoch: int) -> None:
+        highest = self.max_epoch()
+        if highest > epoch:
+            raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
 
     def check_epoch(self) -> None:
         highest = self.max_epoch()
         if highest > self.epoch:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this writer holds {self.epoch}")
 
+    def _fill_gaps(self, below: int, epoch: int) -> None:
+        """Create an empty entry at every free number below ``below`` (readers stop at a gap): this
+        sink never leaves one, but a log that something else cut or left incomplete may have one."""
+        taken = self._entry_names()
+        for seq in range(below):
+            if seq not in taken:
+                with contextlib.suppress(FileExistsError):
+                    self._create_entry(Commit(seq, epoch, None, (), VOID, "gap"), [])
+
     # -- writing -----------------------------------------------------------------------------------
     def write(self, df: Any, batch_id: int | None = None) -> int:
         """Append ``df`` (a DataFrame) as one atomically committed batch; returns its write sequence.
 
-        ``batch_id`` is recorded in the commit file (informational: a retried batch writes new files,
-        which is why this sink alone is at-least-once and needs ``exactly_once``).
+        ``batch_id`` is recorded in the entry's marker (a retried batch writes new files, which is
+        why this sink alone is at-least-once and needs ``exactly_once``).
         """
         require_driver("PartitionedFileSink.write")
         self.check_epoch()
         seq = self._sequence()
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
-        staging = self.path / STAGING_DIR / f"{seq:012d}-e{self.epoch:012d}-{attempt}"
-        # "error", not its alias "errorifexists", which Spark Connect's DataFrameWriter rejects.
-        writer = df.write.format(self.file_format).mode("error").options(**self.write_options)
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(str(staging))
-        files: list[str] = []
-        for n, src in enumerate(sorted(_staged_part_files(staging))):
-            dst_dir = self.path / src.parent.relative_to(staging)
-            dst_dir.mkdir(parents=True, exist_ok=True)
-            ext = "".join(src.suffixes[-2:]) if src.name.endswith(".gz") else src.suffix
-            dst = dst_dir / f"part-{seq:012d}-e{self.epoch:012d}-{attempt}-{n:05d}{ext}"
-            self._publish_file(src, dst)
-            files.append(dst.relative_to(self.path).as_posix())
-        # Spark wrote the part files without fsync, and the renames are directory entries: both go
-        # to disk before the commit (which is fsynced), so that after a power loss a commit never
-        # lists a file that was lost.
-        _sync_published(self.path, files)
-        self._commit(Commit(seq, self.epoch, batch_id, tuple(files)))
-        shutil.rmtree(staging, ignore_errors=True)
+        write_dir = f"_w-s{seq}-e{self.epoch}-a{attempt}"
+        files = self._write_files(df, write_dir)
+        if isinstance(self.storage, LocalStorage):
+            # Spark wrote the part files without fsync: they go to disk before the entry (which is
+            # fsynced), so that after a power loss an entry never lists a file that was lost.
+            _sync_published(self.storage.root, [f.path for f in files])
+        self._commit(Commit(seq, self.epoch, batch_id, tuple(f.path for f in files), DATA, attempt), files)
         return seq
 
-    def _publish_file(self, src: Path, dst: Path) -> None:
-        """Move one part file to its final name (invisible until the commit). Subclasses may hook here."""
-        os.replace(src, dst)
+    def _write_files(self, df: Any, write_dir: str) -> list[FileLine]:
+        """Spark's executors write the batch's part files; the files they wrote, in a stable order."""
+        now_ms = int(time.time() * 1000)
+        if not self.partition_by:
+            return [FileLine(e.name, e.size, now_ms) for e in self._write_into_root(df)]
+        from pyspark.sql import functions as F
 
-    def _commit(self, commit: Commit) -> None:
+        cols = self.partition_by
+        leaves: list[str] = []
+        df = df.persist()  # one Spark write per partition value reads the batch once
+        try:
+            keys = df.select(*[F.col(c).cast("string").alias(c) for c in cols]).distinct().collect()
+            ordered = sorted(keys, key=lambda r: [(v is None, v or "") for v in r])
+            for k, row in enumerate(ordered):
+                values = [row[c] for c in cols]
+                condition = None
+                for c, v in zip(cols, values, strict=True):
+                    term = F.col(c).cast("string").eqNullSafe(F.lit(v))
+                    condition = term if condition is None else condition & term
+                leaf = join(partition_path(cols, values), f"{write_dir}-p{k}")
+                self._spark_write(df.where(condition).drop(*cols), leaf, mode="error")
+                leaves.append(leaf)
+                self._wrote_part(k)
+        finally:
+            df.unpersist()
+        return [
+            FileLine(join(leaf, e.name), e.size, now_ms)
+            for leaf in leaves
+            for e in self.storage.list(leaf)
+            if _is_part_file(e)
+        ]
+
+    def _write_into_root(self, df: Any) -> list[Entry]:
+        """An unpartitioned batch: Spark readers read only the files directly in the table, so Spark
+        writes there, and the batch's files are those of the one Spark job that appeared meanwhile.
+
+        Spark's committer stages in ``_temporary/<n>``; a number of this write's own, and no cleanup
+        of the whole ``_temporary``, keep a concurrent writer's staged files (a zombie's) apart. A
+        part file of another job that appears meanwhile (such a zombie's) makes the write fail: its
+        files cannot be told from this batch's."""
+        before = {e.name for e in self.storage.list("") if _is_part_file(e)}
+        staging = secrets.randbelow(1 << 30) + 1
+        options = {
+            "mapreduce.job.application.attempt.id": str(staging),
+            "mapreduce.fileoutputcommitter.cleanup.skipped": "true",
+            "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        }
+        try:
+            self._spark_write(df, "", mode="append", extra=options)
+            self._wrote_part(0)
+        finally:
+            self.storage.delete_tree(join("_temporary", str(staging)))
+        new = [e for e in self.storage.list("") if _is_part_file(e) and e.name not in before]
+        jobs = {_job_of(e.name) for e in new}
+        if len(jobs) > 1:
+            raise RuntimeError(
+                f"{self!r}: part files of {len(jobs)} Spark jobs appeared in the table during this write "
+                f"({sorted(e.name for e in new)[:4]}...): another writer (a zombie driver) writes it too; "
+                "this batch is not committed, and its re-run rolls it back"
+            )
+        return sorted(new, key=lambda e: e.name)
+
+    def _spark_write(self, df: Any, path: str, *, mode: str, extra: dict[str, str] | None = None) -> None:
+        # "error", not its alias "errorifexists", which Spark Connect's DataFrameWriter rejects.
+        options = {**self.write_options, **(extra or {})}
+        df.write.format(self.file_format).mode(mode).options(**options).save(self.storage.uri(path))
+
+    def _wrote_part(self, n: int) -> None:
+        """Called after each Spark write of a batch (one per partition value). Subclasses may hook here."""
+
+    def _commit(self, commit: Commit, files: Sequence[FileLine]) -> None:
         """The visibility point of a batch. The fence check makes a zombie fail here in the common
-        case. One that passes it just before a newer run announces its fence links its commit file
-        and fails the check after it (``Fenced``): its commit is hidden by that fence, or visible
-        and rolled back by the batch's re-run; either way Spark never records the batch committed."""
+        case. One that passes it just before a newer run announces its fence creates its entry and
+        fails the check after it (``Fenced``): the entry is replaced by that fence, or stays and is
+        voided by the batch's re-run; either way Spark never records the batch committed."""
         self.check_epoch()
-        payload = json.dumps(
-            {
-                "seq": commit.seq,
-                "epoch": commit.epoch,
-                "batch_id": commit.batch_id,
-                "files": list(commit.files),
-            }
-        )
-        _create_exclusive(self.path / COMMITS_DIR, commit.file_name, payload)
+        try:
+            self._create_entry(commit, files)
+        except FileExistsError:
+            highest = self.max_epoch()
+            if highest > self.epoch:
+                raise Fenced(
+                    f"{self!r}: epoch {highest} fenced the sink and took sequence {commit.seq} before "
+                    f"epoch {self.epoch} committed batch {commit.batch_id} there: not written"
+                ) from None
+            raise RuntimeError(
+                f"{self!r}: log entry {commit.seq} was created by another writer of epoch {self.epoch} "
+                "(two sink objects writing one table as one run); batch not written"
+            ) from None
         highest = self.max_epoch()
         if highest > self.epoch:
-            state = "visible" if is_visible(commit, self._fences()) else "hidden by its fence"
             raise Fenced(
                 f"{self!r}: epoch {highest} fenced the sink while epoch {self.epoch} committed sequence "
-                f"{commit.seq} (batch {commit.batch_id}, {state}): not reported as written; its "
-                "re-run rolls it back"
+                f"{commit.seq} (batch {commit.batch_id}): not reported as written; its re-run or the "
+                "fence voids it"
             )
 
-    def _remove(self, path: Path) -> None:
-        """Delete one file of a rollback. Subclasses may hook here."""
-        path.unlink(missing_ok=True)
+    # -- the log's entries -------------------------------------------------------------------------
+    def _entry_names(self) -> dict[int, str]:
+        """Sequence -> object name of every entry of the log, under the names Spark reads now."""
+        self._check_format()
+        found: dict[int, str] = {}
+        for e in self.storage.list(METADATA_DIR):
+            seq = batch_id_of(e.name)
+            if seq is not None and not e.is_dir:
+                found[seq] = e.name
+        interval = self._interval(found)
+        return {seq: name for seq, name in found.items() if name == entry_name(seq, interval)}
+
+    def _interval(self, names: dict[int, str]) -> int:
+        """The compaction interval Spark's readers derive for this log (``compact_interval`` while
+        it holds fewer than two compactions)."""
+        compactions = [seq for seq, name in names.items() if name.endswith(COMPACT_SUFFIX)]
+        return derive_compact_interval(self.compact_interval, compactions)
+
+    def _name_of(self, seq: int) -> str:
+        return join(METADATA_DIR, entry_name(seq, self._interval(self._entry_names())))
+
+    def _latest(self) -> int:
+        return max(self._entry_names(), default=-1)
+
+    def _entry(self, seq: int) -> list[tuple[Commit, list[FileLine]]]:
+        """The commits in entry ``seq`` (a compact file holds those of every entry before it)."""
+        name = self._name_of(seq)
+        return parse_entry(self.storage.read_bytes(name), self._relative, self.storage.uri(name))
+
+    def _log(self, names: dict[int, str] | None = None) -> list[tuple[Commit, list[FileLine]]]:
+        """Every entry of the log with its files, in order, read as a Spark reader reads it: the
+        newest compact file, then the entries after it."""
+        names = self._entry_names() if names is None else names
+        if not names:
+            return []
+        latest = max(names)
+        compacts = [s for s, n in names.items() if n.endswith(COMPACT_SUFFIX)]
+        start = max(compacts, default=-1)
+        out: list[tuple[Commit, list[FileLine]]] = []
+        for seq in range(max(start, 0), latest + 1):
+            if seq not in names:
+                continue  # a gap (readers fail on it; fence fills it)
+            found = self._entry(seq)
+            if seq == start:
+                out += found
+            else:
+                out += [(c, fs) for c, fs in found if c.seq in (seq, -1)]
+        return out
+
+    def _commits(self) -> list[Commit]:
+        """Every entry of the log (data, fence and void), in order."""
+        return [c for c, _ in self._log()]
+
+    def _create_entry(self, commit: Commit, files: Sequence[FileLine]) -> None:
+        self.storage.write_bytes(self._name_of(commit.seq), self._render(commit, files), exclusive=True)
+
+    def _render(self, commit: Commit, files: Sequence[FileLine]) -> bytes:
+        """Entry ``commit.seq``'s bytes: the commit alone, or for a compact file every entry before it
+        too (as the log holds them now) followed by it."""
+        now_ms = int(time.time() * 1000)
+        if not is_compaction_batch(commit.seq, self._interval(self._entry_names())):
+            return render_entry([commit], [files], self._log_uri, now_ms)
+        names = {s: n for s, n in self._entry_names().items() if s < commit.seq}
+        before = [(c, fs) for c, fs in self._log(names) if c.seq < commit.seq]
+        return render_entry(
+            [c for c, _ in before] + [commit],
+            [fs for _, fs in before] + [list(files)],
+            self._log_uri,
+            now_ms,
+        )
+
+    def _replace_entry(self, commit: Commit, files: Sequence[FileLine]) -> None:
+        """Overwrite entry ``commit.seq`` (never delete it), then every compact file above it, which
+        holds the old entry's files too."""
+        self.storage.write_bytes(self._name_of(commit.seq), self._render(commit, files))
+        for seq, name in sorted(self._entry_names().items()):
+            if seq > commit.seq and name.endswith(COMPACT_SUFFIX):
+                own = [(c, fs) for c, fs in self._entry(seq) if c.seq == seq]
+                if own:
+                    self.storage.write_bytes(join(METADATA_DIR, name), self._render(*own[0]))
+
+    def _void(self, commit: Commit) -> None:
+        """Replace a data entry by an empty one of this epoch. Subclasses may hook here."""
+        self._replace_entry(Commit(commit.seq, self.epoch, commit.batch_id, (), VOID, commit.attempt), [])
+
+    def _log_uri(self, path: str) -> str:
+        """The URI a log entry gives for ``path``: the Hadoop path Spark writes to, percent-encoded as
+        ``java.net.URI`` expects it (Spark's reader decodes it with ``new Path(new URI(...))``)."""
+        return _encode_hadoop_path(self.storage.uri(path))
+
+    def _relative(self, uri: str) -> str:
+        root = urlparse(self._log_uri("")).path.rstrip("/") + "/"
+        path = urlparse(uri).path  # file:/x and file:///x alike
+        if path.startswith(root):
+            return unquote(path[len(root) :])
+        raise ValueError(f"{self!r}: the log lists {uri!r}, which is not below the table ({root!r})")
+
+    def _check_format(self) -> None:
+        if self._format_checked:
+            return
+        if self.storage.list(LEGACY_COMMITS_DIR):
+            raise LegacyTable(
+                f"{self!r} holds a commit log of an earlier release of PartitionedFileSink "
+                f"({LEGACY_COMMITS_DIR}/), which neither Spark readers nor this release read: writing on "
+                "would hide its batches. "
+                "Nothing was read or written. Copy its committed rows into a new table with the earlier "
+                "release (PartitionedFileSink(old).read(spark), written to a new location), or keep "
+                "writing this table with that release."
+            )
+        self._format_checked = True
+
+    # -- write directories -------------------------------------------------------------------------
+    def _write_dirs(self) -> Iterator[tuple[str, int]]:
+        """Every write directory in the table (relative path, epoch), below its partition directories."""
+        level = [""]
+        for _ in range(len(self.partition_by)):
+            level = [
+                join(p, e.name) for p in level for e in self.storage.list(p) if e.is_dir and "=" in e.name
+            ]
+        for parent in level:
+            for e in self.storage.list(parent):
+                m = _WRITE_DIR_RE.match(e.name)
+                if e.is_dir and m:
+                    yield join(parent, e.name), int(m.group("epoch"))
+
+    def _delete_unlisted_writes(self, voided: Sequence[Commit]) -> None:
+        """Delete the files of the ``voided`` entries, and the write directories of this or an older
+        epoch that no entry lists (crashed, rolled-back or fenced writes); an in-flight write of a
+        newer epoch is not ours to touch. Part files a crashed write left directly in an unpartitioned
+        table carry no epoch, so they stay (no entry lists them: no reader reads them)."""
+        for c in voided:
+            for f in c.files:
+                self.storage.delete(f)
+        listed = {f.rpartition("/")[0] for c in self._commits() for f in c.files}
+        for path, epoch in list(self._write_dirs()):
+            if epoch <= self.epoch and path not in listed:
+                self.storage.delete_tree(path)
 
     # -- reading -----------------------------------------------------------------------------------
     def commits(self) -> list[Commit]:
-        """The visible commits (one per batch), in write order."""
-        return visible(self._commits(), self._fences())
+        """The batches in the log (data entries), in write order."""
+        return [c for c in self._commits() if c.is_data]
 
-    def committed_files(self) -> list[Path]:
-        """The data files of every visible commit, in write order: the table's content."""
-        return [self.path / f for c in self.commits() for f in c.files]
+    def committed_files(self) -> list[str]:
+        """The data files of every batch in the log, in write order, relative to the table: its content."""
+        return [f for c in self.commits() for f in c.files]
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[str]:
         """Alias of ``committed_files``."""
         return self.committed_files()
 
     def read(self, spark: Any, schema: Any = None) -> Any:
-        """A DataFrame of the committed files only (with the partition columns). Never point
-        ``spark.read`` at the table directory itself: it would also read uncommitted files."""
-        files = [str(f) for f in self.committed_files()]
-        if not files:
+        """A DataFrame of the committed batches (with the partition columns): Spark's own reader of the
+        table, which honours the log like any other reader."""
+        if not self.committed_files():  # Spark cannot infer a schema from no files
             from pyspark.sql.types import StructType
 
             return spark.createDataFrame([], schema if schema is not None else StructType([]))
-        reader = spark.read.format(self.file_format).option("basePath", str(self.path))
+        reader = spark.read.format(self.file_format)
         if schema is not None:
             reader = reader.schema(schema)
-        return reader.options(**self.write_options).load(files)
+        return reader.options(**self.write_options).load(self.storage.uri(""))
 
     def read_json_records(self) -> Iterator[dict[str, Any]]:
         """Every committed record of a JSON-lines table with its partition columns, without Spark (for
         tests, tools and small tables; use ``read(spark)`` otherwise)."""
         if self.file_format != "json":
             raise ValueError("read_json_records needs file_format='json'")
+        import json
+
         for file in self.committed_files():
-            parts = dict(seg.split("=", 1) for seg in file.parent.relative_to(self.path).parts if "=" in seg)
-            with file.open(encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield {**json.loads(line), **parts}
+            parts = dict(_unescape_segment(seg) for seg in file.split("/")[:-1] if "=" in seg)
+            for line in self.storage.read_bytes(file).decode("utf-8").splitlines():
+                if line.strip():
+                    yield {**json.loads(line), **parts}
 
     # -- internals ---------------------------------------------------------------------------------
     def _sequence(self) -> int:
         if self._next_seq is None:
-            seqs = [c.seq for c in self._commits()]
-            seqs += [seq for _, seq, _ in self._data_files()]
-            seqs += [f.from_seq - 1 for f in self._fences()]
-            seqs += [int(d.name[:12]) for d, _ in self._staging_dirs()]
-            self._next_seq = max(seqs, default=-1) + 1
+            self._next_seq = self._latest() + 1
         return self._next_seq
 
-    def _commits(self) -> list[Commit]:
-        out = []
-        for entry in _list_dir(self.path / COMMITS_DIR):
-            if parse_commit_name(entry.name) is None:
-                continue
-            with contextlib.suppress(FileNotFoundError):  # removed by a concurrent rollback
-                doc = json.loads(entry.read_text(encoding="utf-8"))
-                out.append(
-                    Commit(int(doc["seq"]), int(doc["epoch"]), doc.get("batch_id"), tuple(doc["files"]))
-                )
-        return out
 
-    def _fences(self) -> list[Fence]:
-        out = []
-        for entry in _list_dir(self.path / FENCES_DIR):
-            if parse_fence_name(entry.name) is not None:
-                doc = json.loads(entry.read_text(encoding="utf-8"))
-                out.append(Fence(int(doc["epoch"]), int(doc["from_seq"])))
-        return out
-
-    def _data_files(self) -> Iterator[tuple[Path, int, int]]:
-        if not self.path.exists():
-            return
-        for dirpath, dirnames, filenames in os.walk(self.path):
-            dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
-            for fname in filenames:
-                m = _FILE_RE.match(fname)
-                if m:
-                    yield Path(dirpath) / fname, int(m.group("seq")), int(m.group("epoch"))
-
-    def _staging_dirs(self) -> list[tuple[Path, int]]:
-        out = []
-        for entry in _list_dir(self.path / STAGING_DIR):
-            m = _STAGING_RE.match(entry.name)
-            if m:
-                out.append((entry, int(m.group("epoch"))))
-        return out
+def _is_part_file(entry: Entry) -> bool:
+    return not entry.is_dir and entry.name.startswith("part-") and not entry.name.endswith(".crc")
 
 
-def _list_dir(path: Path) -> list[Path]:
-    try:
-        return sorted(path.iterdir())
-    except FileNotFoundError:
-        return []
+def _job_of(name: str) -> str:
+    """The Spark job that wrote part file ``name`` (``part-<task>-<job uuid>-c<n>.<ext>``)."""
+    m = _PART_JOB_RE.match(name)
+    return m.group("job") if m else name
+
+
+def partition_path(columns: Sequence[str], values: Sequence[str | None]) -> str:
+    """The partition directories Spark's writer makes for ``values`` (the columns cast to strings)."""
+    return "/".join(
+        f"{_escape(c)}={DEFAULT_PARTITION_NAME if v is None or v == '' else _escape(v)}"
+        for c, v in zip(columns, values, strict=True)
+    )
+
+
+def _encode_hadoop_path(location: str) -> str:
+    """A Hadoop path string (``scheme://authority/path``, unescaped) as a URI string."""
+    scheme, sep, rest = location.partition(":")
+    if not sep:
+        return quote(location, safe=_URI_PATH_SAFE)
+    if rest.startswith("//"):
+        authority, slash, path = rest[2:].partition("/")
+        return f"{scheme}://{authority}{slash}{quote(path, safe=_URI_PATH_SAFE)}"
+    return f"{scheme}:{quote(rest, safe=_URI_PATH_SAFE)}"
+
+
+def _escape(text: str) -> str:
+    return "".join(f"%{ord(ch):02X}" if ch in _ESCAPED else ch for ch in text)
+
+
+def _unescape_segment(segment: str) -> tuple[str, str | None]:
+    name, _, value = segment.partition("=")
+    return unquote(name), None if value == DEFAULT_PARTITION_NAME else unquote(value)
 
 
 def _fsync_path(path: Path) -> None:
@@ -578,9 +842,8 @@ def _fsync_path(path: Path) -> None:
 
 
 def _sync_published(root: Path, files: Sequence[str]) -> None:
-    """fsync each published file, then each directory between it and ``root`` (the renames'
-    entries, and those of partition directories made for them). A file's failure raises: the batch
-    is not committed. A directory's is ignored where the filesystem cannot fsync one."""
+    """fsync each written file, then each directory between it and ``root``. A file's failure raises:
+    the batch is not committed. A directory's is ignored where the filesystem cannot fsync one."""
     directories: set[Path] = set()
     for name in files:
         path = root / name
@@ -592,27 +855,3 @@ def _sync_published(root: Path, files: Sequence[str]) -> None:
     for directory in [*sorted(directories, key=lambda d: len(d.parts), reverse=True), root]:
         with contextlib.suppress(OSError):
             _fsync_path(directory)
-
-
-def _create_exclusive(directory: Path, name: str, text: str) -> None:
-    """Write ``directory/name`` whole or not at all, failing if it exists: a temp file, fsync, then a
-    hard link (atomic, and refuses to replace), so no reader ever sees a partial file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".tmp-{uuid.uuid4().hex}"
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, directory / name)
-    finally:
-        tmp.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        _fsync_path(directory)
-
-
-def _staged_part_files(staging: Path) -> Iterator[Path]:
-    for dirpath, _, filenames in os.walk(staging):
-        for fname in filenames:
-            if fname.startswith("part-"):
-                yield Path(dirpath) / fname

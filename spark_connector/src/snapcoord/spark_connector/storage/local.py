@@ -46,14 +46,16 @@ class LocalStorage:
 
     @property
     def location(self) -> str:
-        return self.root.as_uri()
+        return self.uri()
 
     def _path(self, path: str) -> Path:
         rel = clean_path(path)
         return self.root / rel if rel else self.root
 
     def uri(self, path: str = "") -> str:
-        return self._path(path).as_uri()
+        """``file:/abs/path``, unescaped: the form Hadoop's ``Path`` parses back to the same directory
+        (``Path.as_uri`` would percent-encode ``=`` in ``col=value``, which Spark then takes literally)."""
+        return f"file:{self._path(path).as_posix()}"
 
     def list(self, path: str = "") -> list[Entry]:
         directory = self._path(path)

@@ -1,0 +1,169 @@
+"""exactly_once's own time per batch on a local table and on a remote (sftp://) table, same run.
+
+    bench/run spark_sink_remote [--batches 20] [--rounds 2] [--embedded] [--smoke]
+
+One local[2] SparkSession that reaches a real sshd through Hadoop's ``sftp://`` FileSystem writes the
+same batches (200 records over four partitions) through ``exactly_once(PartitionedFileSink)`` into a
+local table and into a table on the sshd, alternately (local, sftp, sftp, local, ...). Per batch it
+reports, measured in the driver:
+
+- ``wrapper``: the wrapper's coordinator steps (fence check, delete of the previous record,
+  registration), i.e. the call minus the sink's ``write``;
+- ``sink``: the sink's driver steps (fence checks, listing the written files, creating the log
+  entry): ``write`` minus Spark's jobs (the partition values' query and one write per value);
+- ``storage ops``: the object-store calls the sink made for the batch, and their time;
+- ``spark``: Spark's jobs, for scale.
+
+The first batch of each round (the fence and the run's first claims) is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from common import coordinator_process
+
+from harness.sshd import SshServer
+from snapcoord.spark_connector.exactly_once import exactly_once
+from snapcoord.spark_connector.sinks import PartitionedFileSink
+
+
+class Timed:
+    """A ``Storage`` proxy that adds up the time and count of every call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls, self.seconds = inner, 0, 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if not callable(value) or name in ("uri", "child"):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self.calls += 1
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+class MeasuredSink(PartitionedFileSink):
+    spark_s = 0.0
+    write_s = 0.0
+
+    def _write_files(self, df: Any, write_dir: str) -> Any:
+        storage: Timed = self._storage  # type: ignore[assignment]
+        before, start = storage.seconds, time.perf_counter()
+        try:
+            return super()._write_files(df, write_dir)
+        finally:
+            self.spark_s += time.perf_counter() - start - (storage.seconds - before)
+
+    def write(self, df: Any, batch_id: int | None = None) -> int:
+        start = time.perf_counter()
+        try:
+            return super().write(df, batch_id)
+        finally:
+            self.write_s += time.perf_counter() - start
+
+
+def one_round(spark: Any, target: str, location: str, name: str, batches: int) -> list[dict[str, float]]:
+    sink = MeasuredSink(location, partition_by=["bucket"], name=name)
+    sink._storage = Timed(sink.storage)
+    storage: Timed = sink._storage
+    writer = exactly_once(sink, target, query_name=name)
+    rows: list[dict[str, float]] = []
+    try:
+        for b in range(batches):
+            df = spark.createDataFrame(
+                [(b * 1000 + i, f"b{i % 4}") for i in range(200)], "id long, bucket string"
+            )
+            sink.spark_s = sink.write_s = 0.0
+            calls, storage_s = storage.calls, storage.seconds
+            start = time.perf_counter()
+            writer(df, b)
+            total = time.perf_counter() - start
+            if b == 0:
+                continue
+            rows.append(
+                {
+                    "wrapper": (total - sink.write_s) * 1000,
+                    "sink": (sink.write_s - sink.spark_s) * 1000,
+                    "own": (total - sink.spark_s) * 1000,
+                    "storage_calls": storage.calls - calls,
+                    "storage": (storage.seconds - storage_s) * 1000,
+                    "spark": sink.spark_s * 1000,
+                }
+            )
+    finally:
+        writer.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--embedded", action="store_true", help="coordinator on its embedded stores")
+    p.add_argument("--smoke", action="store_true", help="3 batches, 1 round (a check that it runs)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batches, args.rounds = 3, 1
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sink-remote-")))
+        coord, backend = coordinator_process(stack, work / "coordinator", embedded=args.embedded)
+        sshd = stack.enter_context(SshServer(work / "sshd"))
+        builder = SparkSession.builder
+        for key, value in sshd.spark_conf().items():
+            builder = builder.config(key, value)
+        spark = (
+            builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        locations: dict[str, Callable[[int], str]] = {
+            "local": lambda r: str(work / f"local-{r}"),
+            "sftp": lambda r: sshd.uri(f"sftp-{r}"),
+        }
+        results: dict[str, list[dict[str, float]]] = {k: [] for k in locations}
+        order = ["local", "sftp"]
+        for r in range(args.rounds):
+            for kind in order if r % 2 == 0 else order[::-1]:
+                results[kind] += one_round(
+                    spark, coord.target, locations[kind](r), f"bench-{kind}-{r}", args.batches
+                )
+        spark.stop()
+
+    print(
+        f"exactly_once's own time per batch (medians over {args.rounds} x {args.batches - 1} batches; "
+        f"{backend})"
+    )
+    keys = ["wrapper", "sink", "own", "storage_calls", "storage", "spark"]
+    print(f"{'table':<6} " + " ".join(f"{k:>14}" for k in keys) + "   (ms; storage_calls: count)")
+    for kind, rows in results.items():
+        cells = [statistics.median(row[k] for row in rows) for k in keys]
+        print(f"{kind:<6} " + " ".join(f"{c:>14.1f}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
