@@ -72,6 +72,9 @@ OBJECT_STORE_SCHEMES = frozenset({"s3a", "s3", "s3n", "gs", "oss", "cosn", "obs"
 _NOT_FOUND = "java.io.FileNotFoundException"
 _EXISTS = "org.apache.hadoop.fs.FileAlreadyExistsException"
 _NO_FILESYSTEM = "org.apache.hadoop.fs.UnsupportedFileSystemException"
+#: A scheme whose FileSystem class is configured (core-default.xml names S3AFileSystem for s3a://) but
+#: not on the class path: Hadoop wraps it in a RuntimeException.
+_NO_CLASS = "java.lang.ClassNotFoundException"
 
 
 class _Jvm:
@@ -128,6 +131,16 @@ def hadoop_storage(session: Any, location: str) -> HadoopStorage:
     return HadoopStorage(jvm, fs, str(qualified.toString()))
 
 
+def _caused_by(jvm: _Jvm, java: Any, class_name: str) -> bool:
+    """Whether ``java`` or an exception in its cause chain is a ``class_name``."""
+    seen = 0
+    while java is not None and seen < 16:
+        if jvm.is_a(java, class_name):
+            return True
+        java, seen = java.getCause(), seen + 1
+    return False
+
+
 @contextlib.contextmanager
 def _unsupported_scheme(jvm: _Jvm, location: str) -> Iterator[None]:
     from py4j.protocol import Py4JJavaError
@@ -136,7 +149,7 @@ def _unsupported_scheme(jvm: _Jvm, location: str) -> Iterator[None]:
         yield
     except Py4JJavaError as e:
         java = e.java_exception
-        if jvm.is_a(java, _NO_FILESYSTEM):
+        if jvm.is_a(java, _NO_FILESYSTEM) or _caused_by(jvm, java, _NO_CLASS):
             raise UnsupportedLocation(
                 f"{location!r}: Spark's Hadoop configuration has no FileSystem for this scheme "
                 f"({java.getMessage()}); put the scheme's Hadoop connector on Spark's class path (for "
