@@ -29,6 +29,7 @@ from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.backlog import BacklogBound
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner, last_batch_time_ms
+from snapcoord.spark_connector.storage import LocalStorage
 
 pytestmark = pytest.mark.spark
 
@@ -205,7 +206,7 @@ def test_switches_both_ways_on_lag_and_after_downtime(
         # condition on the checkpoint's last batch time, not a sleep of a guessed length).
         for i in range(8, 11):
             write_file(source, i)
-        last = last_batch_time_ms(checkpoint)
+        last = last_batch_time_ms(LocalStorage(checkpoint))
         assert last is not None
         wait_until(lambda: time.time() * 1000 - last > 1500, timeout=30, what="the downtime bound to pass")
         restarted = runner_for(starter, client, job, bound)
