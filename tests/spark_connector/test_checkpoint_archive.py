@@ -22,6 +22,7 @@ from snapcoord.spark_connector.app_snapshots import (
     downstream_first,
     take_snapshot,
 )
+from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
 from snapcoord.spark_connector.checkpoint_archive import (
     CheckpointCut,
     CheckpointNotReady,
@@ -31,6 +32,8 @@ from snapcoord.spark_connector.checkpoint_archive import (
     unpack_chunks,
 )
 from snapcoord.spark_connector.commit_log import commits_fingerprint
+from snapcoord.spark_connector.exactly_once import exactly_once
+from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.restore_target import (
     PLACEHOLDER_LINE,
     PendingRestore,
@@ -42,7 +45,7 @@ from snapcoord.spark_connector.restore_target import (
     write_archive,
 )
 from snapcoord.spark_connector.sinks import PartitionedFileSink
-from snapcoord.spark_connector.storage import LocalStorage, Storage
+from snapcoord.spark_connector.storage import LocalStorage, Storage, UnsupportedLocation
 
 
 def offsets_entry(file_log_offset: int, kafka: dict[str, dict[str, int]]) -> str:
@@ -344,3 +347,48 @@ def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
         complete(LocalStorage(restored), restore_into(LocalStorage(restored), archive, 4))
         assert cut_checkpoint(LocalStorage(restored)).batch_id == 4
         assert (restored / "state/0/1/5.delta").exists() and not (restored / "state/0/1/6.delta").exists()
+
+
+# -- locations no backend reaches: refused with the documented error, nothing written or created -------
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["nosuch://host/cp", "abfss://container@account.dfs.core.windows.net/cp"],
+    ids=["unknown-scheme", "missing-extra"],
+)
+def test_a_location_no_backend_reaches_is_refused_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess, location: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a location taken for a relative path would show up here
+    scheme = location.split(":")[0]
+    app = f"bad-{scheme}"
+    with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            take_snapshot(client, app, [SnapshotQuery("q", location)], timeout_s=30)
+        assert client.list_snapshots(app).items == ()  # refused before the snapshot was created
+        good = make_checkpoint(tmp_path / "good", last_offsets=1, last_commit=1)
+        done = take_snapshot(client, app, [SnapshotQuery("q", str(good))], timeout_s=60)
+        before = listing(tmp_path)
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            restore_snapshot(client, app, done.generation, [RestoreTarget("q", location)])
+        writer = exactly_once(
+            PartitionedFileSink(tmp_path / "table"),
+            zk_coordinator.target,
+            query_name="bad",
+            batch_function=print,
+            checkpoint_location=location,
+        )
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            writer([], 0)
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            BacklogAwareRunner(
+                lambda trigger: None,  # type: ignore[arg-type, return-value]
+                "job",
+                client,
+                {"availableNow": True},
+                {"processingTime": "1 second"},
+                checkpoint_location=location,
+            )
+        assert listing(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["good"]
+        assert client.get_snapshot(app, done.generation).state is SnapshotState.COMPLETED

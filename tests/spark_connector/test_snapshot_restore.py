@@ -1,7 +1,8 @@
 """Snapshots that own a copy of each query's checkpoint, and restores that roll the sinks back.
 
 Real local PySpark (classic, and Spark Connect through the Connect job of the exactly-once tests), a
-real ``snapcoord serve`` on the shared ZooKeeper + S3. Queries read JSON files (one file per batch,
+real ``snapcoord serve`` on the shared ZooKeeper + S3. The last tests are about a restore's completion
+point (``restore_target``). Queries read JSON files (one file per batch,
 ``availableNow`` unless a test needs a running query) into ``exactly_once`` over a
 ``PartitionedFileSink``; every input record has a unique id, so "exactly once" is a ``Counter`` check.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -28,12 +30,22 @@ from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from harness.spark_connect import SparkConnectServer
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState
-from snapcoord.spark_connector.app_snapshots import BATCH_ID_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector import restore as restore_module
+from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, BATCH_ID_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.checkpoint_archive import send_cut
 from snapcoord.spark_connector.commit_log import commits_fingerprint
 from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.restore_target import (
+    PLACEHOLDER_LINE,
+    RestoreMarker,
+    claim_target,
+    complete,
+    write_archive,
+)
 from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.storage import Storage, open_location
 
 pytestmark = pytest.mark.spark
 
@@ -104,7 +116,7 @@ def run_available_now(
     coordinator: str,
     name: str,
     source: Path,
-    checkpoint: Path,
+    checkpoint: Path | str,
     table: Path,
     *,
     transform: Transform | None = None,
@@ -417,4 +429,162 @@ def test_snapshot_and_restore_under_spark_connect(
     publish(tmp_path / "input", 4, 1, bucket=True)
     result = run_connect_job(spark_connect_server, coordinator, tmp_path, restored, name)
     assert result["batches"] == [2, 3, 4]
+    assert ids(sink) == expected(5)
+
+
+# -- a restore's completion point: a half-restored checkpoint is refused by Spark and by every restore
+# but its own retry, which completes it; a crash touches neither the source checkpoint nor the snapshot
+
+
+def tree(storage: Storage, path: str = "") -> dict[str, str]:
+    """Every file below ``path`` and the SHA-256 of its bytes."""
+    out: dict[str, str] = {}
+    for entry in storage.list(path):
+        rel = f"{path}/{entry.name}" if path else entry.name
+        if entry.is_dir:
+            out.update(tree(storage, rel))
+        else:
+            out[rel] = hashlib.sha256(storage.read_bytes(rel)).hexdigest()
+    return out
+
+
+def start_count(spark: SparkSession, source: Path, checkpoint: str, name: str) -> Any:
+    """A stateful query (a running count) into a memory table, one input file per batch."""
+    return (
+        spark.readStream.schema("id INT")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .groupBy()
+        .count()
+        .writeStream.outputMode("complete")
+        .format("memory")
+        .queryName(name)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_spark_refuses_a_half_restored_checkpoint(spark: SparkSession, tmp_path: Path) -> None:
+    source, live, target_uri = tmp_path / "in", str(tmp_path / "cp"), str(tmp_path / "restored")
+    publish(source, 0, 2)
+    first = start_count(spark, source, live, f"c{uuid.uuid4().hex[:6]}")
+    first.awaitTermination()
+    cut, archive = send_cut(open_location(live, spark=spark), lambda _, chunks: b"".join(chunks))
+    assert cut.batch_id == 1
+    target = open_location(target_uri, spark=spark)
+    marker = RestoreMarker.new("app", 1, "q", cut.batch_id)
+
+    # Claimed only (the placeholder offsets/1, nothing else): refused at start.
+    claim_target(target, marker)
+    with pytest.raises(Exception, match="metadata file is missing"):
+        start_count(spark, source, target_uri, f"c{uuid.uuid4().hex[:6]}")
+
+    # Everything written but the completion point: the query fails before its first batch, with
+    # the placeholder's explanation; nothing was read from the source.
+    pending = write_archive(target, [archive], marker)
+    name = f"c{uuid.uuid4().hex[:6]}"
+    query = start_count(spark, source, target_uri, name)
+    with pytest.raises(StreamingQueryException, match="unfinished restore"):
+        query.awaitTermination()
+    assert PLACEHOLDER_LINE.split(";")[0] in str(query.exception())
+    assert query.recentProgress == [] and spark.table(name).collect() == []
+
+    # Completed: the query resumes after batch 1 with its state (a count of 20 + 10 new records).
+    complete(target, pending)
+    publish(source, 2, 1)
+    name = f"c{uuid.uuid4().hex[:6]}"
+    resumed = start_count(spark, source, target_uri, name)
+    resumed.awaitTermination()
+    assert resumed.exception() is None
+    assert [p.batchId for p in resumed.recentProgress if p.numInputRows] == [2]
+    assert [r["count"] for r in spark.table(name).collect()] == [30]
+
+
+class Crash(BaseException):
+    """The restoring process dies: this and every later storage call fail (nothing is cleaned up)."""
+
+
+class CrashingStorage:
+    """A ``Storage`` whose process dies after ``writes`` successful writes."""
+
+    def __init__(self, inner: Storage, writes: int) -> None:
+        self._inner, self._left, self.crashed = inner, writes, False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.crashed:
+                raise Crash(f"{name} after the crash")
+            if name.startswith("write"):
+                if self._left == 0:
+                    self.crashed = True
+                    raise Crash(f"{name} {args[0]}")
+                self._left -= 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_crashed_restore_is_refused_until_its_retry_completes_it(
+    spark: SparkSession,
+    coordinator: str,
+    client: CoordinatorClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, app = f"crash-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    source, table = tmp_path / "in", tmp_path / "table"
+    live, target_uri = str(tmp_path / "cp"), str(tmp_path / "restored")
+    sink = PartitionedFileSink(table, name=name)
+    publish(source, 0, 2)
+    assert run_available_now(spark, coordinator, name, source, live, table) == [0, 1]
+    query = SnapshotQuery(name, live, sink)
+    first = take_snapshot(client, app, [query], timeout_s=120)
+    publish(source, 2, 2)
+    assert run_available_now(spark, coordinator, name, source, live, table) == [2, 3]
+    second = take_snapshot(client, app, [query], timeout_s=120)
+
+    source_cp = open_location(live, spark=spark)
+    before = (tree(source_cp), committed_content(sink))
+    archive = b"".join(client.read_checkpoint(app, first.generation, name, ARCHIVE_KEY))
+    target = open_location(target_uri, spark=spark)
+
+    crashing: list[CrashingStorage] = []
+
+    def open_and_crash(location: str, **kwargs: Any) -> Storage:
+        crashing.append(CrashingStorage(open_location(location, **kwargs), writes=4))
+        return crashing[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(restore_module, "open_location", open_and_crash)
+        with pytest.raises(Crash):
+            restore_snapshot(client, app, first.generation, [RestoreTarget(name, target_uri, sink)])
+    assert crashing[0].crashed
+    partial = tree(target)
+    assert len(partial) == 4 and "offsets/1" in partial  # the placeholder first, then 3 files
+    # Nothing of the source checkpoint, the sink (the crash came before any cut) or the snapshot.
+    assert (tree(source_cp), committed_content(sink)) == before
+    assert client.get_snapshot(app, first.generation).state is SnapshotState.COMPLETED
+    assert b"".join(client.read_checkpoint(app, first.generation, name, ARCHIVE_KEY)) == archive
+
+    # Spark refuses to start the partial checkpoint; no batch runs, the sink is untouched.
+    with pytest.raises(Exception, match="unfinished restore"):
+        run_available_now(spark, coordinator, name, source, target_uri, table)
+    assert committed_content(sink) == before[1]
+    # A restore of another snapshot into it is refused before anything is written or cut.
+    with pytest.raises(FileExistsError, match="unfinished restore of"):
+        restore_snapshot(client, app, second.generation, [RestoreTarget(name, target_uri, sink)])
+    assert committed_content(sink) == before[1]
+    assert set(tree(target)) >= set(partial)  # Spark's failed start may have added its metadata
+
+    # The same restore again completes it: exactly once from the first snapshot on.
+    done = restore_snapshot(client, app, first.generation, [RestoreTarget(name, target_uri, sink)])
+    assert done[name].batch_id == 1 and ids(sink) == expected(2)
+    assert tree(source_cp) == before[0]
+    publish(source, 4, 1)
+    assert run_available_now(spark, coordinator, name, source, target_uri, table) == [2, 3, 4]
     assert ids(sink) == expected(5)

@@ -223,6 +223,11 @@ def take_snapshot(
         raise ValueError("queries is empty")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    # Before the snapshot exists: a location no backend reaches is refused with nothing created.
+    stores = {
+        q.name: open_location(q.checkpoint_location, spark=spark, storage_options=storage_options)
+        for q in ordered
+    }
     names = [q.name for q in queries]
     deadline = time.monotonic() + timeout_s
     created = client.create_snapshot(app_id, names, timeout_ms=max(1000, math.ceil(timeout_s * 1000)))
@@ -233,10 +238,6 @@ def take_snapshot(
         )
     generation = created.generation
     reported = {t.task_id for t in client.get_snapshot(app_id, generation).tasks}
-    stores = {
-        q.name: open_location(q.checkpoint_location, spark=spark, storage_options=storage_options)
-        for q in ordered
-    }
     try:
         for query in ordered:
             if query.name in reported:
