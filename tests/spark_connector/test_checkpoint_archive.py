@@ -13,6 +13,7 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, SnapshotState
+from snapcoord.spark_connector import app_snapshots
 from snapcoord.spark_connector.app_snapshots import (
     ARCHIVE_KEY,
     BATCH_ID_KEY,
@@ -392,3 +393,20 @@ def test_a_location_no_backend_reaches_is_refused_and_nothing_is_written(
             )
         assert listing(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["good"]
         assert client.get_snapshot(app, done.generation).state is SnapshotState.COMPLETED
+
+
+def test_a_file_vanishing_mid_upload_cuts_again_and_the_snapshot_holds_the_newer_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess
+) -> None:
+    """The archive streams from the store into the coordinator's upload (gRPC reads the stream in a
+    thread of its own): a file Spark purges meanwhile ends that upload, and the copy starts over."""
+    cp = make_checkpoint(tmp_path, last_offsets=4, last_commit=4)
+    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=True))
+    monkeypatch.setattr(app_snapshots, "open_location", lambda location, **_: storage)
+    with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
+        done = take_snapshot(client, "vanish", [SnapshotQuery("q", str(cp))], timeout_s=60)
+        assert storage.purged == 1
+        assert b"".join(client.read_checkpoint("vanish", done.generation, "q", BATCH_ID_KEY)) == b"5"
+        archive = b"".join(client.read_checkpoint("vanish", done.generation, "q", ARCHIVE_KEY))
+    paths = {m.path for m in unpack_chunks([archive])}
+    assert {"offsets/4", "offsets/5", "state/0/1/6.delta"} <= paths and "offsets/3" not in paths
