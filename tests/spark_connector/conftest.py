@@ -1,4 +1,10 @@
-"""A real local PySpark driver for connector tests (Java and pyspark: scripts/install-test-deps)."""
+"""A real local PySpark driver for connector tests (Java and pyspark: scripts/install-test-deps).
+
+Remote storage: the session's ``sshd`` serves ``sftp://`` with its paths in a chroot (they exist nowhere
+on the local filesystem), and both the ``spark`` session and the Spark Connect server reach it through
+Hadoop's sftp FileSystem. ``remote`` gives a test a fresh directory there, ``local_dir`` one on the local
+disk, and ``test_dir`` either one (parametrized over both kinds): see ``harness.locations.TestDir``.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +12,64 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from harness.coordinator import CoordinatorProcess
+from harness.locations import KINDS, TestDir, sftp_dir
+from harness.locations import local_dir as make_local_dir
 from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
+from harness.sshd import SshServer
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """The session's sftp server (a real sshd on loopback); its chroot goes with it."""
+    server = SshServer(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def remote(request: pytest.FixtureRequest, sshd: SshServer) -> Iterator[TestDir]:
+    """A fresh directory on the sshd: ``remote.uri`` (``sftp://...``) for Spark and the connector,
+    ``remote.storage`` to inspect it or plant files as the server keeps them."""
+    with sftp_dir(sshd, request.node.name) as d:
+        yield d
+
+
+@pytest.fixture
+def local_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestDir]:
+    """A fresh local directory in the same shape as ``remote`` (``uri`` is its absolute path)."""
+    with make_local_dir(tmp_path, request.node.name) as d:
+        yield d
+
+
+@pytest.fixture(params=KINDS)
+def test_dir(request: pytest.FixtureRequest) -> TestDir:
+    """``local_dir`` or ``remote``: a test using it runs once on each."""
+    kind: str = request.param
+    d: TestDir = request.getfixturevalue("remote" if kind == "sftp" else "local_dir")
+    return d
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory, sshd: SshServer) -> Iterator[SparkSession]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the interpreter that has snapcoord installed, not the PATH default.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    builder = SparkSession.builder
+    for key, value in sshd.spark_conf().items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("snapcoord-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -37,12 +82,15 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
-    """One local Spark Connect server (its own JVM) shared by every Connect test of the session.
+def spark_connect_server(
+    tmp_path_factory: pytest.TempPathFactory, sshd: SshServer
+) -> Iterator[SparkConnectServer]:
+    """One local Spark Connect server (its own JVM) shared by every Connect test of the session; it
+    reaches the session's sftp server as the ``spark`` session does.
 
     A server that cannot start fails the tests that need it, with its log; nothing skips.
     """
-    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"), conf=sshd.spark_conf())
     server.start()
     yield server
     server.stop()
