@@ -9,11 +9,13 @@ never look complete. The protocol, for one query restored at batch ``N``:
 
 1. **claim** (``claim_target``): the location must be empty, or hold an unfinished restore of the
    same snapshot's same query (below). The first write is the *placeholder* ``offsets/<N>``
-   (create-if-absent): a text whose first line is not an offsets log version, so that Spark, which
-   reads the latest offsets entry before it runs anything, fails the query with
-   ``IllegalStateException: ... Log file was malformed ...`` that quotes the line (which says what
-   happened and what to do). The placeholder also names the restore: app, generation, query, batch
-   and a token of this attempt.
+   (create-if-absent): a text whose first line is not an offsets log version. Spark (4.x) then
+   refuses the location: while there is no ``metadata`` yet, ``start()`` fails with
+   ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` (offsets without metadata); once ``metadata`` is
+   written, the query reads the latest offsets entry before it runs anything and fails with
+   ``IllegalStateException: ... [MALFORMED_LOG_FILE] ...`` quoting the line, which says what happened
+   and what to do. Either way it reads no input and writes nothing. The placeholder also names the
+   restore: app, generation, query, batch and a token of this attempt.
 2. **write** (``write_archive``): every file of the archive except ``offsets/<N>`` (held in memory)
    and the checksum files of ``offsets/<N>`` and ``metadata`` (Hadoop's local file system verifies
    a ``.crc`` next to the file it reads); ``metadata`` first, with a new query id.
