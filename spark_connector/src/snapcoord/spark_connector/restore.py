@@ -16,8 +16,9 @@ meanwhile) and, for the queries to restore:
    sink with it (a still-running old driver can no longer make anything visible) and removes every
    write at or after the positions, of any run, keeping everything before them
    (``RestorableSink.restore_to``, which checks again after its fence);
-4. completes each new checkpoint: one whole-object write of the snapshot's ``offsets/<N>`` over the
-   placeholder (``restore_target.complete``, the completion point).
+4. completes each new checkpoint: deletes its placeholder, after which the snapshot's
+   ``offsets/<N>`` is the offsets log's latest entry (``restore_target.complete``, the completion
+   point).
 
 A query started on that checkpoint runs batch ``N+1`` next, from the snapshot's source offsets and
 state, into a sink that holds exactly the output of batches ``<= N``: no loss, no duplicate. The

@@ -8,22 +8,24 @@ would read every source from its start: so a partial checkpoint must never look 
 never look complete. The protocol, for one query restored at batch ``N``:
 
 1. **claim** (``claim_target``): the location must be empty, or hold an unfinished restore of the
-   same snapshot's same query (below). The first write is the *placeholder* ``offsets/<N>``
-   (create-if-absent): a text whose first line is not an offsets log version. Spark (4.x) then
-   refuses the location: while there is no ``metadata`` yet, ``start()`` fails with
-   ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` (offsets without metadata); once ``metadata`` is
-   written, the query reads the latest offsets entry before it runs anything and fails with
-   ``IllegalStateException: ... [MALFORMED_LOG_FILE] ...`` quoting the line, which says what happened
-   and what to do. Either way it reads no input and writes nothing. The placeholder also names the
-   restore: app, generation, query, batch and a token of this attempt.
-2. **write** (``write_archive``): every file of the archive except ``offsets/<N>`` (held in memory)
-   and the checksum files of ``offsets/<N>`` and ``metadata`` (Hadoop's local file system verifies
-   a ``.crc`` next to the file it reads); ``metadata`` first, with a new query id.
+   same snapshot's same query (below). The first write is the *placeholder* ``offsets/<N+1>``
+   (create-if-absent), the offsets log's latest entry from then on: a text whose first line is not
+   an offsets log version. Spark (4.x) refuses the location: while there is no ``metadata`` yet,
+   ``start()`` fails with ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` (offsets without
+   metadata); once ``metadata`` is written, the query reads the latest offsets entry before it runs
+   anything and fails with ``IllegalStateException: ... [MALFORMED_LOG_FILE] ...`` quoting the line,
+   which says what happened and what to do. Either way it reads no input and writes nothing. The
+   placeholder also names the restore: app, generation, query, batch and a token of this attempt.
+2. **write** (``write_archive``): every file of the archive, ``metadata`` first with a new query id
+   (without its old checksum file ``.metadata.crc``: Hadoop's local file system verifies a ``.crc``
+   next to the file it reads).
 3. **complete** (``complete``): after checking that the placeholder is still this attempt's, remove a
-   ``.metadata.crc`` a Spark query started on the partial target may have left, then overwrite the
-   placeholder with the snapshot's ``offsets/<N>``. **That whole-object write is the completion
-   point**: before it Spark refuses the location, after it the location is a complete checkpoint at
-   batch ``N``.
+   ``.metadata.crc`` a Spark query started on the partial target may have left, then delete the
+   placeholder. **That delete is the completion point**: before it Spark refuses the location, after
+   it the offsets log's latest entry is the snapshot's ``offsets/<N>`` (with ``commits/<N>``), a
+   complete checkpoint at batch ``N``. A delete of one object is atomic on every store, where an
+   overwrite is not on every file system (Hadoop's sftp and local file systems replace a file by a
+   delete and a rename).
 
 A crash anywhere before the completion point leaves the placeholder, so Spark still refuses the
 location, and ``claim_target`` recognises it: a restore of the same snapshot's query takes it over
@@ -72,8 +74,8 @@ class RestoreMarker:
 
     @property
     def path(self) -> str:
-        """The placeholder's path: the offsets log entry of the snapshot's batch."""
-        return join("offsets", str(self.batch_id))
+        """The placeholder's path: the offsets log entry after the snapshot's batch."""
+        return join("offsets", str(self.batch_id + 1))
 
     def encode(self) -> bytes:
         doc = {
@@ -180,35 +182,34 @@ def _new_query_id(metadata: bytes) -> tuple[bytes, str]:
 
 @dataclass(frozen=True)
 class PendingRestore:
-    """A target written up to its completion point: the final ``offsets/<N>`` and the new query id."""
+    """A target written up to its completion point, and the new query id in its ``metadata``."""
 
     marker: RestoreMarker
-    offsets_entry: bytes
     query_id: str
 
 
 def write_archive(target: Storage, chunks: Iterable[bytes], marker: RestoreMarker) -> PendingRestore:
-    """Step 2: write the archive's files into the claimed ``target``, all but the completion's."""
-    final_name = marker.path
-    skipped = {".metadata.crc", join("offsets", f".{marker.batch_id}.crc")}
-    offsets_entry: bytes | None = None
+    """Step 2: write the archive's files into the claimed ``target``."""
+    offsets_entry = join("offsets", str(marker.batch_id))
+    seen_offsets = False
     query_id: str | None = None
     for member in unpack_chunks(chunks):
-        if member.path == final_name:
-            offsets_entry = b"".join(member.chunks)
-        elif member.path == "metadata":
+        if member.path == marker.path:
+            raise ValueError(f"the archive of {marker.describe()} holds {marker.path}, after its cut")
+        if member.path == "metadata":
             data, query_id = _new_query_id(b"".join(member.chunks))
             target.write_bytes("metadata", data)
-        elif member.path in skipped:
+        elif member.path == ".metadata.crc":
             for _ in member.chunks:
                 pass
         else:
+            seen_offsets = seen_offsets or member.path == offsets_entry
             target.write_chunks(member.path, member.chunks)
-    if offsets_entry is None or query_id is None:
+    if not seen_offsets or query_id is None:
         raise ValueError(
-            f"the archive of {marker.describe()} has no {final_name} or no metadata: not a checkpoint cut"
+            f"the archive of {marker.describe()} has no {offsets_entry} or no metadata: not a checkpoint cut"
         )
-    return PendingRestore(marker, offsets_entry, query_id)
+    return PendingRestore(marker, query_id)
 
 
 def _require_own(target: Storage, marker: RestoreMarker) -> None:
@@ -224,10 +225,10 @@ def _require_own(target: Storage, marker: RestoreMarker) -> None:
 
 
 def complete(target: Storage, pending: PendingRestore) -> None:
-    """Step 3, the completion point: the placeholder becomes the snapshot's ``offsets/<N>``."""
+    """Step 3, the completion point: the placeholder goes, ``offsets/<N>`` is the latest entry."""
     _require_own(target, pending.marker)
     target.delete(".metadata.crc")  # a failed Spark start on the partial target wrote one for its metadata
-    target.write_bytes(pending.marker.path, pending.offsets_entry)
+    target.delete(pending.marker.path)
 
 
 def abandon(target: Storage, marker: RestoreMarker) -> None:
