@@ -343,12 +343,13 @@ def test_two_query_pipeline_cut_holds_and_restore_is_exactly_once_end_to_end(
     spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path, remote: TestDir
 ) -> None:
     """A: files -> table A; B: table A (a file stream over it) -> table B. Snapshot both while they run.
-    The checkpoints are on sftp (the local disk's cut is covered without Spark, in
-    test_checkpoint_archive, and by the other tests here)."""
+    A's checkpoints are on sftp, B's on the local disk. (Not both on sftp: Hadoop's SFTPFileSystem
+    is not safe for two queries writing through it at once in one JVM, "Can't make directory for
+    path ...": a limit of that test stand-in, not of the stores it stands for.)"""
     app, run = f"pipe-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
     a, b = f"a-{run}", f"b-{run}"
     source, table_a, table_b = tmp_path / "in", tmp_path / "table-a", tmp_path / "table-b"
-    cp = {a: remote.uri_of("cp-a"), b: remote.uri_of("cp-b")}
+    cp = {a: remote.uri_of("cp-a"), b: str(tmp_path / "cp-b")}
     sink_a, sink_b = PartitionedFileSink(table_a, name=a), PartitionedFileSink(table_b, name=b)
     table_a.mkdir()
     publish(source, 0, 8)
@@ -385,13 +386,13 @@ def test_two_query_pipeline_cut_holds_and_restore_is_exactly_once_end_to_end(
         snapshot.generation,
         [
             RestoreTarget(a, remote.uri_of("cp-a2"), sink_a),
-            RestoreTarget(b, remote.uri_of("cp-b2"), sink_b),
+            RestoreTarget(b, str(tmp_path / "cp-b2"), sink_b),
         ],
     )
     assert ids(sink_a) == snap_a and ids(sink_b) == snap_b
     publish(source, 8, 1)
     run_available_now(spark, coordinator, a, source, remote.uri_of("cp-a2"), table_a)
-    run_available_now(spark, coordinator, b, table_a, remote.uri_of("cp-b2"), table_b)
+    run_available_now(spark, coordinator, b, table_a, tmp_path / "cp-b2", table_b)
     assert ids(sink_a) == expected(9)
     assert ids(sink_b) == expected(9)  # every record once, end to end
 
@@ -445,6 +446,7 @@ def run_connect_job(
     return json.loads(lines[-1])
 
 
+@pytest.mark.timeout(600)  # three Connect jobs, each a client process and a query on the server
 def test_snapshot_and_restore_under_spark_connect(
     spark_connect_server: SparkConnectServer,
     spark_connect: Any,
