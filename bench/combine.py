@@ -33,8 +33,8 @@ from common import ROOT  # noqa: F401  (puts tests/ on sys.path for the harness)
 
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.storage.metadata import SetData
-from snapcoord.coordinator.storage.zk_combine import MAX_IN_FLIGHT, ReadCombiner, TransactionCombiner
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.combine import MAX_IN_FLIGHT, ReadCombiner, TransactionCombiner
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 DATA = b"y" * 300
 UNBOUNDED = 1 << 30

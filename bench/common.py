@@ -116,10 +116,10 @@ def in_process_coordinator(metadata_uri: str, blobs_uri: str, **flags: str) -> I
     """A coordinator started in this process on the given stores, for benchmarks that time RPCs:
     loopback, port 0, metrics off and the janitor off unless ``flags`` say otherwise (flag names
     as in ``snapcoord serve``, underscores for dashes). Yields the gRPC port; closes everything."""
-    from snapcoord.coordinator import config as coordinator_config
-    from snapcoord.coordinator.server import build_server
+    from snapcoord.coordinator.config import settings as coordinator_config
+    from snapcoord.coordinator.server.app import build_server
     from snapcoord.coordinator.services import Deps
-    from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+    from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
     deps = Deps(metadata=open_metadata_store(metadata_uri), blobs=open_blob_store(blobs_uri))
     try:

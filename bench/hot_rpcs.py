@@ -995,15 +995,15 @@ def scale(zk_hosts: str, bucket: str, producers: int) -> None:
     (their own encoders), apps through the snapshot registry."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from snapcoord.coordinator import config as coordinator_config
-    from snapcoord.coordinator.domain.codec import encode_producer_record
+    from snapcoord.coordinator.config import settings as coordinator_config
     from snapcoord.coordinator.domain.leases import Lease, encode_lease
+    from snapcoord.coordinator.domain.producer_codec import encode_producer_record
     from snapcoord.coordinator.domain.producers import new_record
-    from snapcoord.coordinator.leases import layout as lease_layout
-    from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+    from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
     from snapcoord.coordinator.producers import layout as producer_layout
     from snapcoord.coordinator.services import Deps, Services
-    from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+    from snapcoord.coordinator.snapshots.leases import layout as lease_layout
+    from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
     apps = leases = max(1, producers // 10)
     chroot = f"/bench-scale-{uuid.uuid4().hex[:8]}"

@@ -22,10 +22,10 @@ from common import Sample, in_process_coordinator, measure, measure_pair, print_
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kazoo.client import KazooClient
 
-from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.metadata import Create, SetData
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

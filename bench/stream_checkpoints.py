@@ -1,4 +1,4 @@
-"""Moving a 500 MB snapshot in and out, against the raw S3 throughput in the same run (#11 D8).
+"""Moving a 500 MB snapshot in and out, against the raw S3 throughput in the same run.
 
     bench/run stream_checkpoints [--mb 500] [--tasks 32] [--threads 8]
 

@@ -1,7 +1,7 @@
 """One large checkpoint streamed in (UploadCheckpoint) and out (ReadCheckpoint) through a coordinator
 process on ZooKeeper + SeaweedFS, against raw boto3 multipart put / get of the same size in the same
 run; then several clients uploading and downloading large checkpoints at once while the server's
-RSS is sampled (#11).
+RSS is sampled.
 
     bench/run upload_checkpoint [--mb 500] [--clients 4] [--budget-mib 256]
     bench/run upload_checkpoint --smoke        # 24 MB, 2 clients: seconds, for CI

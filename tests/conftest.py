@@ -22,6 +22,9 @@ Every boto3 client in the session (and in subprocesses) sees a hermetic AWS envi
 keys (fixture ``s3_credentials``), us-east-1, no profile, no ~/.aws files, no instance metadata lookups.
 Fault helpers (drop or expire a ZooKeeper session, cut a TCP path) are in ``harness.faults``.
 
+Tests that use these servers (or Spark, or start a process) carry the markers of ``harness.markers``,
+mostly given here from the fixtures they use; ``pytest --fast`` (``scripts/test --fast``) runs the rest.
+
 A server that cannot start fails every test that needs it, with the log path and the install command in
 the error: nothing here skips. The servers' logs stay in the session's temp dir (named in the summary).
 """
@@ -32,7 +35,7 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from harness.isolation import chroot_of, s3_prefix, zk_chroot
+from harness.markers import SpawnGuard, check_registered, fast_subset, mark_by_fixtures
 from harness.process import install_sigterm_cleanup
 from harness.seaweed import DEFAULT_BUCKET, REGION, SeaweedS3Server
 from harness.zookeeper import ZooKeeperServer
@@ -49,8 +53,50 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
+# -- markers and the fast subset --------------------------------------------------------------------------
+
+
 def pytest_configure(config: pytest.Config) -> None:
     install_sigterm_cleanup()
+    check_registered(config)
+    guard = SpawnGuard(all_threads=config.getoption("fast"))
+    guard.install()
+    config.stash[_GUARD_KEY] = guard
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    guard = config.stash.get(_GUARD_KEY, None)
+    if guard is not None:
+        guard.uninstall()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="only the tests that need no server, no Spark and no other process (see harness.markers)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by the server- and process-starting fixtures it uses (``harness.markers``)."""
+    mark_by_fixtures(items)
+    if config.getoption("fast"):
+        fast_subset(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """An unmarked test that starts a process fails: its marker is missing (``harness.markers``)."""
+    with item.config.stash[_GUARD_KEY].refusing(item):
+        return (yield)
+
+
+_GUARD_KEY = pytest.StashKey[SpawnGuard]()
+
+
+# -- summary ----------------------------------------------------------------------------------------------
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -72,8 +118,9 @@ class _SharedServers:
     no selected test uses is never started.
     """
 
-    def __init__(self, root: Path, access_key: str, secret_key: str) -> None:
+    def __init__(self, root: Path, access_key: str, secret_key: str, guard: SpawnGuard) -> None:
         self.root = root
+        self._guard = guard
         self._access_key = access_key
         self._secret_key = secret_key
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="harness-start")
@@ -85,6 +132,7 @@ class _SharedServers:
     def _launch(self, kind: str) -> Future[Any]:
         with self._lock:
             if kind not in self._futures:
+                self._guard.check(f"the shared {kind} server")  # it starts in a thread the guard spares
                 server: ZooKeeperServer | SeaweedS3Server
                 if kind == "zk":
                     server = ZooKeeperServer(self.root / "zookeeper")
@@ -181,7 +229,8 @@ def _aws_env(tmp_path_factory: pytest.TempPathFactory, s3_credentials: tuple[str
 def _shared_servers(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, s3_credentials: tuple[str, str]
 ) -> Iterator[_SharedServers]:
-    servers = _SharedServers(tmp_path_factory.mktemp("servers"), *s3_credentials)
+    guard = request.config.stash[_GUARD_KEY]
+    servers = _SharedServers(tmp_path_factory.mktemp("servers"), *s3_credentials, guard)
     request.config.stash[_SERVERS_KEY] = servers
     request.addfinalizer(servers.close)  # registered before any start: runs even if a start fails
     servers.prestart(_needed_kinds(request.session))

@@ -35,6 +35,7 @@ SPARK = [
     ("spark_snapshot_restore", "restored query resumed from the snapshot's state: ok"),
     ("spark_backlog", "stops that interrupted a batch"),
     ("spark_wrapper_overhead", "wrapper own time per batch"),
+    ("spark_storage_throughput", "every copy read back byte-identical: ok"),
 ]
 
 #: Benchmarks that have their smoke test elsewhere.
@@ -48,6 +49,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 
 
 @pytest.mark.parametrize(("script", "args", "last"), SMALL, ids=[s for s, _, _ in SMALL])
+@pytest.mark.process
 def test_benchmark_runs_with_small_sizes(script: str, args: tuple[str, ...], last: str) -> None:
     stdout = run_bench(script, *args, timeout_s=900)
     assert last in stdout, f"{last!r} missing from bench/{script}.py's output:\n{stdout[-4000:]}"

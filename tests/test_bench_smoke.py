@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from harness.benchmarks import run_bench
+
+pytestmark = pytest.mark.process
 
 ROWS = (
     "RegisterProducerOffsets (10 offsets)",

@@ -2,12 +2,16 @@
 
 No throughput is asserted (the machine is shared and noisy): only that every figure was measured
 and printed, and that the bounded-memory figure came out (the RSS test proper is
-``tests/coordinator/test_upload_memory.py``).
+``tests/coordinator/server/test_upload_memory.py``).
 """
 
 from __future__ import annotations
 
+import pytest
+
 from harness.benchmarks import run_bench
+
+pytestmark = pytest.mark.process
 
 
 def test_upload_checkpoint_benchmark_smoke_prints_every_figure() -> None:

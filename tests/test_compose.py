@@ -25,8 +25,8 @@ from packaging.requirements import Requirement
 
 from harness.coordinator import CoordinatorProcess, snapcoord_command
 from harness.seaweed import SeaweedS3Server
-from snapcoord.coordinator import config
 from snapcoord.coordinator.cli import build_parsers
+from snapcoord.coordinator.config import options, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -82,10 +82,10 @@ def test_services_and_dependencies_exist() -> None:
 
 
 def test_coordinator_environment_is_known_and_valid() -> None:
-    known = {opt.env for opt in config.OPTIONS}
+    known = {opt.env for opt in options.OPTIONS}
     for key in COORD_ENV:
         assert key in known or key in BOTO3_CHAIN_VARS, f"docker-compose sets {key}, which nothing reads"
-    cfg = config.load({}, COORD_ENV)  # raises ConfigError on a value the coordinator rejects
+    cfg = settings.load({}, COORD_ENV)  # raises ConfigError on a value the coordinator rejects
     assert cfg.storage.metadata_uri == COORD_ENV["SNAPCOORD_METADATA"]
     assert cfg.storage.blobs_uri == COORD_ENV["SNAPCOORD_BLOBS"]
 
@@ -108,7 +108,7 @@ def test_coordinator_points_at_the_other_services() -> None:
 def test_ports_match_the_configuration_and_the_image() -> None:
     ports = {int(COORD_ENV["SNAPCOORD_PORT"]), int(COORD_ENV["SNAPCOORD_METRICS_PORT"])}
     assert _container_ports(COORD) == ports
-    defaults = {opt.name: opt.default for opt in config.OPTIONS}
+    defaults = {opt.name: opt.default for opt in options.OPTIONS}
     assert ports == {int(str(defaults["port"])), int(str(defaults["metrics_port"]))}
     (expose,) = _dockerfile_instruction("EXPOSE")
     assert {int(p) for p in expose.split()} == ports

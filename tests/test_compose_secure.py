@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from snapcoord.client import _env as client_env
-from snapcoord.coordinator import config
+from snapcoord.coordinator.config import options, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -23,11 +23,11 @@ def test_the_override_secures_every_coordinator_of_the_base_file() -> None:
 
 
 def test_the_override_sets_real_options_to_mounted_files() -> None:
-    known = {opt.env for opt in config.OPTIONS} | CLIENT_VARS
+    known = {opt.env for opt in options.OPTIONS} | CLIENT_VARS
     for name, service in SECURE["services"].items():
         env = service["environment"]
         assert set(env) <= known, (name, set(env) - known)
-        cfg = config.load({}, env)  # raises on a value or a missing partner option
+        cfg = settings.load({}, env)  # raises on a value or a missing partner option
         assert cfg.security.tls and cfg.security.auth_file
         mounts = {target: source for source, target, _ in (v.split(":") for v in service["volumes"])}
         for value in env.values():

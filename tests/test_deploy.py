@@ -2,7 +2,7 @@
 
 The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
 that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
-the coordinator (read from ``config.OPTIONS``), and every value must load. The rules pass
+the coordinator (read from ``options.OPTIONS``), and every value must load. The rules pass
 ``promtool check rules`` and their unit tests, and every metric name used by the rules and the
 dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
 ``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
@@ -35,8 +35,9 @@ from harness.coordinator import SERVING_LINE_RE, CoordinatorProcess, snapcoord_c
 from harness.process import ManagedProcess, wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
-from snapcoord.coordinator import api, config
-from snapcoord.coordinator.health import LIVENESS_SERVICE
+from snapcoord.coordinator import api
+from snapcoord.coordinator.config import options, settings
+from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE_DIRS = (
@@ -65,8 +66,8 @@ BOTO3_CHAIN_VARS = {
 }
 #: Series Prometheus makes itself rather than scraping them from the coordinator.
 PROMETHEUS_SYNTHETIC = {"up"}
-OPTION_ENVS = {opt.env for opt in config.OPTIONS}
-DEFAULTS = {opt.name: opt.default for opt in config.OPTIONS}
+OPTION_ENVS = {opt.env for opt in options.OPTIONS}
+DEFAULTS = {opt.name: opt.default for opt in options.OPTIONS}
 
 
 def tool(name: str) -> str:
@@ -129,6 +130,7 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 # --- Kubernetes --------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in manifests)
     assert kinds == sorted(
@@ -152,6 +154,7 @@ def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]])
             kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
 
 
+@pytest.mark.process
 def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
     monitor = one(manifests, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -168,6 +171,7 @@ def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]
     assert container_port["containerPort"] == int(coordinator_env(manifests)["SNAPCOORD_METRICS_PORT"])
 
 
+@pytest.mark.process
 def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[str, Any]]) -> None:
     env = coordinator_env(manifests)
     assert env, "the coordinator gets no settings"
@@ -175,7 +179,7 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
         assert name in OPTION_ENVS or name in BOTO3_CHAIN_VARS, (
             f"the manifests set {name}, which nothing reads"
         )
-    cfg = config.load({}, env)  # raises ConfigError on a value the coordinator rejects
+    cfg = settings.load({}, env)  # raises ConfigError on a value the coordinator rejects
     assert cfg.storage.metadata_uri.startswith("zk://")
     assert cfg.storage.blobs_uri.startswith("s3://")
     # Generated names carry a content hash: a changed setting or key is a new pod template.
@@ -185,14 +189,16 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
     assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
+@pytest.mark.process
 def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
     values = secret_data(one(manifests, "Secret"))
     assert values and all(value.startswith("EXAMPLE") for value in values.values())
 
 
+@pytest.mark.process
 def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> None:
     env = coordinator_env(manifests)
-    cfg = config.load({}, env)
+    cfg = settings.load({}, env)
     c = container(manifests)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": cfg.grpc.port, "metrics": cfg.metrics.port, "health": cfg.grpc.health_port}
@@ -214,12 +220,13 @@ def test_ports_probes_and_graceful_shutdown(manifests: list[dict[str, Any]]) -> 
     pre_stop_s = int(seconds)
     # SIGTERM comes after the preStop hook; then calls in flight get --shutdown-grace.
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + cfg.grpc.shutdown_grace_ms / 1000
-    assert config.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
+    assert options.parse_duration_ms(str(DEFAULTS["shutdown_grace"])) <= cfg.grpc.shutdown_grace_ms
 
 
+@pytest.mark.process
 def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> None:
     docs = render("deploy/kubernetes/overlays/mtls")
-    cfg = config.load({}, coordinator_env(docs))
+    cfg = settings.load({}, coordinator_env(docs))
     assert cfg.security.tls_cert and cfg.security.tls_key and cfg.security.tls_client_ca
     c = container(docs)
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
@@ -234,6 +241,7 @@ def test_mtls_overlay_requires_client_certificates_from_the_mounted_secret() -> 
         assert c[probe] == example[probe]
 
 
+@pytest.mark.process
 def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, Any]]) -> None:
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
     uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])  # type: ignore[index]
@@ -253,6 +261,7 @@ def test_runs_non_root_on_a_read_only_root_filesystem(manifests: list[dict[str, 
             assert "secret" in volumes[mount["name"]] and mount["readOnly"] is True, mount
 
 
+@pytest.mark.process
 def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str, Any]]) -> None:
     deployment = one(manifests, "Deployment")
     assert deployment["spec"]["replicas"] == 3
@@ -287,6 +296,7 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+@pytest.mark.process
 def test_promtool_checks_the_rules() -> None:
     done = subprocess.run(
         [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
@@ -295,6 +305,7 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(_rules())} rules found" in done.stdout
 
 
+@pytest.mark.process
 def test_promtool_unit_tests_cover_every_alert() -> None:
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
     firing = {
@@ -317,8 +328,8 @@ def test_promtool_unit_tests_cover_every_alert() -> None:
 
 def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
     (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
-    interval_ms = config.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
-    assert config.parse_duration_ms(rule["for"]) == 2 * interval_ms
+    interval_ms = options.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
+    assert options.parse_duration_ms(rule["for"]) == 2 * interval_ms
 
 
 # --- metric names ------------------------------------------------------------------------------

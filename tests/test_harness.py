@@ -185,6 +185,7 @@ def test_zk_stop_start_and_crash_keep_data_and_port(private_zk_server: ZooKeeper
         client.close()
 
 
+@pytest.mark.zookeeper
 def test_zk_start_failure_reports_log_tail(tmp_path: Path) -> None:
     zk = ZooKeeperServer(tmp_path / "zk", heap_mb=1)  # the JVM refuses -Xms32m with -Xmx1m
     with pytest.raises(ServerStartError) as err:
@@ -466,6 +467,7 @@ for _ in range(6000):
         ("zk", "exit", True),  # the atexit hook does it (watchdog disabled)
     ],
 )
+@pytest.mark.process
 def test_servers_do_not_outlive_the_test_process(
     tmp_path: Path, kind: str, how: str, no_watchdog: bool
 ) -> None:

@@ -66,6 +66,7 @@ def test_spark_connector_depends_on_the_client_only() -> None:
                 assert not name.startswith(("snapcoord.coordinator", "kazoo", "boto3")), (source, name)
 
 
+@pytest.mark.process
 def test_every_wheel_claims_only_the_snapcoord_name(wheels: dict[str, Path]) -> None:
     for project, wheel in wheels.items():
         with zipfile.ZipFile(wheel) as zf:
@@ -73,6 +74,7 @@ def test_every_wheel_claims_only_the_snapcoord_name(wheels: dict[str, Path]) -> 
         assert tops == {"snapcoord"}, (project, tops)
 
 
+@pytest.mark.process
 def test_client_wheel_carries_the_api_but_not_the_coordinator(wheels: dict[str, Path]) -> None:
     with zipfile.ZipFile(wheels["client"]) as zf:
         names = set(zf.namelist())
@@ -85,6 +87,7 @@ def test_client_wheel_carries_the_api_but_not_the_coordinator(wheels: dict[str, 
     assert "snapcoord/__init__.py" not in names
 
 
+@pytest.mark.process
 def test_importing_the_client_loads_no_server_dependency() -> None:
     heavy = ("kazoo", "boto3", "botocore", "pyspark", "snapcoord.coordinator", "prometheus_client")
     code = (

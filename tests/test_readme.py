@@ -1,26 +1,29 @@
-"""README facts that the code owns: the two commands, and the configuration table."""
+"""Facts the code owns: the README's two commands, and the configuration table of docs/operations."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from snapcoord.coordinator import config
+from snapcoord.coordinator.config import options
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "operations" / "configuration.md").read_text()
 
 
 def render_config_table() -> str:
-    """The README's configuration table, rendered from config.OPTIONS (the one source)."""
+    """docs/operations/configuration.md's table, rendered from options.OPTIONS (the one source)."""
     rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
-    for opt in config.OPTIONS:
+    for opt in options.OPTIONS:
         rows.append(f"| `{opt.flag}` | `{opt.env}` | `{opt.shown_default}` | {opt.help} |")
     return "\n".join(rows)
 
 
-def test_readme_configuration_table_matches_the_code() -> None:
+def test_configuration_table_matches_the_code() -> None:
     table = render_config_table()
-    assert table in README, "README's configuration table is stale; replace it with:\n" + table
+    assert table in CONFIGURATION, (
+        "docs/operations/configuration.md's table is stale; replace it with:\n" + table
+    )
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:

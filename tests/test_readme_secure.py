@@ -1,4 +1,4 @@
-"""The README's "Securing it" walk-through, run as written against a live `snapcoord serve`.
+"""docs/operations/security.md's "Securing it" walk-through, run as written against a live `snapcoord serve`.
 
 Same conventions as the tour (tests/test_readme_tour.py): ```console blocks between the markers
 hold `$ command` lines and the output they must print; `localhost:50051` becomes the port of the
@@ -25,10 +25,11 @@ from harness.coordinator import CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+SECURITY = (ROOT / "docs" / "operations" / "security.md").read_text()
 
 
 def secure_steps() -> list[Step]:
-    section = README.split("<!-- secure:begin -->", 1)[1].split("<!-- secure:end -->", 1)[0]
+    section = SECURITY.split("<!-- secure:begin -->", 1)[1].split("<!-- secure:end -->", 1)[0]
     return tour_steps(f"<!-- tour:begin -->{section}<!-- tour:end -->")
 
 
@@ -45,9 +46,11 @@ def test_the_section_shows_tls_mtls_and_tokens_with_grpcurl() -> None:
     assert all("-cacert " in c and "-cert " in c and "-key " in c for c in grpcurls)
     assert any("-H 'authorization: Bearer " in c for c in grpcurls)
     assert "## Securing it" in README
+    assert "## Securing it: a walk-through" in SECURITY
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.process
 def test_readme_securing_it_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "deploy").mkdir()
     shutil.copy(ROOT / "deploy" / "auth.example.yaml", tmp_path / "deploy" / "auth.example.yaml")
@@ -84,7 +87,7 @@ def test_readme_securing_it_runs_as_written(tmp_path: Path) -> None:
             expected = step.expected.replace("localhost:50051", f"localhost:{port}")
             pattern = re.escape(expected).replace(re.escape("<ms>"), r"\d{13}")
             got = done.stdout.rstrip("\n")
-            assert re.fullmatch(pattern, got), f"README step: $ {step.command}\n{got}"
+            assert re.fullmatch(pattern, got), f"security.md step: $ {step.command}\n{got}"
         assert coordinator is not None
         audit = [line for line in coordinator.stderr_text().splitlines() if "snapcoord.audit" in line]
         assert any('"principal":"team-a-driver"' in line and '"code":"OK"' in line for line in audit), audit

@@ -1,4 +1,4 @@
-"""The README's tour is run exactly as written, against a live `snapcoord serve`.
+"""The README's tour, and its rest in docs/tour.md, run exactly as written against one live `snapcoord serve`.
 
 Each ```console block between the tour markers holds `$ command` lines followed by the output
 the command must print (stdout and stderr together). `localhost:50051` and `localhost:9464`
@@ -46,17 +46,28 @@ def tour_steps(readme: str) -> list[Step]:
     return steps
 
 
-STEPS = tour_steps((ROOT / "README.md").read_text())
+README_STEPS = tour_steps((ROOT / "README.md").read_text())
+# The rest of the tour leases the snapshot the README's steps took: it runs after them, on the same server.
+REST_STEPS = tour_steps((ROOT / "docs" / "tour.md").read_text())
+STEPS = README_STEPS + REST_STEPS
 
 
 def test_the_tour_has_the_promised_commands() -> None:
-    commands = [s.command for s in STEPS]
+    commands = [s.command for s in README_STEPS]
     assert any(c.startswith("grpcurl -plaintext localhost:50051 list") for c in commands)
     assert any("grpc.health.v1.Health/Check" in c for c in commands)
-    assert len(STEPS) >= 6
+    assert len(README_STEPS) >= 6
+
+
+def test_the_rest_of_the_tour_describes_tracks_the_backlog_and_leases() -> None:
+    commands = [s.command for s in REST_STEPS]
+    assert any(" describe snapcoord.v1." in c for c in commands)
+    assert any("BacklogService/MarkBacklog" in c for c in commands)
+    assert any("LeaseService/AcquireSnapshots" in c for c in commands)
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.process
 def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -70,4 +81,4 @@ def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
             expected = step.expected.replace("localhost:50051", f"localhost:{coordinator.grpc_port}")
             pattern = re.escape(expected).replace(re.escape("<ms>"), r"\d{13}")
             got = done.stdout.rstrip("\n")
-            assert re.fullmatch(pattern, got), f"README step: $ {step.command}\n{got}"
+            assert re.fullmatch(pattern, got), f"tour step: $ {step.command}\n{got}"

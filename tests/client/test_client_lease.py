@@ -204,6 +204,7 @@ def _crash_inside_the_block(target: str, path: Path, ref: SnapshotRef, results: 
         os._exit(3)  # the driver dies holding the lease: no exit, no drop
 
 
+@pytest.mark.process
 def test_a_restarted_driver_reuses_its_lease(
     client: CoordinatorClient, coordinator: InProcessCoordinator, uid: str, tmp_path: Path
 ) -> None:

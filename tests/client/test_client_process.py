@@ -42,6 +42,7 @@ def _in_child(client: CoordinatorClient, app_id: str, results: Queue[tuple[str, 
         results.put(("error", repr(e)))
 
 
+@pytest.mark.process
 def test_a_forked_child_makes_its_own_channel(client: CoordinatorClient, uid: str) -> None:
     client.create_snapshot(uid, ["t"])  # the parent's channel is open and has been used
     ctx = multiprocessing.get_context("fork")

@@ -72,6 +72,7 @@ def mtls_port(pki: Path, servicer: RecordingLeases) -> Iterator[int]:
     server.stop(None)
 
 
+@pytest.mark.process
 def test_mutual_tls_with_a_token(pki: Path, mtls_port: int, servicer: RecordingLeases) -> None:
     tls = TlsConfig.from_files(pki / "ca.pem", pki / "client.key", pki / "client.pem")
     assert "PRIVATE KEY" not in repr(tls)
@@ -82,6 +83,7 @@ def test_mutual_tls_with_a_token(pki: Path, mtls_port: int, servicer: RecordingL
     assert servicer.metadata[-1]["authorization"] == "Bearer s3cret"
 
 
+@pytest.mark.process
 def test_the_server_name_can_be_overridden(pki: Path, mtls_port: int) -> None:
     tls = TlsConfig.from_files(
         pki / "ca.pem", pki / "client.key", pki / "client.pem", server_name="localhost"
@@ -90,6 +92,7 @@ def test_the_server_name_can_be_overridden(pki: Path, mtls_port: int) -> None:
         assert client.get_lease("by-ip").lease_id == "by-ip"
 
 
+@pytest.mark.process
 def test_a_client_without_its_certificate_is_refused(pki: Path, mtls_port: int) -> None:
     tls = TlsConfig.from_files(pki / "ca.pem")
     no_retry = RetryPolicy(max_attempts=1)

@@ -32,8 +32,8 @@ from snapcoord.client import (
 )
 from snapcoord.client.errors import error_from_rpc
 from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 
@@ -221,6 +221,7 @@ _NEXT_TO_GOOGLEAPIS = textwrap.dedent(
 
 
 @pytest.mark.parametrize("order", ["googleapis-first", "snapcoord-first"])
+@pytest.mark.process
 def test_the_client_works_next_to_googleapis_common_protos(
     coordinator: InProcessCoordinator, client: CoordinatorClient, uid: str, order: str
 ) -> None:
@@ -246,6 +247,7 @@ def test_the_client_works_next_to_googleapis_common_protos(
 # --- grpcurl -----------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_grpcurl_prints_the_reason_and_metadata(
     coordinator: InProcessCoordinator, client: CoordinatorClient, uid: str
 ) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from harness.stores import Stores
-from snapcoord.coordinator.storage.registry import open_blob_store, open_metadata_store
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 
 
-@pytest.fixture(params=["embedded", "zk+s3"])
+@pytest.fixture(params=["embedded", pytest.param("zk+s3", marks=[pytest.mark.zookeeper, pytest.mark.s3])])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     """The embedded defaults, then real ZooKeeper + S3 (each test gets its own chroot and prefix)."""
     if request.param == "embedded":
@@ -26,10 +26,10 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
 
 
 @pytest.fixture
-def zk_stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
+def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
     """Real ZooKeeper + S3 only: for what only they can tell (e.g. ZooKeeper requests per call)."""
-    metadata = open_metadata_store(request.getfixturevalue("zk_uri"))
-    blobs = open_blob_store(request.getfixturevalue("s3_uri"))
+    metadata = open_metadata_store(zk_uri)
+    blobs = open_blob_store(s3_uri)
     yield Stores("zk+s3", metadata, blobs)
     blobs.close()
     metadata.close()

@@ -16,9 +16,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.coordinator import CoordinatorProcess, snapcoord_command
-from snapcoord.coordinator import __version__, cli, intents
-from snapcoord.coordinator.config import OPTIONS
-from snapcoord.coordinator.storage.registry import open_metadata_store
+from snapcoord.coordinator import __version__, cli
+from snapcoord.coordinator.config.options import OPTIONS
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -34,6 +35,7 @@ def run_cli(
     )
 
 
+@pytest.mark.process
 def test_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0
@@ -70,8 +72,10 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
         ([], {"SNAPCOORD_METRICS_PORT": "-5"}, "SNAPCOORD_METRICS_PORT='-5'"),
         ([], {"SNAPCOORD_METADATA": "mysql://db"}, "SNAPCOORD_METADATA='mysql://db'"),
         (["--unknown-flag"], {}, "unrecognized arguments: --unknown-flag"),
+        (["--lease-max-snapshots", "1000"], {}, "--lease-max-snapshots=1000 and --lease-max-holders=4"),
     ],
 )
+@pytest.mark.process
 def test_bad_values_exit_2_naming_the_setting(
     tmp_path: Path, args: list[str], env: dict[str, str], expected: str
 ) -> None:
@@ -82,6 +86,7 @@ def test_bad_values_exit_2_naming_the_setting(
     assert not (tmp_path / "snapcoord-data").exists()  # nothing was started
 
 
+@pytest.mark.process
 def test_serve_prints_the_ports_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     with CoordinatorProcess(tmp_path, args=["--shutdown-grace", "1m"]) as proc:
         assert proc.stdout_lines() == [proc.serving_line]  # exactly one line on stdout
@@ -145,6 +150,7 @@ def test_a_drained_server_deletes_the_upload_intents_it_made_ahead(
         metadata.close()
 
 
+@pytest.mark.process
 def test_serve_without_metrics(tmp_path: Path) -> None:
     with CoordinatorProcess(tmp_path, args=["--metrics-port", "-1"]) as proc:
         assert proc.serving_line is not None
@@ -153,6 +159,7 @@ def test_serve_without_metrics(tmp_path: Path) -> None:
         assert proc.terminate() == 0
 
 
+@pytest.mark.process
 def test_sigint_also_exits_0(tmp_path: Path) -> None:
     with CoordinatorProcess(tmp_path) as proc:
         proc.send_signal(signal.SIGINT)
@@ -161,6 +168,7 @@ def test_sigint_also_exits_0(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("flag", "what"), [("--port", "gRPC"), ("--metrics-port", "metrics")])
+@pytest.mark.process
 def test_a_taken_port_exits_1_with_a_clear_message(tmp_path: Path, flag: str, what: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ follower is rarely behind, so the test makes it so: it pauses the reader's follo
 leader and the other follower still make a quorum), writes through the writer, sends the reader's
 call, and resumes the follower, which then serves that read and applies the leader's queued
 commits at once, in either order. The coordinator must sync before it answers NOT_FOUND or
-SNAPSHOT_FENCED. (The kernel's unit test, ``tests/coordinator/test_stale_refusals.py``, forces the
+SNAPSHOT_FENCED. (The kernel's unit test, ``tests/coordinator/kernel/test_stale_refusals.py``, forces the
 stale read deterministically.)
 """
 

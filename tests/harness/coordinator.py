@@ -29,13 +29,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.process import ManagedProcess, ServerStartError, log_tail, wait_until
-from snapcoord.coordinator.config import Config
-from snapcoord.coordinator.config import load as load_config
-from snapcoord.coordinator.server import CoordinatorServer, build_server
+from snapcoord.coordinator.config.settings import Config
+from snapcoord.coordinator.config.settings import load as load_config
+from snapcoord.coordinator.server.app import CoordinatorServer, build_server
 from snapcoord.coordinator.services import Deps
 
 if TYPE_CHECKING:
-    from snapcoord.coordinator.tracing import Tracing
+    from snapcoord.coordinator.observability.tracing import Tracing
 
 SERVING_LINE_RE = re.compile(
     r"^snapcoord serving grpc=(?P<grpc>\S+) metrics=(?P<metrics>\S+)(?: health=(?P<health>\S+))?$"
@@ -311,8 +311,8 @@ def serve_in_process(
 @contextlib.contextmanager
 def embedded_deps(directory: Path) -> Iterator[Deps]:
     """Deps on the embedded metadata store and local blobs in ``directory``; closed on exit."""
-    from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
-    from snapcoord.coordinator.storage.localblobs import LocalBlobStore
+    from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
+    from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 
     metadata = EmbeddedMetadataStore.from_uri((directory / "metadata").as_uri())
     try:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from snapcoord.coordinator.storage.metadata import MetadataStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 #: The store calls that each make one round trip.
 ROUND_TRIPS = (

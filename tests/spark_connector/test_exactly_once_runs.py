@@ -101,6 +101,7 @@ def writer_for(sink: ListSink, client: CoordinatorClient, name: str, chk: str) -
     return exactly_once(sink, client, query_name=name, batch_function=write, checkpoint_location=chk)
 
 
+@pytest.mark.process
 def test_checkpoint_reset_never_rolls_back_committed_output(
     tmp_path: Path, client: CoordinatorClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -126,6 +127,7 @@ def test_checkpoint_reset_never_rolls_back_committed_output(
     assert second.epoch is not None and first.epoch is not None and second.epoch > first.epoch
 
 
+@pytest.mark.process
 def test_restore_rename_and_outage_records_never_roll_back(tmp_path: Path, client: CoordinatorClient) -> None:
     sink = ListSink()
     plans = {n: f'{{"logOffset":{n}}}' for n in range(10)}
@@ -161,6 +163,7 @@ def test_restore_rename_and_outage_records_never_roll_back(tmp_path: Path, clien
     assert (renamed.rollbacks, renamed.stale_records) == (0, 0)
 
 
+@pytest.mark.process
 def test_two_runs_of_one_name_on_two_checkpoints_keep_each_others_output(
     tmp_path: Path, client: CoordinatorClient
 ) -> None:
@@ -179,6 +182,7 @@ def test_two_runs_of_one_name_on_two_checkpoints_keep_each_others_output(
     assert (a.stale_records, b.stale_records) == (0, 2)
 
 
+@pytest.mark.process
 def test_the_earlier_driver_of_the_same_checkpoint_is_rolled_back_exactly_once(
     tmp_path: Path, client: CoordinatorClient
 ) -> None:
@@ -216,6 +220,7 @@ def test_the_earlier_driver_of_the_same_checkpoint_is_rolled_back_exactly_once(
     assert client.get_producer_offsets("crash.b4")  # no zombie deleted the live record
 
 
+@pytest.mark.process
 def test_epochs_grow_past_expired_claims(tmp_path: Path, client: CoordinatorClient) -> None:
     first = claim_epoch(client, "epochs", floor=0, ttl_ms=60_000, query_id=None)
     second = claim_epoch(client, "epochs", floor=0, ttl_ms=60_000, query_id="q")
@@ -249,6 +254,7 @@ class _Query:
     lastProgress: dict[str, object] | None  # the StreamingQuery attribute finish() reads
 
 
+@pytest.mark.process
 def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(
     coordinator: CoordinatorProcess,
 ) -> None:

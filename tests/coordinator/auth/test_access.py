@@ -343,6 +343,7 @@ def test_fuzzed_authorization_headers_are_unauthenticated_never_internal(
         channel.close()
 
 
+@pytest.mark.process
 def test_non_ascii_and_oversized_headers_through_grpcurl_are_never_internal(
     secured: InProcessCoordinator, pki: Pki
 ) -> None:

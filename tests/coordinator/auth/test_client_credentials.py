@@ -105,7 +105,7 @@ def test_environment_mistakes_are_reported(tmp_path: Path) -> None:
 def test_the_health_probe_speaks_tls_with_the_client_variables(
     secured: InProcessCoordinator, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcoord.coordinator.probe import check
+    from snapcoord.coordinator.server.probe import check
 
     code, report = check(secured.target, timeout_s=30)
     assert code == 1, report  # plaintext against TLS

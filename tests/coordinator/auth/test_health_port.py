@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.access import Pki, principals, tls_channel, write_auth_file
 from harness.coordinator import CoordinatorProcess, coordinator_config, embedded_deps, snapcoord_command
 from snapcoord.coordinator import api
-from snapcoord.coordinator.server import build_server
+from snapcoord.coordinator.server.app import build_server
 from snapcoord.v1 import producer_pb2, producer_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -54,6 +54,7 @@ def _health_target(process: CoordinatorProcess) -> str:
     return f"127.0.0.1:{process.health_port}"
 
 
+@pytest.mark.process
 def test_a_probe_without_a_certificate_gets_serving_from_the_health_port(
     mtls_process: CoordinatorProcess,
 ) -> None:
@@ -75,6 +76,7 @@ def test_a_probe_without_a_certificate_gets_serving_from_the_health_port(
     assert "SERVING" in done.stdout
 
 
+@pytest.mark.process
 def test_grpcurl_like_kubelet_gets_serving_in_plaintext(
     mtls_process: CoordinatorProcess, tmp_path: Path
 ) -> None:
@@ -98,6 +100,7 @@ def test_grpcurl_like_kubelet_gets_serving_in_plaintext(
     assert json.loads(done.stdout) == {"status": "SERVING"}
 
 
+@pytest.mark.process
 def test_the_grpc_port_still_refuses_a_client_without_a_certificate(
     mtls_process: CoordinatorProcess, pki: Pki
 ) -> None:
@@ -115,6 +118,7 @@ def test_the_grpc_port_still_refuses_a_client_without_a_certificate(
         assert reply.status == SERVING
 
 
+@pytest.mark.process
 def test_the_health_port_serves_nothing_but_health(mtls_process: CoordinatorProcess) -> None:
     with grpc.insecure_channel(_health_target(mtls_process)) as channel:
         # An API call, which the gRPC port would authorise: unknown here.

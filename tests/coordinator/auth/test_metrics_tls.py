@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness.access import Pki
-from snapcoord.coordinator.config import MetricsConfig
-from snapcoord.coordinator.metrics import new_registry, start_exporter
-from snapcoord.coordinator.shared_metrics import MULTIPROC_DIR_ENV, SharedMetrics
+from snapcoord.coordinator.config.settings import MetricsConfig
+from snapcoord.coordinator.observability.metrics import new_registry, start_exporter
+from snapcoord.coordinator.server.shared_metrics import MULTIPROC_DIR_ENV, SharedMetrics
 
 
 def fetch_https(port: int, pki: Pki) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from snapcoord.coordinator.storage.registry import BlobOptions, open_blob_store
+from snapcoord.coordinator.storage.backends import BlobOptions, open_blob_store
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -16,8 +16,8 @@ from harness.isolation import chroot_of
 from harness.process import wait_until
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.services import Deps
-from snapcoord.coordinator.storage.localblobs import LocalBlobStore
-from snapcoord.coordinator.storage.registry import MetadataOptions, open_metadata_store
+from snapcoord.coordinator.storage.backends import MetadataOptions, open_metadata_store
+from snapcoord.coordinator.storage.local.blob_files import LocalBlobStore
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,

@@ -12,7 +12,9 @@ import pytest
 from harness.certs import CertificateAuthority, Pair
 from harness.zookeeper import ZooKeeperServer, ZooKeeperTls
 from snapcoord.coordinator.errors import StoreUnavailable
-from snapcoord.coordinator.storage.registry import MetadataOptions, open_metadata_store
+from snapcoord.coordinator.storage.backends import MetadataOptions, open_metadata_store
+
+pytestmark = pytest.mark.zookeeper
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog import decide
 from snapcoord.coordinator.backlog.decide import (
     ChunkRequest,
@@ -15,7 +14,6 @@ from snapcoord.coordinator.backlog.decide import (
     Written,
 )
 from snapcoord.coordinator.backlog.layout import JOBS
-from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadChildren, Reads
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
@@ -27,6 +25,8 @@ from snapcoord.coordinator.domain.backlog import (
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadChildren, Reads
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, SetData
 
 NOW = 6_000_000

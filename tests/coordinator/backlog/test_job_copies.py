@@ -23,7 +23,7 @@ from snapcoord.coordinator.domain.backlog import SHARD_SIZE, BacklogPolicy, Part
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import NotFound
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Op
 
 POLICY = BacklogPolicy(max_partitions=10_000)

@@ -14,7 +14,7 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
+from snapcoord.coordinator.kernel.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 
 POLICY = ProducerPolicy(default_ttl_ms=1_000, max_ttl_ms=10_000, max_offsets=3)
 

@@ -17,12 +17,12 @@ from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, validate_report
 from snapcoord.coordinator.errors import InvalidArgument
 
-#: Each decoder with a token it must refuse from the fuzz run of issue #11 and friends.
+#: Each decoder with a token it must refuse found by fuzzing, and their kin.
 HOSTILE = [
-    "é",  # D1: non-ASCII made base64 raise ValueError
-    "²",  # D2: isdigit() accepts it, int() refuses it
-    "9" * 5000,  # D2: int() refuses more than 4300 digits
-    "x" * 1_048_576,  # D4: a 1 MB token
+    "é",  # non-ASCII makes base64 raise ValueError
+    "²",  # isdigit() accepts it, int() refuses it
+    "9" * 5000,  # int() refuses more than 4300 digits
+    "x" * 1_048_576,  # a 1 MB token
     "\x00",
     "=",
     "a",  # base64 of length 1 is never valid
@@ -95,7 +95,7 @@ def test_require_id_quotes_a_prefix_only(value: str) -> None:
 
 
 def test_a_megabyte_checkpoint_key_is_quoted_short() -> None:
-    """D4: the checkpoint key used to be echoed whole, inside the field name."""
+    """The checkpoint key is not echoed whole inside the field name."""
     key = "k" * 1_048_576
     with pytest.raises(InvalidArgument) as raised:
         validate_report("app", 1, "t", (), {key: b"x"}, SnapshotPolicy())

@@ -6,10 +6,10 @@ from typing import TypeVar
 
 import pytest
 
-from snapcoord.coordinator import intents
-from snapcoord.coordinator.commit import Commit, Decision, Done, Reads
-from snapcoord.coordinator.domain.codec import encode_producer_record
+from snapcoord.coordinator.domain.producer_codec import encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, Reads
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.decide import Register, Registered
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS

@@ -22,7 +22,7 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import decode_app
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import CommitOutcomeUnknown
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.layout import app_path, gens_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import Op

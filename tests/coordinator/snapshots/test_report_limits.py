@@ -1,4 +1,4 @@
-"""#11 D7 on both backends: checkpoint entries per report are capped with a precise refusal, a
+"""On both backends: checkpoint entries per report are capped with a precise refusal, a
 report's payloads are put in parallel (all before the commit), and a failed put leaves no object
 behind."""
 
@@ -14,7 +14,7 @@ from snapcoord.coordinator.domain.clock import SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import InvalidArgument, Reason, StoreUnavailable
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 

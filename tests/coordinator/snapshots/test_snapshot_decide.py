@@ -8,8 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from snapcoord.coordinator import intents
-from snapcoord.coordinator.commit import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import (
@@ -28,11 +26,13 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.leases.layout import record_path
-from snapcoord.coordinator.pins import PINS, pin_path
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadNode, Reads
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.decide import CreateRequest, Outcome, ReportRequest
 from snapcoord.coordinator.snapshots.layout import APPS, DEADLINES, RETENTION
+from snapcoord.coordinator.snapshots.leases.layout import record_path
+from snapcoord.coordinator.snapshots.pins import PINS, pin_path
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 NOW = 6_000_000

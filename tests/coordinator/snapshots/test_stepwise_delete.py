@@ -1,4 +1,4 @@
-"""DeleteSnapshot in steps (#11 D6), on both backends: mark DELETING, task nodes in bounded
+"""DeleteSnapshot in steps, on both backends: mark DELETING, task nodes in bounded
 batches, the header last. What it deletes, what it must keep, how a half-done deletion reads and
 is finished, and the retention trigger that survives a failing delete."""
 
@@ -15,10 +15,10 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import decode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
 from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason, StoreUnavailable
-from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics, new_registry
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots import decide
 from snapcoord.coordinator.snapshots.layout import RETENTION, gen_path, tasks_path
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 
@@ -136,7 +136,7 @@ def test_a_half_done_deletion_reads_as_gone_and_the_janitor_finishes_it(
         snapshots.get("app", victim, include_checkpoints=False)
     assert [s.record.generation for s in snapshots.list_page("app", 100, "")[0]] == [newest]
     leases = LeaseRegistry(
-        stores.metadata, clock, LeasePolicy(), snapshots, CoordinatorMetrics(new_registry())
+        stores.metadata, clock, LeasePolicy(), snapshots.kernel, CoordinatorMetrics(new_registry())
     )
     acquired = leases.acquire("restore", 60_000, [SnapshotRef("app", victim)])
     assert acquired.unavailable == (SnapshotRef("app", victim),)  # a DELETING snapshot is not pinned
@@ -153,7 +153,7 @@ def test_a_pinned_snapshot_is_never_marked(stores: Stores, clock: ManualClock) -
     pinned = complete(snapshots, "app")
     complete(snapshots, "app", TASKS[:1])
     leases = LeaseRegistry(
-        stores.metadata, clock, LeasePolicy(), snapshots, CoordinatorMetrics(new_registry())
+        stores.metadata, clock, LeasePolicy(), snapshots.kernel, CoordinatorMetrics(new_registry())
     )
     assert leases.acquire("restore", 10 * HOUR_MS, [SnapshotRef("app", pinned)]).unavailable == ()
     with pytest.raises(FailedPrecondition) as refused:

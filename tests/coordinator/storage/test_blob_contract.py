@@ -11,11 +11,11 @@ import pytest
 
 from harness.concurrency import run_threads
 from snapcoord.coordinator.errors import BlobNotFound, InvalidArgument, StoreUnavailable
+from snapcoord.coordinator.storage.backends import open_blob_store
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.registry import open_blob_store
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
     # Only the S3 cases ask for (and so start) the server.
     uri = (tmp_path / "blobs").as_uri() if request.param == "local" else request.getfixturevalue("s3_uri")
@@ -220,7 +220,7 @@ def test_local_key_that_is_also_a_directory_is_rejected(tmp_path: Path) -> None:
 
 
 def test_get_stream_yields_bounded_pieces_in_order(store: BlobStore) -> None:
-    """#11 D8: a payload read in pieces of at most chunk_bytes, as the reader consumes them."""
+    """A payload read in pieces of at most chunk_bytes, as the reader consumes them."""
     data = random.Random(7).randbytes(5 * 65536 + 123)
     store.put("stream/a", data)
     pieces = list(store.get_stream("stream/a", 65536))

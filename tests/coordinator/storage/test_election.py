@@ -25,9 +25,9 @@ from harness.faults import drop_zk_connection, expire_zk_session
 from harness.process import wait_until
 from harness.zookeeper import ZooKeeperServer
 from snapcoord.coordinator.storage.election import Election, Leadership
-from snapcoord.coordinator.storage.embedded import EmbeddedMetadataStore
+from snapcoord.coordinator.storage.local.embedded import EmbeddedMetadataStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
-from snapcoord.coordinator.storage.zookeeper import ZooKeeperMetadataStore
+from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
 
 WAIT_S = 30.0
 NAME = "janitor"
@@ -183,7 +183,7 @@ class Backend:
             assert contender.returned.wait(WAIT_S), f"run() of {contender.identifier} did not return"
 
 
-@pytest.fixture(params=["embedded", "zookeeper"])
+@pytest.fixture(params=["embedded", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "embedded":
         b = Backend("embedded", lambda: EmbeddedMetadataStore(tmp_path / "metadata"))

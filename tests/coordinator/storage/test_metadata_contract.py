@@ -25,6 +25,7 @@ from snapcoord.coordinator.errors import (
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.storage.backends import open_metadata_store
 from snapcoord.coordinator.storage.metadata import (
     MAX_NODE_BYTES,
     Check,
@@ -34,12 +35,11 @@ from snapcoord.coordinator.storage.metadata import (
     Op,
     SetData,
 )
-from snapcoord.coordinator.storage.registry import open_metadata_store
 
 WAIT_S = 20.0
 
 
-@pytest.fixture(params=["embedded", "zookeeper"])
+@pytest.fixture(params=["embedded", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
     if request.param == "embedded":
         uri = (tmp_path / "metadata").as_uri()

@@ -12,7 +12,7 @@ import pytest
 
 from harness.seaweed import SeaweedS3Server
 from snapcoord.coordinator.errors import BlobNotFound, StoreUnavailable
-from snapcoord.coordinator.storage.registry import BlobOptions
+from snapcoord.coordinator.storage.backends import BlobOptions
 from snapcoord.coordinator.storage.s3 import S3BlobStore, resolve_addressing_style
 
 if TYPE_CHECKING:

@@ -1,8 +1,11 @@
 """snapcoord coordinator: the gRPC service that coordinates snapshots of streaming pipelines.
 
-Layers, each in its own subpackage: ``domain`` (pure, typed rules), ``storage`` (metadata and blob
-backends behind small interfaces, chosen by URI), ``api`` (gRPC servicers that convert and call
-the domain) and the server plumbing (config, interceptors, health, metrics, CLI).
+The layers are the folders, from the bottom up: ``domain`` (pure, typed rules and formats),
+``storage`` (metadata and blob backends behind small interfaces, chosen by URI), ``config``,
+``observability``, ``kernel`` (the commit machinery every aggregate shares), the aggregates
+``producers``, ``snapshots`` and ``backlog``, ``services`` (the composition root), the gRPC edge
+``api``, ``transport`` and ``auth``, and ``server`` (the process); no import runs back up
+(docs/design.md, "Layout"). This module holds only the package version.
 """
 
 from __future__ import annotations

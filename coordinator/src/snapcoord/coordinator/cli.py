@@ -12,7 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from snapcoord.coordinator import __version__, config, logging_setup
+from snapcoord.coordinator import __version__
+from snapcoord.coordinator.config import options, settings
+from snapcoord.coordinator.observability import logging_setup
 
 _log = logging.getLogger("snapcoord")
 
@@ -34,7 +36,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             "500ms, 10s, 5m, 24h, 7d."
         ),
     )
-    config.add_arguments(serve)
+    options.add_arguments(serve)
     health = commands.add_parser(
         "health",
         help="check a coordinator's gRPC health (exit 0 when SERVING)",
@@ -52,11 +54,11 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def _health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        timeout_ms = config.parse_duration_ms(args.timeout)
+        timeout_ms = options.parse_duration_ms(args.timeout)
     except ValueError as e:
         parser.error(f"--timeout: {e}")
     target = args.target or f"127.0.0.1:{os.environ.get('SNAPCOORD_PORT') or 50051}"
-    from snapcoord.coordinator.probe import check
+    from snapcoord.coordinator.server.probe import check
 
     code, report = check(target, service=args.service, timeout_s=timeout_ms / 1000)
     print(report)
@@ -69,14 +71,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "health":
         return _health(args, parser)
     try:
-        cfg = config.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
-    except config.ConfigError as e:
+        cfg = settings.load({k: v for k, v in vars(args).items() if k != "command"}, os.environ)
+        # Limits that fit no ZooKeeper request are a config error too, told before anything starts.
+        from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
+
+        check_lease_requests_fit(cfg)
+    except settings.ConfigError as e:
         serve_parser.error(str(e))  # exits 2 with usage
     logging_setup.configure(cfg.logging.level, cfg.logging.format, stream=sys.stderr)
     # Imported here so that --help and config errors do not pay for grpc and the backends.
     from snapcoord.coordinator.errors import SnapcoordError
-    from snapcoord.coordinator.malloc_tuning import return_large_blocks_to_the_os
-    from snapcoord.coordinator.server import run
+    from snapcoord.coordinator.server.app import run
+    from snapcoord.coordinator.server.malloc_tuning import return_large_blocks_to_the_os
 
     return_large_blocks_to_the_os()  # before any payload buffer: RSS follows the payload budget
 

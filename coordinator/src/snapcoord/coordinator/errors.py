@@ -2,7 +2,7 @@
 
 Every error the coordinator raises on purpose is a ``SnapcoordError``. Each direct subclass names
 one outcome a caller can act on; the gRPC layer maps them to status codes in one table
-(``snapcoord.coordinator.status``), so domain and storage code never import grpc. Storage errors
+(``snapcoord.coordinator.transport.status``), so domain and storage code never import grpc. Storage errors
 subclass the outcome they mean (a version conflict is an ``Aborted``: retry after re-reading), so
 one that escapes a domain operation still reaches the caller with a sensible status.
 

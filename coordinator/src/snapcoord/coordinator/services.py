@@ -7,13 +7,14 @@ import socket
 from dataclasses import dataclass, field
 
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
-from snapcoord.coordinator.config import Config
+from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
-from snapcoord.coordinator.janitor import Janitor, Step
-from snapcoord.coordinator.leases.registry import LeaseRegistry
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.payload_budget import PayloadBudget
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.janitor_loop import Janitor, Step
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers.registry import DEFAULT_INTENT_MAX_AGE_MS, ProducerRegistry
+from snapcoord.coordinator.snapshots.leases.registry import LeaseRegistry
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
@@ -43,6 +44,9 @@ class Services:
 
     @classmethod
     def build(cls, config: Config, deps: Deps, metrics: CoordinatorMetrics) -> Services:
+        # One kernel for every registry: one expiry-index bucket cache and one intent index per
+        # server (leases and snapshots both write retention triggers, all four make intents).
+        kernel = CommitKernel(deps.metadata, deps.blobs, metrics, now_ms=deps.clock.now_ms)
         producers = ProducerRegistry(
             deps.metadata,
             deps.blobs,
@@ -51,6 +55,7 @@ class Services:
             metrics,
             # Pooled intents must commit long before the sweep may claim them (older than the grace).
             intent_max_age_ms=min(DEFAULT_INTENT_MAX_AGE_MS, config.janitor.orphan_grace_ms // 4),
+            kernel=kernel,
         )
         snapshots = SnapshotRegistry(
             deps.metadata,
@@ -61,12 +66,13 @@ class Services:
             payload_budget=PayloadBudget(
                 config.grpc.payload_budget_bytes, config.grpc.payload_budget_wait_ms / 1000
             ),
+            kernel=kernel,
         )
         leases = LeaseRegistry(
             deps.metadata,
             deps.clock,
             config.leases,
-            snapshots,
+            kernel,
             metrics,
         )
         backlog = BacklogRegistry(
@@ -78,6 +84,7 @@ class Services:
             # The elected janitor refreshes the backlog gauges every pass; a replica that stopped
             # leading exports 0 once its last values are this old.
             gauges_stale_after_ms=3 * config.janitor.cleanup_interval_ms + 5_000,
+            kernel=kernel,
         )
         batch = config.janitor.batch
         steps = [

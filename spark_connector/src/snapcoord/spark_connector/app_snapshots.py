@@ -58,6 +58,7 @@ from snapcoord.spark_connector.checkpoint_archive import (
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.sinks import RestorableSink
 from snapcoord.spark_connector.sources import OffsetParser, offsets_of_sources
+from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
 from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class SnapshotQuery:
 
     name: str
     checkpoint_location: str
-    sink: RestorableSink | None = None
+    sink: RestorableSink | UnfencedRestorableSink | None = None
     reads_from: tuple[str, ...] = ()
     stream_names: tuple[str | None, ...] = ()
     parsers: Mapping[int, OffsetParser] = field(default_factory=dict)

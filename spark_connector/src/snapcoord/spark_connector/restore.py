@@ -67,6 +67,7 @@ from snapcoord.spark_connector.restore_target import (
     write_archive,
 )
 from snapcoord.spark_connector.sinks import RestorableSink, RestoreCheckedSink
+from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
 from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class RestoreTarget:
 
     query_name: str
     checkpoint_location: str
-    sink: RestorableSink | None = None
+    sink: RestorableSink | UnfencedRestorableSink | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class RestoredQuery:
 def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions: Sequence[Offset]) -> None:
     sink = target.sink
     assert sink is not None
+    if not isinstance(sink, RestorableSink):
+        # Spark's own file sink (UnfencedRestorableSink): no epoch can fence it, so it is cut without
+        # one; its query must be stopped (restore_to checks that nothing wrote past the cut).
+        sink.restore_to(positions)
+        log.info("%s: sink %r restored to %s (unfenced)", target.query_name, sink, list(positions))
+        return
     epoch = claim_epoch(
         client, target.query_name, floor=sink.max_epoch(), ttl_ms=_EPOCH_TTL_MS, query_id=None
     )
@@ -120,7 +127,7 @@ def _check_sink(target: RestoreTarget, positions: Sequence[Offset]) -> None:
         raise ValueError(
             f"the snapshot has no sink positions of {target.query_name}: cannot restore its sink"
         )
-    if isinstance(target.sink, RestoreCheckedSink):
+    if isinstance(target.sink, (RestoreCheckedSink, UnfencedRestorableSink)):
         target.sink.check_restore(positions)
 
 

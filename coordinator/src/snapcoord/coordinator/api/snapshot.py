@@ -12,7 +12,7 @@ from snapcoord.coordinator.api.chunk_frames import PreEncodedChunks, encode_chun
 from snapcoord.coordinator.api.convert import offsets_from_pb, snapshot_to_pb
 from snapcoord.coordinator.api.snapshot_frames import encode_snapshot
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.status import until_ended
+from snapcoord.coordinator.transport.status import until_ended
 from snapcoord.v1 import snapshot_pb2, snapshot_pb2_grpc
 
 if TYPE_CHECKING:

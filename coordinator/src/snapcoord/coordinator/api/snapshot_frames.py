@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from snapcoord.coordinator.api.convert import snapshot_to_pb
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.snapshots import Snapshot
-from snapcoord.coordinator.lru import Lru
 from snapcoord.v1 import snapshot_pb2
 
 #: Task sets smaller than this are encoded with the rest of the message: their field is cheap.

@@ -35,8 +35,8 @@ from snapcoord.coordinator.auth.rules import (
 )
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH, is_valid_id
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
-from snapcoord.coordinator.request_decoding import MalformedRequest
-from snapcoord.coordinator.status import status_for, until_ended
+from snapcoord.coordinator.transport.request_decoding import MalformedRequest
+from snapcoord.coordinator.transport.status import status_for, until_ended
 
 _log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health
 
 from snapcoord.coordinator.auth.policy import Access, IdRef, Kind
 from snapcoord.coordinator.domain.paging import encode_id_token, encode_name_token
-from snapcoord.coordinator.reflection import SERVICE_NAMES as REFLECTION_SERVICE_NAMES
+from snapcoord.coordinator.transport.reflection import SERVICE_NAMES as REFLECTION_SERVICE_NAMES
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 

@@ -9,7 +9,7 @@ import grpc
 from snapcoord.coordinator.auth.authfile import AuthFile
 from snapcoord.coordinator.auth.interceptor import Authenticator, AuthInterceptor
 from snapcoord.coordinator.auth.tls import RotatingServerCredentials, TlsFiles
-from snapcoord.coordinator.config import SecurityConfig
+from snapcoord.coordinator.config.settings import SecurityConfig
 
 _log = logging.getLogger("snapcoord.auth")
 

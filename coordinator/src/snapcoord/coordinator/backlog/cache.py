@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord
-from snapcoord.coordinator.lru import Lru
+from snapcoord.coordinator.domain.lru import Lru
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.backlog.decide import StoredShard

@@ -1,7 +1,7 @@
 """The rules of every backlog change, as pure functions of what was read (no I/O).
 
 Each takes the request, the kernel's ``Reads`` and the commit still in doubt (``pending``), and
-returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals raise. ``MarkGone`` says the
+returns ``Done``, ``Commit`` or ``More`` (see ``kernel.decision``); refusals raise. ``MarkGone`` says the
 mark a call was working on was reset or cleared meanwhile: the caller starts again from the record.
 """
 
@@ -11,9 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from snapcoord.coordinator import intents
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
-from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
@@ -30,6 +28,8 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_shard,
 )
 from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 

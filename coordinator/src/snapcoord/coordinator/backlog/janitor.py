@@ -6,9 +6,9 @@ from snapcoord.coordinator.backlog.decide import stored_job
 from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.orphans import sweep_unreferenced
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -19,6 +19,7 @@ class BacklogJanitor:
 
     def __init__(
         self,
+        kernel: CommitKernel,
         metadata: MetadataStore,
         blobs: BlobStore,
         clock: Clock,
@@ -26,6 +27,7 @@ class BacklogJanitor:
         *,
         gauges_stale_after_ms: int,
     ) -> None:
+        self._kernel = kernel
         self._metadata = metadata
         self._blobs = blobs
         self._clock = clock
@@ -45,7 +47,7 @@ class BacklogJanitor:
 
         # Objects a live intent announces are the intent sweep's (they may be in flight); read
         # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
-        announced = IntentIndex(self._metadata).announced_keys()
+        announced = self._kernel.intents.announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,

@@ -19,7 +19,6 @@ from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies, Shar
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
 from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
-from snapcoord.coordinator.commit import CommitKernel, ReadChildren, ReadNode, Reads, Reread
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
@@ -44,7 +43,9 @@ from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import BlobNotFound, Internal
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
+from snapcoord.coordinator.kernel.decision import ReadChildren, ReadNode, Reads
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 
@@ -75,6 +76,7 @@ class BacklogRegistry:
         gauges_stale_after_ms: int = 180_000,
         shard_size: int = SHARD_SIZE,
         chunk_bytes: int = CHUNK_BYTES,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
@@ -83,12 +85,12 @@ class BacklogRegistry:
         self._metrics = metrics
         self._shard_size = shard_size
         self._chunk_bytes = chunk_bytes
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
         self._shards = ShardCopies()
         self._janitor = BacklogJanitor(
-            metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
+            self._kernel, metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
 
     # --- the API ----------------------------------------------------------------------------

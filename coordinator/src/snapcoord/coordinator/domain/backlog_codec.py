@@ -14,7 +14,7 @@ import itertools
 from typing import Any
 
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord, ShardProgress
-from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.documents import dump, load
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import Internal
 
@@ -30,7 +30,7 @@ def _malformed(what: str, e: Exception) -> Internal:
 
 
 def encode_job_record(record: JobRecord) -> bytes:
-    return _dump(
+    return dump(
         {
             "version": JOB_RECORD_VERSION,
             "job_id": record.job_id,
@@ -43,7 +43,7 @@ def encode_job_record(record: JobRecord) -> bytes:
 
 
 def decode_job_record(data: bytes) -> JobRecord:
-    doc = _load(data, "backlog job record", JOB_RECORD_VERSION)
+    doc = load(data, "backlog job record", JOB_RECORD_VERSION)
     try:
         record = JobRecord(
             job_id=str(doc["job_id"]),
@@ -66,7 +66,7 @@ def encode_boundaries(boundaries: Boundaries) -> bytes:
             streams.append({"stream": o.stream, "partitions": [], "boundaries": []})
         streams[-1]["partitions"].append(o.partition)
         streams[-1]["boundaries"].append(o.offset)
-    return _dump(
+    return dump(
         {
             "version": BOUNDARIES_VERSION,
             "job_id": boundaries.job_id,
@@ -77,7 +77,7 @@ def encode_boundaries(boundaries: Boundaries) -> bytes:
 
 
 def decode_boundaries(data: bytes) -> Boundaries:
-    doc = _load(data, "backlog boundaries payload", BOUNDARIES_VERSION)
+    doc = load(data, "backlog boundaries payload", BOUNDARIES_VERSION)
     try:
         items: list[Offset] = []
         for s in doc["streams"]:
@@ -105,7 +105,7 @@ def encode_shard(shard: ShardProgress) -> bytes:
     positions = list(shard.positions)
     while positions and positions[-1] is None:
         positions.pop()
-    return _dump(
+    return dump(
         {
             "version": SHARD_VERSION,
             "positions": positions,
@@ -116,7 +116,7 @@ def encode_shard(shard: ShardProgress) -> bytes:
 
 def decode_shard(data: bytes, size: int) -> ShardProgress:
     """A shard of ``size`` partitions (the job record knows how many)."""
-    doc = _load(data, "backlog progress shard", SHARD_VERSION)
+    doc = load(data, "backlog progress shard", SHARD_VERSION)
     try:
         stored = doc["positions"]
         # What this coordinator writes is ints and nulls: checked in C, converted only otherwise.

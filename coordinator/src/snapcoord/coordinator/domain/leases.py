@@ -12,10 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.documents import dump, load
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.errors import Internal, InvalidArgument
-from snapcoord.coordinator.lru import Lru
 
 LEASE_VERSION = 1
 PINS_VERSION = 1
@@ -29,7 +29,8 @@ class SnapshotRef:
 
 @dataclass(frozen=True)
 class LeasePolicy:
-    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
+    """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
+    each field)."""
 
     min_duration_ms: int = 1_000
     max_duration_ms: int = 7 * 24 * 3_600_000
@@ -127,7 +128,7 @@ def encode_lease(lease: Lease) -> bytes:
     }
     if lease.incarnation:
         doc["incarnation"] = lease.incarnation
-    data = _dump(doc)
+    data = dump(doc)
     # Decoding these bytes gives the lease back exactly when its snapshots are in stored order.
     if list(lease.snapshots) == sorted(lease.snapshots):
         _LEASES.put(data, lease, 2 * len(data))
@@ -144,7 +145,7 @@ def decode_lease(data: bytes) -> Lease:
 
 
 def _decode_lease(data: bytes) -> Lease:
-    doc = _load(data, "lease", LEASE_VERSION)
+    doc = load(data, "lease", LEASE_VERSION)
     try:
         return Lease(
             lease_id=str(doc["lease_id"]),
@@ -165,12 +166,12 @@ def encode_pins(holders: Mapping[str, int]) -> bytes:
     """A snapshot's pin index: which leases hold it, with their expiry (so one read answers)."""
     leases = dict(sorted(holders.items()))
     if _PLAIN_IDS.fullmatch("".join(leases)) and all(type(v) is int for v in leases.values()):
-        # ``_dump``'s bytes, written directly: an index may list hundreds of leases, and the
+        # ``documents.dump``'s bytes, written directly: an index may list hundreds of leases, and the
         # JSON encoder takes three times as long over them (rewritten on every renew).
         entries = ",".join([f'"{k}":{v}' for k, v in leases.items()])
         data = f'{{"leases":{{{entries}}},"version":{PINS_VERSION}}}'.encode()
     else:
-        data = _dump({"version": PINS_VERSION, "leases": leases})
+        data = dump({"version": PINS_VERSION, "leases": leases})
     _PINS.put(data, leases, 2 * len(data))
     return data
 
@@ -186,7 +187,7 @@ def decode_pins(data: bytes) -> dict[str, int]:
 
 
 def _decode_pins(data: bytes) -> dict[str, int]:
-    doc = _load(data, "pin index", PINS_VERSION)
+    doc = load(data, "pin index", PINS_VERSION)
     try:
         return {str(k): int(v) for k, v in doc["leases"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -18,7 +18,8 @@ from snapcoord.coordinator.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class ProducerPolicy:
-    """Server-side limits, from the configuration (``config.OPTIONS`` names the option of each field)."""
+    """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
+    each field)."""
 
     #: TTL of a record registered with ttl_ms=0.
     default_ttl_ms: int = 24 * 3_600_000
@@ -107,8 +108,8 @@ def parse_index_entry(name: str) -> tuple[str, str] | None:
 
 
 def producer_of_object(key: str) -> str | None:
-    """The producer id of a payload key ``producers/<id>/<uuid>.json``, as servers before the intent
-    pool named them, for the listing sweep; None for other keys, among them the pool's
+    """The producer id of a payload key ``producers/<id>/<uuid>.json`` (the naming of releases
+    without the intent pool), for the listing sweep; None for other keys, among them the pool's
     ``producers/<uuid>.json`` (announced by an intent, which the intent sweep follows)."""
     parts = key.split("/")
     return parts[1] if len(parts) == 3 and parts[0] == "producers" and parts[2].endswith(".json") else None

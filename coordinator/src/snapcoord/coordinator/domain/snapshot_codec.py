@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from snapcoord.coordinator.domain.codec import _dump, _load
+from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import (
     CheckpointRef,
@@ -27,7 +28,6 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import Internal
-from snapcoord.coordinator.lru import Lru
 
 APP_VERSION = 1
 SNAPSHOT_VERSION = 1
@@ -41,11 +41,11 @@ def _malformed(what: str, e: Exception) -> Internal:
 
 
 def encode_app(current_generation: int) -> bytes:
-    return _dump({"version": APP_VERSION, "current_generation": current_generation})
+    return dump({"version": APP_VERSION, "current_generation": current_generation})
 
 
 def decode_app(data: bytes) -> int:
-    doc = _load(data, "snapshot app record", APP_VERSION)
+    doc = load(data, "snapshot app record", APP_VERSION)
     try:
         return int(doc["current_generation"])
     except (KeyError, TypeError, ValueError) as e:
@@ -54,7 +54,7 @@ def decode_app(data: bytes) -> int:
 
 def encode_reported(count: int) -> bytes:
     """The data of a snapshot's ``tasks`` node: how many reports it counted."""
-    return _dump({"version": REPORTED_VERSION, "reported": count})
+    return dump({"version": REPORTED_VERSION, "reported": count})
 
 
 def decode_reported(data: bytes) -> int:
@@ -62,7 +62,7 @@ def decode_reported(data: bytes) -> int:
     this counter counted in the header's ``reported``: a snapshot's count is the sum of both.)"""
     if not data:
         return 0
-    doc = _load(data, "snapshot report counter", REPORTED_VERSION)
+    doc = load(data, "snapshot report counter", REPORTED_VERSION)
     try:
         count = int(doc["reported"])
     except (KeyError, TypeError, ValueError) as e:
@@ -103,7 +103,7 @@ def _remember(data: bytes, record: SnapshotRecord) -> None:
     _RECORDS.put(_record_key(data), (data, record), 2 * len(data) + RECORD_OVERHEAD_BYTES)
 
 
-#: Task set -> its JSON array, as ``_dump`` writes it.
+#: Task set -> its JSON array, as ``documents.dump`` writes it.
 _TASK_ARRAYS: Lru[tuple[str, ...], bytes] = Lru(MEMO_MAX_BYTES)
 
 
@@ -117,9 +117,9 @@ def _task_array(task_ids: tuple[str, ...]) -> bytes:
 
 
 def encode_snapshot(record: SnapshotRecord) -> bytes:
-    # ``_dump``'s bytes: sorted keys, so the document is every key before "task_ids", then it,
+    # ``documents.dump``'s bytes: sorted keys, so the document is every key before "task_ids", then it,
     # then the keys after it ("ttl_ms", "version"); the task array is the memoised part.
-    before = _dump(
+    before = dump(
         {
             "abort_reason": record.abort_reason,
             "app_id": record.app_id,
@@ -133,7 +133,7 @@ def encode_snapshot(record: SnapshotRecord) -> bytes:
             "state": record.state.value,
         }
     )
-    # The keys after "task_ids" hold integers, which ``_dump`` writes as ``%d`` does.
+    # The keys after "task_ids" hold integers, which ``documents.dump`` writes as ``%d`` does.
     after = b'"ttl_ms":%d,"version":%d}' % (record.ttl_ms, SNAPSHOT_VERSION)
     data = b"".join((before[:-1], b',"task_ids":', _task_array(record.task_ids), b",", after))
     # The next report (here, on this replica) reads these bytes back: decoding them is then a
@@ -153,7 +153,7 @@ def decode_snapshot(data: bytes) -> SnapshotRecord:
 
 
 def _decode_snapshot(data: bytes) -> SnapshotRecord:
-    doc = _load(data, "snapshot record", SNAPSHOT_VERSION)
+    doc = load(data, "snapshot record", SNAPSHOT_VERSION)
     try:
         return SnapshotRecord(
             app_id=str(doc["app_id"]),
@@ -177,7 +177,7 @@ def encode_task_report(report: TaskReport) -> bytes:
     checkpoints: dict[str, Any] = {
         c.store: {"object_key": c.object_key, "size": c.size, "sha256": c.sha256} for c in report.checkpoints
     }
-    return _dump(
+    return dump(
         {
             "version": TASK_REPORT_VERSION,
             "task_id": report.task_id,
@@ -189,7 +189,7 @@ def encode_task_report(report: TaskReport) -> bytes:
 
 
 def decode_task_report(data: bytes) -> TaskReport:
-    doc = _load(data, "task report", TASK_REPORT_VERSION)
+    doc = load(data, "task report", TASK_REPORT_VERSION)
     try:
         return TaskReport(
             task_id=str(doc["task_id"]),
@@ -210,7 +210,7 @@ def decode_task_report(data: bytes) -> TaskReport:
 
 
 def encode_retention(policy: RetentionPolicy) -> bytes:
-    return _dump(
+    return dump(
         {
             "version": RETENTION_VERSION,
             "keep_last_completed": policy.keep_last_completed,
@@ -220,7 +220,7 @@ def encode_retention(policy: RetentionPolicy) -> bytes:
 
 
 def decode_retention(data: bytes) -> RetentionPolicy:
-    doc = _load(data, "retention policy", RETENTION_VERSION)
+    doc = load(data, "retention policy", RETENTION_VERSION)
     try:
         return RetentionPolicy(int(doc["keep_last_completed"]), int(doc["completed_ttl_ms"]))
     except (KeyError, TypeError, ValueError) as e:

@@ -47,8 +47,8 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class SnapshotPolicy:
-    """Server-side limits and defaults, from the configuration (``config.OPTIONS`` names the option
-    of each field; ``config.FIXED`` lists the fields no option sets)."""
+    """Server-side limits and defaults, from the configuration (``config.options.OPTIONS`` names
+    the option of each field; ``config.settings.FIXED`` lists the fields no option sets)."""
 
     #: A snapshot still CREATED this long after creation (timeout_ms=0) is aborted ("timeout").
     default_timeout_ms: int = 10 * 60_000
@@ -257,7 +257,7 @@ def validate_report(
         )
     total = 0
     for store, payload in checkpoints.items():
-        # The field name quotes only a prefix: the key itself may be megabytes long (D4).
+        # The field name quotes only a prefix: the key itself may be megabytes long.
         require_id(f"task.checkpoints key {quote_prefix(store)}", store)
         total += len(payload)
     for store in uploads:

@@ -1,7 +1,7 @@
 """The rules of every producer-record change, as pure functions of what was read.
 
 Each takes the request, the kernel's ``Reads`` (the record node), the commit still in doubt
-(``pending``) and the time, and returns ``Done`` or ``Commit`` (see ``commit``). No I/O here.
+(``pending``) and the time, and returns ``Done`` or ``Commit`` (see ``kernel.decision``). No I/O here.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
-from snapcoord.coordinator import intents
-from snapcoord.coordinator.commit import Commit, Done, Reads, landed
-from snapcoord.coordinator.domain.codec import decode_producer_record, encode_producer_record
+from snapcoord.coordinator.domain.producer_codec import decode_producer_record, encode_producer_record
 from snapcoord.coordinator.domain.producers import ProducerRecord
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Done, Reads, landed
 from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, index_path, record_path
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 

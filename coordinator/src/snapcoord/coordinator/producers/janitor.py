@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.domain.codec import decode_producer_record
+from snapcoord.coordinator.domain.producer_codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
-from snapcoord.coordinator.intents import IntentIndex
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.orphans import sweep_unreferenced
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.decision import ReadNode
+from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.layout import EXPIRY, OBJECT_PREFIX, record_path
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -79,7 +79,7 @@ class ProducerJanitor:
 
         # Objects a live intent announces are the intent sweep's (they may be in flight); read
         # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
-        announced = IntentIndex(self._metadata).announced_keys()
+        announced = self._kernel.intents.announced_keys()
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,

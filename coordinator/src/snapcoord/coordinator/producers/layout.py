@@ -4,7 +4,9 @@ Metadata (the commit point): ``/producers/records/<producer_id>`` holds a small 
 pointing at the payload; ``/producers/expiry/<minute>/<producer_id>@<registration>`` is the expiry
 index, written in the same transaction as the record, so the janitor reads only the buckets that
 are due. Blobs: ``producers/<uuid>.json`` holds the offsets (a key the intent pool picked and
-announced before the put; servers before the pool wrote ``producers/<producer_id>/<uuid>.json``).
+announced before the put). Keys of the form ``producers/<producer_id>/<uuid>.json`` are payloads
+written without a pooled intent, by releases before the pool; only the listing sweep looks for
+them (``domain.producers.producer_of_object``).
 
 Ordering. The payload is written before the record that references it and deleted after the
 record is gone, so a reader never sees a record without its payload. Both ways an intent names
@@ -20,7 +22,7 @@ the new one that replaced it.
 from __future__ import annotations
 
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.expiry_index import entry_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 
 RECORDS = "/producers/records"
 EXPIRY = "/producers/expiry"

@@ -9,12 +9,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from snapcoord.coordinator.commit import CommitKernel, ReadNode, Reads, Reread, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
-from snapcoord.coordinator.domain.codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
+from snapcoord.coordinator.domain.producer_codec import decode_producer_offsets, encode_producer_offsets
 from snapcoord.coordinator.domain.producers import (
     ProducerPolicy,
     ProducerRecord,
@@ -24,8 +23,10 @@ from snapcoord.coordinator.domain.producers import (
     validate_registration,
 )
 from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
-from snapcoord.coordinator.intent_pool import IntentPool
-from snapcoord.coordinator.metrics import CoordinatorMetrics
+from snapcoord.coordinator.kernel.commit import CommitKernel, Reread, synced_retry
+from snapcoord.coordinator.kernel.decision import ReadNode, Reads
+from snapcoord.coordinator.kernel.intent_pool import IntentPool
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
 from snapcoord.coordinator.producers.janitor import ProducerJanitor
 from snapcoord.coordinator.producers.layout import OBJECT_PREFIX, RECORDS, record_path
@@ -55,6 +56,7 @@ class ProducerRegistry:
         *,
         intent_max_age_ms: int = DEFAULT_INTENT_MAX_AGE_MS,
         list_page_bytes: int = LIST_PAGE_BYTES,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._list_page_bytes = list_page_bytes
@@ -62,7 +64,7 @@ class ProducerRegistry:
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         self._janitor = ProducerJanitor(self._kernel, metadata, blobs, clock, metrics)
         # A registration has no read its intent could ride with: its intents are made ahead, in
         # batches (intent_pool), so that most registrations are one transaction.

@@ -1,7 +1,7 @@
 """The rules of every snapshot change, as pure functions of what was read (no I/O).
 
 Each takes the request, the kernel's ``Reads``, the commit still in doubt (``pending``) and the
-time, and returns ``Done``, ``Commit`` or ``More`` (see ``commit``); refusals raise.
+time, and returns ``Done``, ``Commit`` or ``More`` (see ``kernel.decision``); refusals raise.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from snapcoord.coordinator import intents, pins
-from snapcoord.coordinator.commit import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
@@ -35,6 +33,9 @@ from snapcoord.coordinator.domain.snapshots import (
     TaskReport,
 )
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason, SnapcoordError
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
+from snapcoord.coordinator.snapshots import pins
 from snapcoord.coordinator.snapshots.layout import (
     APPS,
     DEADLINES,
@@ -366,9 +367,10 @@ def after_report(record: SnapshotRecord, counted: int | None, now: int) -> Snaps
     (the same object: the counter node counts, ``counted`` so far) or, without a counter node
     (``counted`` None), with its own count raised.
 
-    Reports are counted in the counter node and, for reports that servers before it committed,
-    in the header's ``reported``: each report raises exactly one of them, and a report through
-    either kind of server changes the header or checks its version, so the sum is the count."""
+    Reports are counted in the counter node and, for reports committed by releases without the
+    counter node, in the header's ``reported``: each report raises exactly one of them, and a
+    report through either kind of server changes the header or checks its version, so the sum is
+    the count."""
     if counted is None:
         reported = record.reported + 1
         if reported < len(record.task_ids):

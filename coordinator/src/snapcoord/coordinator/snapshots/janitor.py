@@ -6,8 +6,6 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from snapcoord.coordinator import pins
-from snapcoord.coordinator.commit import CommitKernel
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.snapshot_codec import decode_retention, decode_task_report
 from snapcoord.coordinator.domain.snapshots import (
@@ -20,10 +18,11 @@ from snapcoord.coordinator.domain.snapshots import (
     retention_victims,
 )
 from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError, SnapcoordError
-from snapcoord.coordinator.intents import Intent
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.orphans import sweep_unreferenced
-from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.intents import Intent
+from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
+from snapcoord.coordinator.snapshots import decide, pins
 from snapcoord.coordinator.snapshots.layout import (
     DEADLINES,
     OBJECT_PREFIX,

@@ -8,7 +8,7 @@ Metadata (the commit point)::
     /snapshots/apps/<app>/gens/<generation>/tasks/<task>   one task's report: offsets, checkpoint refs
     /snapshots/deadlines/<minute>/<app>@<generation>       CREATED snapshots by timeout (ExpiryIndex)
     /snapshots/retention/<minute>/<app>@<generation|policy> "evaluate this app's retention then"
-    /snapshots/pins/<app>@<generation>                     leases pinning a snapshot (coordinator.pins)
+    /snapshots/pins/<app>@<generation>                     leases pinning a snapshot (snapshots.pins)
 
 Checkpoint payloads go to the blob store under ``snapshots/<app>/<generation>/<task>/<uuid>``,
 written before the report that points at them commits and deleted after the snapshot is gone.
@@ -22,7 +22,7 @@ current pointer and creates the header together, so generations never repeat or 
 from __future__ import annotations
 
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord
-from snapcoord.coordinator.expiry_index import entry_path
+from snapcoord.coordinator.kernel.expiry_index import entry_path
 
 APPS = "/snapshots/apps"
 DEADLINES = "/snapshots/deadlines"

@@ -1,10 +1,10 @@
 """Read the next piece of a stream while the caller is busy with the current one.
 
-ReadCheckpoint used to read a piece from the blob store, then hand it to gRPC, which serialises
-and sends it before it asks for the next: the store's latency and the send were paid one after
-the other, and neither the coordinator's CPU nor the store was busy more than half the time
-(measured: 0.3-0.4x a raw S3 get, with the server's CPU idle half the wall time). With pieces
-read ahead on a helper thread, the store read overlaps the send.
+ReadCheckpoint hands each piece to gRPC, which serialises and sends it before it asks for the
+next. Read in the same thread, the store's latency and the send would be paid one after the
+other, and neither the coordinator's CPU nor the store would be busy more than half the time
+(measured: 0.3-0.4x a raw S3 get, the server's CPU idle half the wall time). Reading the next
+piece ahead on a helper thread overlaps the store read with the send.
 """
 
 from __future__ import annotations

@@ -15,10 +15,9 @@ import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from snapcoord.coordinator import intents, pins
-from snapcoord.coordinator.commit import Commit, CommitKernel, Decision, ReadNode, Reads, synced_retry
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
 from snapcoord.coordinator.domain.quoting import quote_prefix
@@ -54,11 +53,13 @@ from snapcoord.coordinator.errors import (
     NotFound,
     Reason,
 )
-from snapcoord.coordinator.lru import Lru
-from snapcoord.coordinator.metrics import CoordinatorMetrics
-from snapcoord.coordinator.payload_budget import PayloadBudget
-from snapcoord.coordinator.record_copies import RecordCache
-from snapcoord.coordinator.snapshots import decide
+from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.decision import Commit, Decision, ReadNode, Reads
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
+from snapcoord.coordinator.kernel.record_copies import RecordCache
+from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
+from snapcoord.coordinator.snapshots import decide, pins
 from snapcoord.coordinator.snapshots.cache import CurrentSnapshotCache
 from snapcoord.coordinator.snapshots.janitor import SnapshotJanitor
 from snapcoord.coordinator.snapshots.layout import (
@@ -122,16 +123,17 @@ class SnapshotRegistry:
         cache_size: int = 10_000,
         delete_batch_bytes: int | None = None,
         payload_budget: PayloadBudget | None = None,
+        kernel: CommitKernel | None = None,
     ) -> None:
         self._metadata = metadata
         self._blobs = blobs
         self._clock = clock
         self._policy = policy
         self._metrics = metrics
-        self._kernel = CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
+        self._kernel = kernel or CommitKernel(metadata, blobs, metrics, now_ms=clock.now_ms)
         #: Path bytes of task deletes per deletion step: half a request (tests make it small).
         self._delete_batch_bytes = delete_batch_bytes or policy.max_request_bytes // 2
-        #: Payload bytes in flight across calls (#11 D8); unbounded for tests that build their own.
+        #: Payload bytes in flight across calls; unbounded for tests that build their own.
         self._budget = payload_budget or PayloadBudget(2**62, 0)
         #: app -> the current generation last seen, so that a read of the pointer can read that
         #: header in the same round trip (a wrong guess costs the round it would have cost anyway).
@@ -157,7 +159,7 @@ class SnapshotRegistry:
 
     @property
     def kernel(self) -> CommitKernel:
-        """The commit kernel, which leases share (they write retention triggers too)."""
+        """The commit kernel this registry commits through."""
         return self._kernel
 
     # --- the API ----------------------------------------------------------------------------

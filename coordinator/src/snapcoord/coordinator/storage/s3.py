@@ -27,8 +27,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from snapcoord.coordinator.errors import BlobNotFound, StoreUnavailable
+from snapcoord.coordinator.storage.backends import BlobOptions
 from snapcoord.coordinator.storage.blobs import BlobInfo, BlobStore, validate_key
-from snapcoord.coordinator.storage.registry import BlobOptions
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

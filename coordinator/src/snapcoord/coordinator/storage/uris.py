@@ -6,7 +6,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from snapcoord.coordinator.storage.metadata import validate_path
-from snapcoord.coordinator.storage.zk_request_size import MAX_CHROOT_BYTES
+from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
 
 
 def directory_from_file_uri(uri: str) -> Path:

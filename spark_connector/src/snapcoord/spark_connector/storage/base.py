@@ -13,9 +13,12 @@ name that has objects below it as a directory. An empty directory may or may not
 
 from __future__ import annotations
 
+import os
 import posixpath
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
@@ -94,9 +97,44 @@ class Storage(Protocol):
         """Delete ``path`` and everything below it; nothing when it does not exist."""
         ...
 
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        """Copy the file ``path`` to ``local_file`` on this machine, which appears whole (replacing any
+        file of that name) once complete. Backends copy large files by the fastest way they have (the
+        Hadoop backend inside Spark's JVM)."""
+        ...
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        """Write the whole object ``path`` from the local file ``local_file`` (as ``write_chunks``)."""
+        ...
+
     def child(self, path: str) -> Storage:
         """The same store rooted at ``path`` below this root."""
         ...
+
+
+def download_by_chunks(storage: Storage, path: str, local_file: str | os.PathLike[str]) -> None:
+    """``download`` from ``read_chunks``: a temporary file next to ``local_file``, renamed into place."""
+    target = Path(local_file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with temp.open("wb") as f:
+            for chunk in storage.read_chunks(path, COPY_CHUNK_BYTES):
+                f.write(chunk)
+        os.replace(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def local_file_chunks(local_file: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of a local file in pieces (for ``upload`` through ``write_chunks``)."""
+    with open(local_file, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            yield chunk
+
+
+#: The piece size of streamed copies.
+COPY_CHUNK_BYTES = 4 << 20
 
 
 def clean_path(path: str) -> str:

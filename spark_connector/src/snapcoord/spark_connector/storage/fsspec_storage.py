@@ -22,17 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import threading
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from snapcoord.spark_connector.storage.base import (
+    COPY_CHUNK_BYTES,
     Entry,
     Storage,
     StorageError,
     UnsupportedLocation,
     clean_path,
+    download_by_chunks,
+    local_file_chunks,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +48,23 @@ if TYPE_CHECKING:
 CONDITIONAL_CREATE_PROTOCOLS = frozenset({"s3"})
 #: fsspec protocols of object stores (an object appears whole when its upload completes).
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "abfs", "gcs"})
+
+
+#: fsspec protocols whose filesystem object must not be used by two threads at once: fsspec's sftp
+#: shares one paramiko SFTP session between them, and concurrent requests on it hang.
+SERIAL_PROTOCOLS = frozenset({"sftp"})
+
+_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _lock_for(fs: Any) -> threading.RLock:
+    """The lock of one fsspec filesystem object (fsspec hands out one object per set of arguments)."""
+    with _locks_guard:
+        lock = _locks.get(fs)
+        if lock is None:
+            lock = _locks[fs] = threading.RLock()
+        return lock
 
 
 def install_hint(scheme: FsspecScheme) -> str:
@@ -60,7 +83,13 @@ def open_fsspec(location: str, scheme: FsspecScheme, storage_options: dict[str, 
     import fsspec
 
     url = f"{scheme.protocol}://{location.split('://', 1)[1]}"
-    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    try:
+        # Some filesystems (sftp) connect here; others on their first request.
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    except (ValueError, TypeError) as e:
+        raise UnsupportedLocation(f"{location!r}: {scheme.module} refuses it: {e}") from e
+    except Exception as e:
+        raise StorageError(f"{location!r}: cannot reach the store: {type(e).__name__}: {e}") from e
     if scheme.protocol == "sftp":
         root = "/" + str(root).lstrip("/")  # sftp paths are absolute from the server's root
     return FsspecStorage(fs, scheme.protocol, str(root).rstrip("/"), location.rstrip("/"))
@@ -99,6 +128,9 @@ class FsspecStorage:
         self._location = location
         self._object_store = protocol in OBJECT_STORE_PROTOCOLS
         self.atomic_exclusive: bool = protocol in CONDITIONAL_CREATE_PROTOCOLS
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            _lock_for(fs) if protocol in SERIAL_PROTOCOLS else contextlib.nullcontext()
+        )
 
     def __repr__(self) -> str:
         return f"FsspecStorage({self._location!r}, {type(self._fs).__name__})"
@@ -117,9 +149,11 @@ class FsspecStorage:
 
     @contextlib.contextmanager
     def _errors(self, what: str, path: str) -> Iterator[None]:
-        """Store errors as ``FileNotFoundError``/``FileExistsError`` or ``StorageError`` naming the URI."""
+        """One call to the store, serialised where the filesystem object is not thread-safe; its errors
+        as ``FileNotFoundError``/``FileExistsError`` or ``StorageError`` naming the URI."""
         try:
-            yield
+            with self._lock:
+                yield
         except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError):
             raise
         except OSError as e:
@@ -165,13 +199,19 @@ class FsspecStorage:
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         with self._errors("read", path):
             f = self._fs.open(self._path(path), "rb", block_size=max(chunk_bytes, 1 << 16))
-        with f:
+            if self.protocol == "sftp":
+                # paramiko asks for 32 KiB per round trip; prefetching keeps many requests in flight.
+                f.prefetch()
+        try:
             while True:
                 with self._errors("read", path):
                     chunk = f.read(chunk_bytes)
                 if not chunk:
                     return
                 yield bytes(chunk)
+        finally:
+            with contextlib.suppress(Exception), self._lock:
+                f.close()
 
     def _invalidate(self, path: str) -> None:
         """Forget fsspec's listing cache: another writer may have changed the store since."""
@@ -181,6 +221,10 @@ class FsspecStorage:
     # -- writes ------------------------------------------------------------------------------------------
     def _upload(self, target: str, chunks: Iterable[bytes], mode: str) -> None:
         f = self._fs.open(target, mode)
+        if self.protocol == "sftp":
+            # paramiko waits for each write's acknowledgement unless pipelined; errors then surface at
+            # close, which this method always reaches before the write counts as done.
+            f.set_pipelined(True)
         try:
             for chunk in chunks:
                 f.write(chunk)
@@ -270,6 +314,12 @@ class FsspecStorage:
             self._invalidate(path)
             if self._fs.exists(target):
                 self._fs.rm(target, recursive=True)
+
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        download_by_chunks(self, path, local_file)
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self.write_chunks(path, local_file_chunks(local_file, COPY_CHUNK_BYTES))
 
     def child(self, path: str) -> Storage:
         rel = clean_path(path)

@@ -15,7 +15,14 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from snapcoord.spark_connector.storage.base import Entry, Storage, clean_path
+from snapcoord.spark_connector.storage.base import (
+    COPY_CHUNK_BYTES,
+    Entry,
+    Storage,
+    clean_path,
+    download_by_chunks,
+    local_file_chunks,
+)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -125,6 +132,12 @@ class LocalStorage:
             shutil.rmtree(target)
         else:
             target.unlink(missing_ok=True)
+
+    def download(self, path: str, local_file: str | os.PathLike[str]) -> None:
+        download_by_chunks(self, path, local_file)
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self.write_chunks(path, local_file_chunks(local_file, COPY_CHUNK_BYTES))
 
     def child(self, path: str) -> Storage:
         return LocalStorage(self._path(path))

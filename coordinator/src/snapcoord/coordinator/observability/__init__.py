@@ -1,0 +1,1 @@
+"""What the coordinator tells operators: Prometheus metrics, OpenTelemetry tracing, log setup."""

@@ -1,0 +1,2 @@
+"""The embedded backends of ``file://`` URIs: ``embedded`` (the ZooKeeper-shaped tree in SQLite)
+and ``blob_files`` (payloads in a local directory)."""
