@@ -1,6 +1,6 @@
 """Snapshot size and time, taking and restoring, for a stateful query with ~100 MB of state.
 
-    bench/run spark_snapshot_restore [--keys 1000000] [--embedded] [--smoke]
+    bench/run spark_snapshot_restore [--keys 1000000] [--embedded] [--smoke] [--sftp]
 
 One local[2] SparkSession runs a file-source query that deduplicates random 96-character keys
 (``dropDuplicates``: every key stays in the HDFS-backed state store) over two input files, one
@@ -11,6 +11,9 @@ hard-link copy, tar stream to the coordinator, report) and ``restore_snapshot`` 
 rollback, streamed read, unpack), and checks that the restored query resumes: a third file whose
 keys half repeat the first one yields only its new keys. Printed: the state directory's size on
 disk, the archive's size, and both times. ``--smoke``: 20 000 keys (a quick check for CI).
+``--sftp``: the same query a second time in the same run with its checkpoint (and the restored one)
+on a real sshd on loopback, reached through Hadoop's ``sftp://`` FileSystem, and both rows side by
+side.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from typing import Any
 
 from common import coordinator_process
 
+from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.exactly_once import exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.storage import open_location
 
 MiB = 1024 * 1024
 
@@ -51,14 +56,12 @@ def random_keys(rng: random.Random, n: int) -> list[str]:
     return [base64.b64encode(rng.randbytes(72)).decode() for _ in range(n)]
 
 
-def run(
-    spark: Any, target: str, name: str, source: Path, checkpoint: Path, sink: PartitionedFileSink
-) -> None:
+def run(spark: Any, target: str, name: str, source: Path, checkpoint: str, sink: PartitionedFileSink) -> None:
     def count_new(df: Any, batch_id: int) -> None:
         sink.write(df.groupBy().count(), batch_id)
 
     writer = exactly_once(
-        sink, target, query_name=name, batch_function=count_new, checkpoint_location=str(checkpoint)
+        sink, target, query_name=name, batch_function=count_new, checkpoint_location=checkpoint
     )
     query = (
         spark.readStream.schema("k STRING")
@@ -67,7 +70,7 @@ def run(
         .dropDuplicates(["k"])
         .writeStream.queryName(name)
         .foreachBatch(writer)
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()
     )
@@ -78,8 +81,56 @@ def run(
     writer.close()
 
 
-def du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def tree_bytes(storage: Any, path: str) -> int:
+    total = 0
+    for entry in storage.list(path):
+        rel = f"{path}/{entry.name}" if path else entry.name
+        total += tree_bytes(storage, rel) if entry.is_dir else entry.size
+    return total
+
+
+def measure(
+    spark: Any, client: CoordinatorClient, target: str, work: Path, location: str, keys: int, kind: str
+) -> dict[str, Any]:
+    """Build the state with the checkpoint at ``location``, then time take_snapshot and restore_snapshot
+    (into ``location``-restored) and check that the restored query resumes."""
+    rng = random.Random(7)
+    half = keys // 2
+    first, second = random_keys(rng, half), random_keys(rng, keys - half)
+    source = work / "input"
+    source.mkdir(parents=True)
+    write_keys(source / "in-0.json", first)
+    write_keys(source / "in-1.json", second)
+    name, app = f"dedup-{kind}", f"bench-{uuid.uuid4().hex[:6]}"
+    checkpoint, restored = f"{location}/chk", f"{location}/chk-restored"
+    sink = PartitionedFileSink(work / "table", name=name)
+    t0 = time.monotonic()
+    run(spark, target, name, source, checkpoint, sink)
+    print(f"{kind}: building the state (2 batches): {time.monotonic() - t0:.1f} s", flush=True)
+    state_bytes = tree_bytes(open_location(checkpoint, spark=spark), "state")
+
+    t0 = time.monotonic()
+    snapshot = take_snapshot(client, app, [SnapshotQuery(name, checkpoint, sink)], timeout_s=1800)
+    take_s = time.monotonic() - t0
+    archive = client.read_checkpoint(app, snapshot.generation, name, ARCHIVE_KEY)
+    archive_bytes = sum(len(c) for c in archive)
+
+    new_keys = random_keys(rng, half // 2)
+    write_keys(source / "in-2.json", first[: half // 2] + new_keys)
+    t0 = time.monotonic()
+    restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, restored, sink)])
+    restore_s = time.monotonic() - t0
+    run(spark, target, name, source, restored, sink)
+    counts = [int(r["count"]) for r in sink.read_json_records()]
+    if counts != [half, keys - half, len(new_keys)]:
+        raise AssertionError(f"{kind}: the restored query did not resume from the snapshot's state: {counts}")
+    return {
+        "kind": kind,
+        "state_mib": state_bytes / MiB,
+        "archive_mib": archive_bytes / MiB,
+        "take_s": take_s,
+        "restore_s": restore_s,
+    }
 
 
 def main() -> int:
@@ -87,6 +138,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--embedded", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--sftp", action="store_true", help="also with the checkpoints on a local sshd")
     args = parser.parse_args()
     if args.smoke:
         args.keys = 20_000
@@ -100,8 +152,14 @@ def main() -> int:
         coord, backend = coordinator_process(stack, tmp / "coordinator", embedded=args.embedded)
         client = CoordinatorClient(coord.target, timeout_s=600)
         stack.callback(client.close)
+        sshd = None
+        builder = SparkSession.builder
+        if args.sftp:
+            sshd = stack.enter_context(SshServer(tmp / "sshd"))
+            for key, value in sshd.spark_conf().items():
+                builder = builder.config(key, value)
         spark = (
-            SparkSession.builder.master("local[2]")
+            builder.master("local[2]")
             .appName("snapcoord-bench-snapshot")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -110,44 +168,21 @@ def main() -> int:
         )
         stack.callback(spark.stop)
 
-        rng = random.Random(7)
-        half = args.keys // 2
-        first, second = random_keys(rng, half), random_keys(rng, args.keys - half)
-        source = tmp / "input"
-        source.mkdir()
-        write_keys(source / "in-0.json", first)
-        write_keys(source / "in-1.json", second)
-        name, app = "dedup", f"bench-{uuid.uuid4().hex[:6]}"
-        checkpoint, table = tmp / "chk", tmp / "table"
-        sink = PartitionedFileSink(table, name=name)
-        t0 = time.monotonic()
-        run(spark, coord.target, name, source, checkpoint, sink)
+        rows = [measure(spark, client, coord.target, tmp / "local", str(tmp / "local"), args.keys, "local")]
+        if sshd is not None:
+            remote = f"bench-{uuid.uuid4().hex[:6]}"
+            sshd.local_path(remote).mkdir(parents=True)
+            rows.append(
+                measure(spark, client, coord.target, tmp / "sftp", sshd.uri(remote), args.keys, "sftp")
+            )
         print(f"# spark_snapshot_restore: {args.keys} keys, local[2]; coordinator on {backend}")
-        print(f"building the state (2 batches): {time.monotonic() - t0:.1f} s")
-        state_bytes = du(checkpoint / "state")
-
-        t0 = time.monotonic()
-        snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=1800)
-        take_s = time.monotonic() - t0
-        archive = client.read_checkpoint(app, snapshot.generation, name, ARCHIVE_KEY)
-        archive_bytes = sum(len(c) for c in archive)
-
-        new_keys = random_keys(rng, half // 2)
-        write_keys(source / "in-2.json", first[: half // 2] + new_keys)
-        restored = tmp / "chk-restored"
-        t0 = time.monotonic()
-        restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, str(restored), sink)])
-        restore_s = time.monotonic() - t0
-        run(spark, coord.target, name, source, restored, sink)
-        counts = [int(r["count"]) for r in sink.read_json_records()]
-        if counts != [half, args.keys - half, len(new_keys)]:
-            raise AssertionError(f"the restored query did not resume from the snapshot's state: {counts}")
-
-        print(f"state on disk: {state_bytes / MiB:.1f} MiB")
-        print(f"snapshot archive: {archive_bytes / MiB:.1f} MiB")
-        print(f"take_snapshot: {take_s:.2f} s")
-        print(f"restore_snapshot: {restore_s:.2f} s")
-        print("restored query resumed from the snapshot's state: ok")
+        print("| checkpoint | state | archive | take_snapshot | restore_snapshot | resumed |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['kind']} | {r['state_mib']:.1f} MiB | {r['archive_mib']:.1f} MiB | "
+                f"{r['take_s']:.2f} s | {r['restore_s']:.2f} s | ok |"
+            )
     return 0
 
 

@@ -24,11 +24,13 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.coordinator import CoordinatorProcess
 from harness.faults import TcpProxy
+from harness.locations import TestDir
 from harness.process import wait_until
 from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.backlog import BacklogBound
 from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner, last_batch_time_ms
+from snapcoord.spark_connector.storage import LocalStorage
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +80,7 @@ class QueryStarter:
     """``start_query`` for the runner: one file per batch, same checkpoint every time; records what
     the sink had seen when each trigger was started."""
 
-    def __init__(self, spark: SparkSession, source: Path, checkpoint: Path, sink: Sink) -> None:
+    def __init__(self, spark: SparkSession, source: Path, checkpoint: Path | str, sink: Sink) -> None:
         self.spark, self.source, self.checkpoint, self.sink = spark, source, checkpoint, sink
         self.seen_at_start: list[tuple[dict[str, Any], list[int]]] = []
 
@@ -169,14 +171,25 @@ def test_switches_once_after_the_backlog(
         runner.stop()
 
 
+def test_last_batch_time_is_the_newest_offsets_entrys(tmp_path: Path) -> None:
+    checkpoint = LocalStorage(tmp_path / "cp")
+    assert last_batch_time_ms(checkpoint) is None  # never ran
+    for batch, ms in [(0, 1000), (1, 2000), (2, 3000)]:
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": ms, "conf": {}}
+        checkpoint.write_bytes(f"offsets/{batch}", f"v1\n{json.dumps(meta)}\n{{}}\n".encode())
+    checkpoint.write_bytes("offsets/.2.crc", b"crc")
+    assert last_batch_time_ms(checkpoint) == 3000
+
+
 def test_switches_both_ways_on_lag_and_after_downtime(
-    spark: SparkSession, client: CoordinatorClient, tmp_path: Path
+    spark: SparkSession, client: CoordinatorClient, tmp_path: Path, remote: TestDir
 ) -> None:
     """Catch-up, steady; a burst puts the query more than the bound behind: catch-up (the mark
     reset to the new latest offset), steady; stopped, down for longer than the downtime bound while
-    data arrives, restarted: catch-up again, steady. Every record reaches the sink exactly once."""
+    data arrives, restarted: catch-up again, steady. Every record reaches the sink exactly once.
+    The checkpoint is on sftp: the runner reads the time of its last batch there."""
     job = f"both-{uuid.uuid4().hex[:8]}"
-    source, checkpoint = tmp_path / "in", tmp_path / "cp"
+    source, checkpoint = tmp_path / "in", remote.uri_of("cp")
     for i in range(3):
         write_file(source, i)
     sink = Sink()
@@ -205,7 +218,7 @@ def test_switches_both_ways_on_lag_and_after_downtime(
         # condition on the checkpoint's last batch time, not a sleep of a guessed length).
         for i in range(8, 11):
             write_file(source, i)
-        last = last_batch_time_ms(checkpoint)
+        last = last_batch_time_ms(remote.storage.child("cp"))
         assert last is not None
         wait_until(lambda: time.time() * 1000 - last > 1500, timeout=30, what="the downtime bound to pass")
         restarted = runner_for(starter, client, job, bound)

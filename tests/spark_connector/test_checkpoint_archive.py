@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, SnapshotState
+from snapcoord.spark_connector import app_snapshots
 from snapcoord.spark_connector.app_snapshots import (
     ARCHIVE_KEY,
     BATCH_ID_KEY,
@@ -21,16 +23,30 @@ from snapcoord.spark_connector.app_snapshots import (
     downstream_first,
     take_snapshot,
 )
+from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
 from snapcoord.spark_connector.checkpoint_archive import (
+    CheckpointCut,
     CheckpointNotReady,
-    archive_chunks,
     cut_checkpoint,
-    extract_archive,
-    local_checkpoint,
-    stage_cut,
+    cut_files,
+    send_cut,
+    unpack_chunks,
 )
 from snapcoord.spark_connector.commit_log import Commit, commits_fingerprint
+from snapcoord.spark_connector.exactly_once import exactly_once
+from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.restore_target import (
+    PLACEHOLDER_LINE,
+    PendingRestore,
+    RestoreMarker,
+    abandon,
+    claim_target,
+    complete,
+    unfinished_restore,
+    write_archive,
+)
 from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.storage import LocalStorage, Storage, UnsupportedLocation
 
 
 def offsets_entry(file_log_offset: int, kafka: dict[str, dict[str, int]]) -> str:
@@ -75,101 +91,184 @@ def listing(directory: Path) -> dict[str, str]:
     }
 
 
+def archive_of(checkpoint: Storage) -> tuple[CheckpointCut, bytes]:
+    """The cut of ``checkpoint`` and its archive, as ``take_snapshot`` streams it."""
+    return send_cut(checkpoint, lambda cut, chunks: b"".join(chunks))
+
+
+def restore_into(target: Storage, archive: bytes, batch_id: int) -> PendingRestore:
+    """``restore_target``'s protocol up to its completion point."""
+    marker = RestoreMarker.new("app", 1, "q", batch_id)
+    claim_target(target, marker)
+    return write_archive(target, [archive], marker)
+
+
 def test_cut_is_the_last_batch_with_offsets_and_commit(tmp_path: Path) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=6, last_commit=5)  # batch 6 is running
-    cut = cut_checkpoint(cp)
+    cut = cut_checkpoint(LocalStorage(cp))
     assert cut.batch_id == 5
     assert cut.source_offsets == ('{"logOffset": 5}', '{"topic": {"0": 50}}')
     with pytest.raises(CheckpointNotReady):
-        cut_checkpoint(tmp_path / "missing")
+        cut_checkpoint(LocalStorage(tmp_path / "missing"))
 
 
-def test_stage_copies_exactly_what_a_restart_from_the_cut_reads(tmp_path: Path) -> None:
+def test_the_cut_holds_exactly_what_a_restart_from_it_reads(tmp_path: Path) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=11, last_commit=10)
-    staging = tmp_path / "stage" / "checkpoint"
-    cut = stage_cut(cp, staging)
+    storage = LocalStorage(cp)
+    cut = cut_checkpoint(storage)
     assert cut.batch_id == 10
-    staged = set(listing(staging))
+    files = cut_files(storage, cut)
+    assert all(f.size == (cp / f.path).stat().st_size for f in files)
     deltas = {f"state/0/1/{v}.delta" for v in range(1, 12)} | {
         f"state/0/1/.{v}.delta.crc" for v in range(1, 12)
     }
-    assert staged == {
-        "metadata",
-        ".metadata.crc",
-        "offsets/9",
-        "offsets/.9.crc",
-        "offsets/10",
-        "offsets/.10.crc",
-        "commits/9",
-        "commits/10",
-        # The file source's log up to its logOffset (10), through the compact file of 9.
-        "sources/0/9.compact",
-        "sources/0/10",
-        *(f"sources/0/{b}" for b in range(9)),
-        "sources/1/0",
-        "state/0/_metadata/metadata",
-        "state/0/1/4.snapshot",
-        *deltas,  # version 11 = batch 10's; 12 (batch 11, not committed) stays out
-    }
-    # Hard links: the copy costs no bytes, and it survives Spark deleting the originals.
-    assert (staging / "state/0/1/3.delta").stat().st_ino == (cp / "state/0/1/3.delta").stat().st_ino
-    (cp / "state/0/1/3.delta").unlink()
-    assert (staging / "state/0/1/3.delta").read_bytes() == bytes([3]) * 100
+    assert sorted(f.path for f in files) == sorted(
+        {
+            "metadata",
+            ".metadata.crc",
+            "offsets/9",
+            "offsets/.9.crc",
+            "offsets/10",
+            "offsets/.10.crc",
+            "commits/9",
+            "commits/10",
+            # The file source's log up to its logOffset (10), through the compact file of 9.
+            "sources/0/9.compact",
+            "sources/0/10",
+            *(f"sources/0/{b}" for b in range(9)),
+            "sources/1/0",
+            "state/0/_metadata/metadata",
+            "state/0/1/4.snapshot",
+            *deltas,  # version 11 = batch 10's; 12 (batch 11, not committed) stays out
+        }
+    )
+    # The archive carries those files byte for byte, read straight from the store.
+    _, archive = archive_of(storage)
+    members = {m.path: b"".join(m.chunks) for m in unpack_chunks([archive])}
+    assert members == {f.path: (cp / f.path).read_bytes() for f in files}
 
 
-def test_stage_starts_over_when_the_cut_is_purged_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class PurgingStorage(LocalStorage):
+    """A local checkpoint on which "Spark" runs ``purge`` once, when the copy first reads ``trigger``."""
+
+    def __init__(self, root: Path, trigger: str, purge: Callable[[], None]) -> None:
+        super().__init__(root)
+        self.trigger, self.purge, self.purged = trigger, purge, 0
+
+    def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        if not self.purged and path.endswith(self.trigger):
+            self.purged += 1
+            self.purge()
+        return super().read_chunks(path, chunk_bytes)
+
+
+def commit_batch_5_and_purge(cp: Path, *, state_too: bool) -> Callable[[], None]:
+    def purge() -> None:
+        # Spark commits batch 5 and purges everything of batches <= 3 in the middle of the copy.
+        (cp / "offsets" / "5").write_text(offsets_entry(5, {"topic": {"0": 50}}))
+        (cp / "state/0/1/6.delta").write_bytes(b"6" * 100)
+        (cp / "commits" / "5").write_text("v1\n{}\n")
+        for b in range(4):
+            (cp / "offsets" / str(b)).unlink()
+        if state_too:  # a file of the cut that the copy has not read yet
+            (cp / "state/0/1/3.delta").unlink()
+
+    return purge
+
+
+@pytest.mark.parametrize("state_too", [False, True], ids=["guard", "vanished-file"])
+def test_the_copy_starts_over_when_the_cut_is_purged_meanwhile(tmp_path: Path, state_too: bool) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=4, last_commit=4)
-    import snapcoord.spark_connector.checkpoint_archive as archive
-
-    real_link = archive._link_or_copy
-    purged: list[int] = []
-
-    def link_while_spark_runs(src: Path, dst: Path) -> None:
-        if not purged and src.name == "2.delta":
-            # Spark commits batch 5 and purges everything of batches <= 3 in the middle of the copy.
-            (cp / "offsets" / "5").write_text(offsets_entry(5, {"topic": {"0": 50}}))
-            (cp / "state/0/1/6.delta").write_bytes(b"6" * 100)
-            (cp / "commits" / "5").write_text("v1\n{}\n")
-            for b in range(4):
-                (cp / "offsets" / str(b)).unlink()
-            purged.append(1)
-        real_link(src, dst)
-
-    monkeypatch.setattr(archive, "_link_or_copy", link_while_spark_runs)
-    staging = tmp_path / "stage" / "checkpoint"
-    assert stage_cut(cp, staging).batch_id == 5
-    assert {"offsets/4", "offsets/5", "state/0/1/6.delta"} <= set(listing(staging))
-    assert "offsets/3" not in listing(staging)
+    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=state_too))
+    cut, archive = archive_of(storage)
+    assert storage.purged == 1 and cut.batch_id == 5
+    paths = {m.path for m in unpack_chunks([archive])}
+    assert {"offsets/4", "offsets/5", "state/0/1/6.delta"} <= paths
+    assert "offsets/3" not in paths
 
 
-def test_archive_round_trip_streams_and_extracts_atomically(tmp_path: Path) -> None:
+def test_a_file_read_back_with_another_size_restarts_the_copy(tmp_path: Path) -> None:
+    cp = make_checkpoint(tmp_path, last_offsets=2, last_commit=2)
+
+    def rewrite() -> None:
+        (cp / "state/0/1/1.delta").write_bytes(b"longer" * 100)
+
+    storage = PurgingStorage(cp, "1.delta", rewrite)
+    cut, archive = archive_of(storage)
+    assert storage.purged == 1 and cut.batch_id == 2
+    members = {m.path: b"".join(m.chunks) for m in unpack_chunks([archive])}
+    assert members["state/0/1/1.delta"] == b"longer" * 100
+
+
+def test_restore_writes_everything_but_the_completion_point_then_completes(tmp_path: Path) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=3, last_commit=3)
     big = cp / "state" / "0" / "1" / "4.snapshot"
     big.write_bytes(bytes(range(256)) * 9000)  # > 2 pieces of 1 MiB
-    chunks = list(archive_chunks(cp))
+    chunks: list[bytes] = []
+    cut, _ = send_cut(LocalStorage(cp), lambda cut, c: chunks.extend(c))
     assert max(len(c) for c in chunks) <= 1024 * 1024
-    target = tmp_path / "restored" / "cp"
-    extract_archive(iter(chunks), target, prepare=lambda d: (d / "metadata").write_text("new\n"))
-    expected = listing(cp)
-    expected["metadata"] = hashlib.sha256(b"new\n").hexdigest()
-    assert listing(target) == expected
-    with pytest.raises(FileExistsError):
-        extract_archive(iter(chunks), target)
+    target_dir = tmp_path / "restored" / "cp"
+    target = LocalStorage(target_dir)
+    pending = restore_into(target, b"".join(chunks), cut.batch_id)
+    # Short of its completion point: offsets/4 is the placeholder, which Spark cannot read.
+    placeholder = (target_dir / "offsets" / "4").read_text()
+    assert placeholder.startswith(PLACEHOLDER_LINE + "\n")
+    assert unfinished_restore(target) == pending.marker
+    complete(target, pending)
+    assert unfinished_restore(target) is None
+    expected = {
+        k: v for k, v in listing(cp).items() if k in {f.path for f in cut_files(LocalStorage(cp), cut)}
+    }
+    del expected[".metadata.crc"]  # the checksum of the old metadata (it has a new query id)
+    new_metadata = (target_dir / "metadata").read_bytes()
+    assert json.loads(new_metadata)["id"] == pending.query_id != "11111111-2222-3333-4444-555555555555"
+    expected["metadata"] = hashlib.sha256(new_metadata).hexdigest()
+    assert listing(target_dir) == expected
+    # A stream cut at a file's end (tarfile alone would take it for the archive's end) is refused.
+    with pytest.raises(EOFError, match="end marker"):
+        restore_into(LocalStorage(tmp_path / "other"), b"".join(chunks[:-1]), cut.batch_id)
+    # A complete checkpoint is never overwritten.
+    with pytest.raises(FileExistsError, match="not empty"):
+        claim_target(target, RestoreMarker.new("app", 1, "q", 3))
+    assert listing(target_dir) == expected
 
-    # A stream cut short leaves nothing behind: no target, no partial directory.
-    broken = tmp_path / "broken" / "cp"
+
+def test_a_cut_short_stream_leaves_a_placeholder_only_the_same_restore_takes_over(tmp_path: Path) -> None:
+    cp = make_checkpoint(tmp_path, last_offsets=3, last_commit=3)
+    cut, archive = archive_of(LocalStorage(cp))
+    target_dir = tmp_path / "broken" / "cp"
+    target = LocalStorage(target_dir)
     with pytest.raises(Exception, match=r"unexpected end|truncated"):
-        extract_archive(iter(chunks[: len(chunks) // 2]), broken)
-    assert list(broken.parent.iterdir()) == []
+        restore_into(target, archive[: len(archive) // 2], cut.batch_id)
+    left = listing(target_dir)
+    assert "offsets/4" in left and "offsets/2" in left  # the placeholder, and what was written
+    # Another snapshot's restore, or another query's, is refused and changes nothing.
+    for other in (RestoreMarker.new("app", 2, "q", 3), RestoreMarker.new("app", 1, "other", 3)):
+        with pytest.raises(FileExistsError, match="unfinished restore of app generation 1 query q"):
+            claim_target(target, other)
+        assert listing(target_dir) == left
+    # The same restore takes it over: files of the earlier attempt (and a metadata file a Spark
+    # start wrote) are removed, the rest written again, then completed.
+    (target_dir / "stray").write_text("x")
+    pending = restore_into(target, archive, cut.batch_id)
+    assert not (target_dir / "stray").exists()
+    complete(target, pending)
+    assert cut_checkpoint(target).batch_id == 3 and not (target_dir / "offsets" / "4").exists()
+    assert (target_dir / "offsets" / "3").read_bytes() == (cp / "offsets" / "3").read_bytes()
 
 
-def test_local_checkpoint_locations() -> None:
-    assert local_checkpoint("/chk/a") == Path("/chk/a")
-    assert local_checkpoint("file:///chk/a%20b") == Path("/chk/a b")
-    with pytest.raises(ValueError, match="only local checkpoints"):
-        local_checkpoint("s3a://bucket/chk")
+def test_abandon_removes_only_a_restore_it_still_owns(tmp_path: Path) -> None:
+    cp = make_checkpoint(tmp_path, last_offsets=2, last_commit=2)
+    cut, archive = archive_of(LocalStorage(cp))
+    target = LocalStorage(tmp_path / "t")
+    first = restore_into(target, archive, cut.batch_id)
+    second = restore_into(target, archive, cut.batch_id)  # a retry took it over
+    abandon(target, first.marker)  # not the first's any more: nothing removed
+    with pytest.raises(FileExistsError, match="taken over"):
+        complete(target, first)
+    assert unfinished_restore(target) == second.marker
+    abandon(target, second.marker)
+    assert target.list("") == [] or listing(tmp_path / "t") == {}
 
 
 def test_downstream_first_orders_readers_before_what_they_read() -> None:
@@ -241,6 +340,69 @@ def test_upstream_is_cut_only_once_it_committed_what_its_readers_may_have_read(
         # The archive is the checkpoint at A's batch 4, whatever Spark does to the live one next.
         shutil.rmtree(a_cp)
         restored = tmp_path / "restored"
-        extract_archive(client.read_checkpoint("pipe", gen, "a", ARCHIVE_KEY), restored)
-        assert cut_checkpoint(restored).batch_id == 4
+        archive = b"".join(client.read_checkpoint("pipe", gen, "a", ARCHIVE_KEY))
+        complete(LocalStorage(restored), restore_into(LocalStorage(restored), archive, 4))
+        assert cut_checkpoint(LocalStorage(restored)).batch_id == 4
         assert (restored / "state/0/1/5.delta").exists() and not (restored / "state/0/1/6.delta").exists()
+
+
+# -- locations no backend reaches: refused with the documented error, nothing written or created -------
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["nosuch://host/cp", "abfss://container@account.dfs.core.windows.net/cp"],
+    ids=["unknown-scheme", "missing-extra"],
+)
+def test_a_location_no_backend_reaches_is_refused_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess, location: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a location taken for a relative path would show up here
+    scheme = location.split(":")[0]
+    app = f"bad-{scheme}"
+    with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            take_snapshot(client, app, [SnapshotQuery("q", location)], timeout_s=30)
+        assert client.list_snapshots(app).items == ()  # refused before the snapshot was created
+        good = make_checkpoint(tmp_path / "good", last_offsets=1, last_commit=1)
+        done = take_snapshot(client, app, [SnapshotQuery("q", str(good))], timeout_s=60)
+        before = listing(tmp_path)
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            restore_snapshot(client, app, done.generation, [RestoreTarget("q", location)])
+        writer = exactly_once(
+            PartitionedFileSink(tmp_path / "table"),
+            zk_coordinator.target,
+            query_name="bad",
+            batch_function=print,
+            checkpoint_location=location,
+        )
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            writer([], 0)
+        with pytest.raises(UnsupportedLocation, match=scheme):
+            BacklogAwareRunner(
+                lambda trigger: None,  # type: ignore[arg-type, return-value]
+                "job",
+                client,
+                {"availableNow": True},
+                {"processingTime": "1 second"},
+                checkpoint_location=location,
+            )
+        assert listing(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["good"]
+        assert client.get_snapshot(app, done.generation).state is SnapshotState.COMPLETED
+
+
+def test_a_file_vanishing_mid_upload_cuts_again_and_the_snapshot_holds_the_newer_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess
+) -> None:
+    """The archive streams from the store into the coordinator's upload (gRPC reads the stream in a
+    thread of its own): a file Spark purges meanwhile ends that upload, and the copy starts over."""
+    cp = make_checkpoint(tmp_path, last_offsets=4, last_commit=4)
+    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=True))
+    monkeypatch.setattr(app_snapshots, "open_location", lambda location, **_: storage)
+    with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
+        done = take_snapshot(client, "vanish", [SnapshotQuery("q", str(cp))], timeout_s=60)
+        assert storage.purged == 1
+        assert b"".join(client.read_checkpoint("vanish", done.generation, "q", BATCH_ID_KEY)) == b"5"
+        archive = b"".join(client.read_checkpoint("vanish", done.generation, "q", ARCHIVE_KEY))
+    paths = {m.path for m in unpack_chunks([archive])}
+    assert {"offsets/4", "offsets/5", "state/0/1/6.delta"} <= paths and "offsets/3" not in paths

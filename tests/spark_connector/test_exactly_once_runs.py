@@ -21,6 +21,7 @@ from snapcoord.spark_connector.attempts import Attempt, decode, encode
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.sinks import RollbackSink
+from snapcoord.spark_connector.storage import UnsupportedLocation
 
 
 class ListSink:
@@ -301,7 +302,7 @@ def test_wrapper_rolls_back_a_rerun_batch_and_deletes_committed_records(
 
 def test_checkpoint_location_as_a_file_uri_names_the_same_run(tmp_path: Path) -> None:
     """Spark accepts ``file:`` URIs as checkpointLocation; the writer reads the same metadata and
-    offsets log through one, and reads nothing through a location it cannot open locally."""
+    offsets log through one; a location no backend reaches fails the batch before anything is written."""
     chk = checkpoint(tmp_path / "chk dir", "q-1", {0: "plan-0"})
     by_path = exactly_once(
         ListSink(), "127.0.0.1:1", query_name="uri", batch_function=print, checkpoint_location=chk
@@ -314,8 +315,15 @@ def test_checkpoint_location_as_a_file_uri_names_the_same_run(tmp_path: Path) ->
         checkpoint_location=Path(chk).as_uri(),
     )
     assert by_uri._query_id([]) == by_path._query_id([]) == "q-1"
-    assert by_uri._plan(0) == by_path._plan(0) is not None
-    remote = exactly_once(
-        ListSink(), "127.0.0.1:1", query_name="uri", batch_function=print, checkpoint_location="s3a://b/chk"
+    assert by_uri._plan([], 0) == by_path._plan([], 0) is not None
+    unknown = exactly_once(
+        ListSink(),
+        "127.0.0.1:1",
+        query_name="uri",
+        batch_function=print,
+        checkpoint_location="nosuch://b/chk",
     )
-    assert (remote._query_id([]), remote._plan(0)) == (None, None)
+    with pytest.raises(UnsupportedLocation, match="nosuch"):
+        unknown._query_id([])
+    with pytest.raises(UnsupportedLocation, match="nosuch"):
+        unknown([], 0)  # before the coordinator (unreachable here) or the sink is touched

@@ -28,6 +28,7 @@ from snapcoord.spark_connector.epochs import Fenced
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.sinks import PartitionedFileSink, RestoreRefused
+from snapcoord.spark_connector.storage import LocalStorage
 
 pytestmark = pytest.mark.spark
 
@@ -134,7 +135,7 @@ def test_a_failed_archive_read_cuts_no_sink(
     with CoordinatorClient(coordinator.target, timeout_s=30) as client:
         done = restore_snapshot(client, "order-app", snapshot.generation, [target])
     assert batches(table) == [0, 1]
-    assert cut_checkpoint(restored).batch_id == 1 and done["q"].batch_id == 1
+    assert cut_checkpoint(LocalStorage(restored)).batch_id == 1 and done["q"].batch_id == 1
 
 
 def restore(table: Path, positions: list[Any]) -> None:

@@ -2,7 +2,7 @@
 
     python exactly_once_connect_job.py --remote sc://127.0.0.1:PORT --target HOST:PORT --input DIR
         --checkpoint DIR --table DIR --query-name NAME [--fail-once-at-batch N --marker FILE]
-        [--max-files-per-trigger N] [--no-checkpoint-location]
+        [--max-files-per-trigger N] [--no-checkpoint-location] [--storage-options JSON]
 
 It builds its session as a user does, ``SparkSession.builder.remote(URL).getOrCreate()`` (in a fresh
 process: in a process that already runs a classic SparkContext that builder does not go remote), and
@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--marker", default="")
     parser.add_argument("--max-files-per-trigger", type=int, default=1)
     parser.add_argument("--no-checkpoint-location", action="store_true")
+    parser.add_argument("--storage-options", default="{}", help="JSON: how the worker reaches the checkpoint")
     args = parser.parse_args()
 
     spark = SparkSession.builder.remote(args.remote).getOrCreate()
@@ -61,6 +62,7 @@ def main() -> int:
         query_name=args.query_name,
         batch_function=write_then_maybe_crash,
         checkpoint_location=None if args.no_checkpoint_location else args.checkpoint,
+        storage_options=json.loads(args.storage_options),
     )
     stream = (
         spark.readStream.schema("id long, bucket string")

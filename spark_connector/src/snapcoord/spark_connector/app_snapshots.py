@@ -5,12 +5,14 @@ every query itself, from the checkpoints, without waiting for Spark's progress e
 just-restarted, ``AvailableNow`` and stopped queries complete a snapshot at once, and it works the
 same under Spark Connect. For each query it
 
-1. cuts the checkpoint at its last committed batch ``N`` and copies what a restart from ``N``
-   needs (``checkpoint_archive``: metadata, offsets, commits, source logs, state up to ``N+1``);
+1. cuts the checkpoint (at any location Spark can use, reached through ``storage.open_location``)
+   at its last committed batch ``N``;
 2. reads the sink's positions right after batch ``N`` (``RestorableSink.batch_end_positions``);
-3. streams the copy to the coordinator as the task's ``archive`` checkpoint (``store_archive``,
-   the coordinator's chunked upload: no single gRPC message limits it) and reports it with the small
-   keys ``checkpoint``, ``batch_id``, ``sources`` and ``sink_positions``.
+3. streams what a restart from ``N`` needs (``checkpoint_archive``: metadata, offsets, commits,
+   source logs, state up to ``N+1``) straight from the checkpoint's store to the coordinator as the
+   task's ``archive`` checkpoint (the coordinator's chunked upload: no single gRPC message limits it,
+   no local copy is made; files Spark purges meanwhile make it cut again) and reports it with the
+   small keys ``checkpoint``, ``batch_id``, ``sources`` and ``sink_positions``.
 
 The coordinator owns the copy from then on: retention, leases, the janitor. ``restore`` rebuilds
 checkpoints and rolls sinks back from it.
@@ -33,12 +35,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from snapcoord.client import (
     CoordinatorClient,
@@ -50,16 +50,16 @@ from snapcoord.client import (
     Unavailable,
 )
 from snapcoord.spark_connector.checkpoint_archive import (
+    CheckpointCut,
     CheckpointNotReady,
-    archive_chunks,
     cut_checkpoint,
-    local_checkpoint,
-    stage_cut,
+    send_cut,
 )
 from snapcoord.spark_connector.driver import require_driver
 from snapcoord.spark_connector.sinks import RestorableSink
 from snapcoord.spark_connector.sources import OffsetParser, offsets_of_sources
 from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
+from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,10 @@ class SnapshotConflict(RuntimeError):
 @dataclass(frozen=True)
 class SnapshotQuery:
     """One streaming query of the app: its name (the snapshot's task id, and ``exactly_once``'s
-    ``query_name``), its local checkpoint, its sink (None: the restore cannot roll it back) and the
-    names of the queries whose sinks it reads. ``stream_names`` and ``parsers`` name and parse its
-    sources' offsets for the report's committed offsets, as in ``sources.offsets_of_sources``."""
+    ``query_name``), its checkpoint location (as given to Spark), its sink (None: the restore cannot
+    roll it back) and the names of the queries whose sinks it reads. ``stream_names`` and
+    ``parsers`` name and parse its sources' offsets for the report's committed offsets, as in
+    ``sources.offsets_of_sources``."""
 
     name: str
     checkpoint_location: str
@@ -125,37 +126,7 @@ def downstream_first(queries: Sequence[SnapshotQuery]) -> list[SnapshotQuery]:
     return ordered
 
 
-def store_archive(
-    client: CoordinatorClient,
-    app_id: str,
-    generation: int,
-    task_id: str,
-    small: dict[str, bytes],
-    staged: Path,
-    *,
-    offsets: Sequence[Offset] = (),
-    attempts: int = 3,
-) -> TaskSnapshot:
-    """Stream one query's staged copy to the coordinator (``upload_checkpoint``: pieces of 1 MiB,
-    never whole in memory, up to ``--snapshot-max-upload-size``); returns the query's report.
-
-    The client cannot replay a stream, so a lost connection (``Unavailable``) uploads again from
-    the staged copy, as a new upload: the janitor removes one that no report names.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            chunks = archive_chunks(staged)
-            upload = client.upload_checkpoint(app_id, generation, task_id, ARCHIVE_KEY, chunks)
-        except Unavailable:
-            if attempt == attempts:
-                raise
-            log.info("%s gen %d: upload of %s lost (attempt %d); again", app_id, generation, task_id, attempt)
-            continue
-        return TaskSnapshot(task_id, tuple(offsets), small, uploads={ARCHIVE_KEY: upload.upload_id})
-    raise AssertionError("unreachable")
-
-
-def _wait_for_commit(query: SnapshotQuery, checkpoint: Path, batch_id: int, deadline: float) -> None:
+def _wait_for_commit(query: SnapshotQuery, checkpoint: Storage, batch_id: int, deadline: float) -> None:
     """Block until ``checkpoint`` committed ``batch_id`` (see the cut in the module docstring)."""
     while True:
         try:
@@ -171,45 +142,62 @@ def _wait_for_commit(query: SnapshotQuery, checkpoint: Path, batch_id: int, dead
         time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """What one attempt of a query's report sent: the upload and the report's other parts."""
+
+    upload_id: str
+    offsets: tuple[Offset, ...]
+    positions: tuple[Offset, ...]
+
+
 def _report_query(
     client: CoordinatorClient,
     app_id: str,
     generation: int,
     query: SnapshotQuery,
-    staging_root: Path | None,
+    checkpoint: Storage,
     must_cover_batch: int | None,
     deadline: float,
+    upload_attempts: int = 3,
 ) -> None:
-    checkpoint = local_checkpoint(query.checkpoint_location)
     if must_cover_batch is not None:
         _wait_for_commit(query, checkpoint, must_cover_batch, deadline)
-    root = staging_root if staging_root is not None else checkpoint.parent
-    # Next to the checkpoint by default, so that the copy is made of hard links, not of bytes.
-    staging = Path(tempfile.mkdtemp(prefix=f".snapcoord-{query.name}-", dir=root)) / "checkpoint"
-    try:
-        cut = stage_cut(checkpoint, staging)
+
+    def send(cut: CheckpointCut, chunks: Iterable[bytes]) -> _Sent:
         # Before the upload: a source nothing parses fails the snapshot here, saying which.
         offsets = offsets_of_sources(query.name, cut.source_offsets, query.stream_names, query.parsers)
-        positions: list[Offset] = (
-            [] if query.sink is None else list(query.sink.batch_end_positions(cut.batch_id))
-        )
-        small = {
-            CHECKPOINT_KEY: query.checkpoint_location.encode(),
-            BATCH_ID_KEY: str(cut.batch_id).encode(),
-            SOURCES_KEY: json.dumps(list(cut.source_offsets)).encode(),
-            SINK_POSITIONS_KEY: json.dumps([[p.stream, p.partition, p.offset] for p in positions]).encode(),
-        }
+        positions = () if query.sink is None else tuple(query.sink.batch_end_positions(cut.batch_id))
+        upload = client.upload_checkpoint(app_id, generation, query.name, ARCHIVE_KEY, chunks)
+        return _Sent(upload.upload_id, tuple(offsets), positions)
+
+    for attempt in range(1, upload_attempts + 1):
         try:
-            report = store_archive(client, app_id, generation, query.name, small, staging, offsets=offsets)
-            client.report_task_snapshot(app_id, generation, report)
-        except SnapshotFenced as e:
-            # Another driver reported this query first (its report stands), or the snapshot ended
-            # (the upload is refused up front then): the caller finds out from the snapshot's state.
-            log.warning("%s gen %d: report of %s fenced: %s", app_id, generation, query.name, e.details)
-        else:
-            log.info("%s generation %d: %s reported batch %d", app_id, generation, query.name, cut.batch_id)
-    finally:
-        shutil.rmtree(staging.parent, ignore_errors=True)
+            # Streamed from the checkpoint's store: a lost connection cannot replay the stream, so
+            # it cuts again (a new upload; the janitor removes one that no report names).
+            cut, sent = send_cut(checkpoint, send)
+            break
+        except Unavailable:
+            if attempt == upload_attempts:
+                raise
+            log.info(
+                "%s gen %d: upload of %s lost (attempt %d); again", app_id, generation, query.name, attempt
+            )
+    small = {
+        CHECKPOINT_KEY: query.checkpoint_location.encode(),
+        BATCH_ID_KEY: str(cut.batch_id).encode(),
+        SOURCES_KEY: json.dumps(list(cut.source_offsets)).encode(),
+        SINK_POSITIONS_KEY: json.dumps([[p.stream, p.partition, p.offset] for p in sent.positions]).encode(),
+    }
+    report = TaskSnapshot(query.name, sent.offsets, small, uploads={ARCHIVE_KEY: sent.upload_id})
+    try:
+        client.report_task_snapshot(app_id, generation, report)
+    except SnapshotFenced as e:
+        # Another driver reported this query first (its report stands), or the snapshot ended
+        # (the upload is refused up front then): the caller finds out from the snapshot's state.
+        log.warning("%s gen %d: report of %s fenced: %s", app_id, generation, query.name, e.details)
+    else:
+        log.info("%s generation %d: %s reported batch %d", app_id, generation, query.name, cut.batch_id)
 
 
 def take_snapshot(
@@ -218,7 +206,8 @@ def take_snapshot(
     queries: Sequence[SnapshotQuery],
     timeout_s: float,
     *,
-    staging_dir: str | Path | None = None,
+    spark: Any | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Create a snapshot of ``app_id`` over ``queries``, report every query (downstream first) and
     return the COMPLETED snapshot (its small keys readable with ``read_checkpoint``).
@@ -226,8 +215,8 @@ def take_snapshot(
     Raises ``SnapshotNotCompleted`` when it is aborted or not completed within ``timeout_s`` (it is
     then aborted, so the app can take the next one), and ``SnapshotConflict`` when a CREATED
     snapshot of the app covers other queries. A retry after a failure reports only the queries that
-    have not reported yet. ``staging_dir``: where the copies are made (default: next to each
-    checkpoint, so that they are hard links).
+    have not reported yet. ``spark`` and ``storage_options`` say how the checkpoints are reached
+    (``storage.open_location``: Spark's Hadoop file system from a classic driver, else fsspec).
     """
     require_driver("take_snapshot")
     ordered = downstream_first(queries)
@@ -235,6 +224,11 @@ def take_snapshot(
         raise ValueError("queries is empty")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    # Before the snapshot exists: a location no backend reaches is refused with nothing created.
+    stores = {
+        q.name: open_location(q.checkpoint_location, spark=spark, storage_options=storage_options)
+        for q in ordered
+    }
     names = [q.name for q in queries]
     deadline = time.monotonic() + timeout_s
     created = client.create_snapshot(app_id, names, timeout_ms=max(1000, math.ceil(timeout_s * 1000)))
@@ -245,7 +239,6 @@ def take_snapshot(
         )
     generation = created.generation
     reported = {t.task_id for t in client.get_snapshot(app_id, generation).tasks}
-    staging_root = None if staging_dir is None else Path(staging_dir)
     try:
         for query in ordered:
             if query.name in reported:
@@ -254,7 +247,7 @@ def take_snapshot(
             # the newest any reader can have read; this query's cut must cover it.
             has_readers = any(query.name in q.reads_from for q in queries)
             cover = query.sink.last_batch_id() if has_readers and query.sink is not None else None
-            _report_query(client, app_id, generation, query, staging_root, cover, deadline)
+            _report_query(client, app_id, generation, query, stores[query.name], cover, deadline)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reporting took longer than {timeout_s}s")
     except (TimeoutError, CheckpointNotReady, LookupError) as e:

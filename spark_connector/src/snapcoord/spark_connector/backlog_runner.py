@@ -27,9 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery
@@ -38,6 +36,7 @@ from snapcoord.client import BacklogStatus, CoordinatorClient, NotFound, Snapcoo
 from snapcoord.spark_connector.backlog import BacklogBound, BacklogTracker, LatestOffsets
 from snapcoord.spark_connector.driver import DriverOnly, require_driver
 from snapcoord.spark_connector.sources import OffsetParser, parse_offsets_log
+from snapcoord.spark_connector.storage import Storage, open_location
 
 _log = logging.getLogger(__name__)
 
@@ -45,24 +44,16 @@ _log = logging.getLogger(__name__)
 StartQuery = Callable[[Mapping[str, Any]], StreamingQuery]
 
 
-def local_checkpoint(checkpoint_location: str) -> Path:
-    """The local directory of a ``file:`` or plain-path checkpoint; ValueError for other schemes."""
-    parsed = urlparse(checkpoint_location)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else checkpoint_location)
-    raise ValueError(
-        f"checkpoint {checkpoint_location!r} is not a local path: pass last_batch_ms= "
-        "(the time of the query's last batch) for the downtime bound"
-    )
-
-
-def last_batch_time_ms(checkpoint: Path) -> int | None:
+def last_batch_time_ms(checkpoint: Storage) -> int | None:
     """``batchTimestampMs`` of the newest offsets log entry; None when the query never ran."""
-    offsets = checkpoint / "offsets"
-    batches = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    if not batches:
-        return None
-    return parse_offsets_log((offsets / str(max(batches))).read_text()).batch_timestamp_ms
+    batches = [int(e.name) for e in checkpoint.list("offsets") if e.name.isdigit() and not e.is_dir]
+    for batch in sorted(batches, reverse=True):
+        try:
+            entry = checkpoint.read_bytes(f"offsets/{batch}").decode("utf-8")
+        except FileNotFoundError:  # purged since the listing
+            continue
+        return parse_offsets_log(entry).batch_timestamp_ms
+    return None
 
 
 @dataclass(frozen=True)
@@ -80,7 +71,8 @@ class BacklogAwareRunner(DriverOnly):
 
     ``bound``, ``latest_offsets``, ``stream_names`` and ``parsers`` configure the tracker
     (``backlog.BacklogTracker``). The downtime bound needs the time of the last batch: from
-    ``checkpoint_location`` (local paths) or ``last_batch_ms()``. ``switch_count`` counts switches
+    ``checkpoint_location`` (any location Spark can use, reached through ``storage.open_location``
+    with ``storage_options``) or ``last_batch_ms()``. ``switch_count`` counts switches
     in either direction; ``triggers`` lists the triggers the query was started with, in order.
     """
 
@@ -97,6 +89,7 @@ class BacklogAwareRunner(DriverOnly):
         stream_names: Sequence[str | None] | None = None,
         parsers: Mapping[int, OffsetParser] | None = None,
         checkpoint_location: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         last_batch_ms: Callable[[], int | None] | None = None,
         poll_interval_s: float = 0.2,
         call_timeout_s: float = 2.0,
@@ -112,8 +105,8 @@ class BacklogAwareRunner(DriverOnly):
         self._stream_names = stream_names
         self._parsers = parsers
         if last_batch_ms is None and checkpoint_location is not None:
-            local = local_checkpoint(checkpoint_location)
-            last_batch_ms = lambda: last_batch_time_ms(local)  # noqa: E731
+            store = open_location(checkpoint_location, storage_options=storage_options)
+            last_batch_ms = lambda: last_batch_time_ms(store)  # noqa: E731
         self._last_batch_ms = last_batch_ms
         self._poll_interval_s = poll_interval_s
         self._timeout_s = call_timeout_s

@@ -44,11 +44,11 @@ worker: see ``ExactlyOnceWriter.__reduce__``.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset
@@ -56,6 +56,7 @@ from snapcoord.spark_connector.attempts import Attempt, Verdict, decide, decode,
 from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.sinks import FencedSink, RollbackSink
+from snapcoord.spark_connector.storage import Storage, classic_session, open_location
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class ExactlyOnceWriter(DriverOnly):
         batch_function: BatchFunction | None = None,
         ttl_ms: int = DEFAULT_TTL_MS,
         checkpoint_location: str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not _QUERY_NAME_RE.fullmatch(query_name) or query_name in (".", ".."):
             raise ValueError(f"query_name {query_name!r} must be 1-150 characters of [A-Za-z0-9._:-]")
@@ -95,6 +97,7 @@ class ExactlyOnceWriter(DriverOnly):
         self.query_name = query_name
         self.ttl_ms = ttl_ms
         self.checkpoint_location = checkpoint_location
+        self.storage_options = dict(storage_options or {})
         self._batch_function: BatchFunction = batch_function
         self._client_source = client
         self._reset_process_state()
@@ -103,6 +106,7 @@ class ExactlyOnceWriter(DriverOnly):
         """Everything that belongs to this process and its run, never to the configuration: a new
         writer and an unpickled copy (Spark Connect's server) both start from here."""
         self._client: CoordinatorClient | None = None
+        self._checkpoint: Storage | None = None
         self._lock = threading.Lock()
         #: The batch id this process ran last (its record may still exist).
         self.last_batch_id: int | None = None
@@ -155,7 +159,7 @@ class ExactlyOnceWriter(DriverOnly):
         if self.epoch is None or query_id != self._run_query_id:
             self._start_run(query_id, floor=0)
         assert self.epoch is not None
-        return Attempt(batch_id, self.epoch, query_id, self._plan(batch_id))
+        return Attempt(batch_id, self.epoch, query_id, self._plan(df, batch_id))
 
     def _start_run(self, query_id: str | None, *, floor: int) -> None:
         sink = self.sink if isinstance(self.sink, FencedSink) else None
@@ -249,41 +253,46 @@ class ExactlyOnceWriter(DriverOnly):
             value = None
         if value:
             return str(value)
-        checkpoint = self._checkpoint_dir()
+        checkpoint = self._checkpoint_storage(df)
         if checkpoint is not None:
-            import json
-
-            metadata = checkpoint / "metadata"
-            if metadata.is_file():
-                return str(json.loads(metadata.read_text(encoding="utf-8").splitlines()[0])["id"])
+            try:
+                metadata = checkpoint.read_bytes("metadata").decode("utf-8")
+            except FileNotFoundError:
+                pass
+            else:
+                return str(json.loads(metadata.splitlines()[0])["id"])
         if type(df).__module__.startswith("pyspark.sql.connect."):
             raise ValueError(
                 f"{self.query_name}: under Spark Connect exactly_once cannot see the streaming query's id; "
-                "pass checkpoint_location= (the query's checkpointLocation, a path the Connect server can "
-                f"read), found {self.checkpoint_location!r} without a readable metadata file"
+                "pass checkpoint_location= (the query's checkpointLocation, which the Connect server "
+                f"reaches with storage_options=), found {self.checkpoint_location!r} without a metadata file"
             )
         return None
 
-    def _checkpoint_dir(self) -> Path | None:
-        """``checkpoint_location`` as a local path (a plain path or a ``file:`` URI), else None."""
-        location = self.checkpoint_location
-        if location is None:
+    def _checkpoint_storage(self, df: Any) -> Storage | None:
+        """``checkpoint_location``'s store (``storage.open_location``: through the DataFrame's classic
+        session where there is one, else fsspec with ``storage_options``), opened once per process;
+        None without a ``checkpoint_location``. A location it cannot reach raises
+        ``UnsupportedLocation`` before the batch writes anything."""
+        if self.checkpoint_location is None:
             return None
-        if location.startswith("file:"):
-            from urllib.parse import unquote, urlparse
+        if self._checkpoint is None:
+            session = getattr(df, "sparkSession", None)
+            self._checkpoint = open_location(
+                self.checkpoint_location,
+                spark=session if classic_session(session) is not None else None,
+                storage_options=self.storage_options,
+            )
+        return self._checkpoint
 
-            return Path(unquote(urlparse(location).path))
-        return None if "://" in location else Path(location)
-
-    def _plan(self, batch_id: int) -> str | None:
+    def _plan(self, df: Any, batch_id: int) -> str | None:
         """Digest of ``<checkpoint>/offsets/<N>`` (written before foreachBatch; the same on a re-run)."""
-        checkpoint = self._checkpoint_dir()
+        checkpoint = self._checkpoint_storage(df)
         if checkpoint is None:
             return None
-        entry = checkpoint / "offsets" / str(batch_id)
         try:
-            return plan_digest(entry.read_text(encoding="utf-8"))
-        except OSError:
+            return plan_digest(checkpoint.read_bytes(f"offsets/{batch_id}").decode("utf-8"))
+        except FileNotFoundError:
             return None
 
     def _hook(self, point: str, batch_id: int) -> None:
@@ -335,6 +344,7 @@ class ExactlyOnceWriter(DriverOnly):
         "query_name",
         "ttl_ms",
         "checkpoint_location",
+        "storage_options",
         "_batch_function",
         "_client_source",
     )
@@ -375,15 +385,18 @@ def exactly_once(
     batch_function: BatchFunction | None = None,
     ttl_ms: int = DEFAULT_TTL_MS,
     checkpoint_location: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> ExactlyOnceWriter:
     """Wrap ``batch_function`` (default ``sink.write``) for ``writeStream.foreachBatch`` so that
     every batch lands in ``sink`` exactly once across driver crashes and run changes.
 
     ``client`` is a ``CoordinatorClient``, a gRPC target string, or a zero-argument factory (called
     lazily, on the driver). ``query_name`` must be unique per query and sink. ``ttl_ms`` bounds how
-    long a record of an unfinished batch outlives its driver. ``checkpoint_location`` (the query's,
-    when it is a local or mounted path) lets records carry the batch's planned offsets, so a record of
-    a restored or rewound checkpoint is never mistaken for an earlier attempt of the same batch.
+    long a record of an unfinished batch outlives its driver. ``checkpoint_location`` (the query's, any
+    location Spark can use) lets records carry the batch's planned offsets, so a record of a restored
+    or rewound checkpoint is never mistaken for an earlier attempt of the same batch; it is read
+    through Spark's Hadoop file system in a classic driver, and through fsspec with
+    ``storage_options`` where no JVM is reachable (the Spark Connect server's Python worker).
     """
     return ExactlyOnceWriter(
         sink,
@@ -392,4 +405,5 @@ def exactly_once(
         batch_function=batch_function,
         ttl_ms=ttl_ms,
         checkpoint_location=checkpoint_location,
+        storage_options=storage_options,
     )
