@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_pins, encode_lease, encode_pins
+from snapcoord.coordinator.domain.leases import (
+    Lease,
+    LeasePolicy,
+    SnapshotRef,
+    decode_pins,
+    encode_lease,
+    encode_pins,
+)
 from snapcoord.coordinator.domain.snapshot_codec import encode_snapshot
 from snapcoord.coordinator.domain.snapshots import SnapshotRecord, State
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
@@ -19,7 +26,7 @@ from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, 
 NOW = 6_000_000
 SKEW = 1_000
 MINUTE = 60_000
-CLOCKS = Clocks(NOW, SKEW, "nonce")
+CLOCKS = Clocks(NOW, "nonce", LeasePolicy(max_clock_skew_ms=SKEW))
 A = SnapshotRef("a", 1)
 B = SnapshotRef("b", 2)
 RECORD = f"{RECORDS}/job"
@@ -292,7 +299,7 @@ def test_acquire_refuses_a_deleting_snapshot_and_too_many_holders_and_snapshots(
     assert isinstance(decision, Commit) and decision.result.unavailable == (A,)
     assert not any(op.path == pin_path("a", 1) for op in decision.ops)
 
-    two = Clocks(NOW, SKEW, "nonce", max_snapshots=1, max_holders=2)
+    two = Clocks(NOW, "nonce", LeasePolicy(max_snapshots=1, max_holders=2, max_clock_skew_ms=SKEW))
     holders = {"x": NOW + 10_000, "old": NOW - 5_000}
     full = with_nodes(
         lease_reads(None),

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from snapcoord.coordinator.domain.leases import Lease, SnapshotRef, decode_lease, encode_lease
+from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, decode_lease, encode_lease
 from snapcoord.coordinator.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadNode, Reads, landed
 from snapcoord.coordinator.snapshots import pins
@@ -54,15 +54,16 @@ class Released:
 
 @dataclass(frozen=True)
 class Clocks:
-    """The time of a decision, the clock-skew margin, and this call's nonce (names its retention
-    triggers)."""
+    """The time of a decision, this call's nonce (names its retention triggers), and the policy
+    in force: its clock-skew margin and the limits an acquire enforces against stored state."""
 
     now: int
-    skew_ms: int
     nonce: str
-    #: The limits an acquire enforces against stored state (``LeasePolicy``).
-    max_snapshots: int = 256
-    max_holders: int = 4
+    policy: LeasePolicy
+
+    @property
+    def skew_ms(self) -> int:
+        return self.policy.max_clock_skew_ms
 
 
 def _pin_reads(refs: Iterable[SnapshotRef], reads: Reads) -> More | None:
@@ -172,6 +173,7 @@ def acquire(
     ops: list[Op] = []
     unavailable: list[SnapshotRef] = []
     new_refs: list[SnapshotRef] = []
+    max_holders = clocks.policy.max_holders
     for ref in wanted:
         if ref in held:
             continue
@@ -185,24 +187,24 @@ def acquire(
         # (with its record: only that may take it out), so an index never outgrows the limit.
         others = pins.holders(reads.node(pin_path))
         others.pop(lease_id, None)
-        if len(others) >= clocks.max_holders:
+        if len(others) >= max_holders:
             raise FailedPrecondition(
                 f"{ref.app_id}@{ref.generation} is already held by {len(others)} leases; the limit is "
-                f"{clocks.max_holders} (--lease-max-holders): share a lease, or release one (an "
+                f"{max_holders} (--lease-max-holders): share a lease, or release one (an "
                 "expired lease keeps its place until the janitor removes it, one pass after its "
                 "expiry plus the clock-skew margin)",
                 reason=Reason.TOO_LARGE,
-                metadata={"app_id": ref.app_id, "generation": ref.generation, "limit": clocks.max_holders},
+                metadata={"app_id": ref.app_id, "generation": ref.generation, "limit": max_holders},
             )
         ops.append(Check(path, header.version))  # a delete racing this pin fails one of the two
         new_refs.append(ref)
     total = len(held | set(new_refs))
-    if total > clocks.max_snapshots:
+    if total > clocks.policy.max_snapshots:
         raise InvalidArgument(
             f"lease {lease_id!r} would hold {total} snapshots ({len(held)} already); the limit per "
-            f"lease is {clocks.max_snapshots} (--lease-max-snapshots)",
+            f"lease is {clocks.policy.max_snapshots} (--lease-max-snapshots)",
             reason=Reason.TOO_LARGE,
-            metadata={"field": "snapshots", "limit": clocks.max_snapshots},
+            metadata={"field": "snapshots", "limit": clocks.policy.max_snapshots},
         )
     # The record keeps its incarnation while it exists (even across an expiry); a new record gets
     # this call's nonce, the same in every round of the call (a commit in doubt is recognised).

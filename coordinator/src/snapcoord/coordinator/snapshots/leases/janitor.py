@@ -43,7 +43,7 @@ class LeaseJanitor:
             # A nonce per lease, as per RPC: it names the retention trigger of the lease's app, and
             # a second lease of the same app in this pass would otherwise create the same node,
             # failing its commit every round (one lease per app per pass, the rest left behind).
-            clocks = decide.Clocks(now, self._policy.max_clock_skew_ms, new_nonce())
+            clocks = decide.Clocks(now, new_nonce(), self._policy)
             outcome = self._kernel.run(
                 "lease_expire",
                 {"lease_id": lease_id},

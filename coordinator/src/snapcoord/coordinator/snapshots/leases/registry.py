@@ -204,5 +204,4 @@ class LeaseRegistry:
         return result
 
     def _clocks(self, nonce: str) -> decide.Clocks:
-        p = self._policy
-        return decide.Clocks(self._clock.now_ms(), p.max_clock_skew_ms, nonce, p.max_snapshots, p.max_holders)
+        return decide.Clocks(self._clock.now_ms(), nonce, self._policy)
