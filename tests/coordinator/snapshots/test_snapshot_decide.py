@@ -21,6 +21,7 @@ from snapcoord.coordinator.domain.snapshots import (
     CheckpointRef,
     RetentionPolicy,
     Snapshot,
+    SnapshotPolicy,
     SnapshotRecord,
     State,
     TaskReport,
@@ -36,6 +37,8 @@ from snapcoord.coordinator.snapshots.pins import PINS, pin_path
 from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 NOW = 6_000_000
+#: The policy of the deletion tests: a clock-skew margin of one second.
+SKEW_1S = SnapshotPolicy(max_clock_skew_ms=1_000)
 MINUTE = 60_000
 APP = f"{APPS}/app"
 GENS = f"{APP}/gens"
@@ -483,7 +486,7 @@ MARK_CASES: list[tuple[str, Reads, Commit[bool] | None, Decision[bool]]] = [
 
 @pytest.mark.parametrize(("case", "reads", "pending", "expected"), MARK_CASES, ids=[c[0] for c in MARK_CASES])
 def test_delete_mark(case: str, reads: Reads, pending: Commit[bool] | None, expected: Decision[bool]) -> None:
-    assert decide.delete_mark("app", 2, reads, pending, NOW, 1_000) == expected
+    assert decide.delete_mark("app", 2, reads, pending, NOW, SKEW_1S) == expected
 
 
 @pytest.mark.parametrize(
@@ -510,7 +513,7 @@ def test_delete_mark(case: str, reads: Reads, pending: Commit[bool] | None, expe
 )
 def test_refused_delete(case: str, reads: Reads, reason: Reason) -> None:
     with pytest.raises(FailedPrecondition) as raised:
-        decide.delete_mark("app", 2, reads, None, NOW, 1_000)
+        decide.delete_mark("app", 2, reads, None, NOW, SKEW_1S)
     assert raised.value.reason is reason
     assert raised.value.metadata == {"app_id": "app", "generation": "2"}
 
@@ -524,7 +527,7 @@ def test_a_retention_mark_checks_the_newer_completed_snapshot_it_keeps() -> None
     """Retention never deletes the newest completed snapshot: its mark of generation 2 checks that
     generation 3 is still COMPLETED, at the version read, in the same transaction."""
     reads = with_newer(delete_reads(ENDED, None), replace(ENDED, generation=3))
-    assert decide.delete_mark("app", 2, reads, None, NOW, 1_000, 3) == Commit(
+    assert decide.delete_mark("app", 2, reads, None, NOW, SKEW_1S, 3) == Commit(
         [*MARK.ops[:2], Check(gen(3), 11), *MARK.ops[2:]], True, buckets=((RETENTION, NOW),), ensure=(PINS,)
     )
 
@@ -536,7 +539,7 @@ def test_a_retention_mark_is_refused_once_the_newer_completed_snapshot_went(
     newer: SnapshotRecord | None,
 ) -> None:
     with pytest.raises(FailedPrecondition) as raised:
-        decide.delete_mark("app", 2, with_newer(delete_reads(ENDED, None), newer), None, NOW, 1_000, 3)
+        decide.delete_mark("app", 2, with_newer(delete_reads(ENDED, None), newer), None, NOW, SKEW_1S, 3)
     assert "generation 3, the newer completed snapshot" in str(raised.value)
 
 

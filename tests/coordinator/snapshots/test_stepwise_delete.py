@@ -113,7 +113,9 @@ def mark_only(snapshots: SnapshotRegistry, clock: ManualClock, app_id: str, gene
         "test_mark",
         {},
         decide.delete_reads(app_id, generation, now),
-        lambda reads, pending: decide.delete_mark(app_id, generation, reads, pending, now, 0),
+        lambda reads, pending: decide.delete_mark(
+            app_id, generation, reads, pending, now, SnapshotPolicy(max_clock_skew_ms=0)
+        ),
     )
     kernel.run(
         "test_step",

@@ -28,6 +28,7 @@ from snapcoord.coordinator.domain.snapshots import (
     CheckpointRef,
     RetentionPolicy,
     Snapshot,
+    SnapshotPolicy,
     SnapshotRecord,
     State,
     TaskReport,
@@ -434,7 +435,7 @@ def delete_mark(
     reads: Reads,
     pending: Commit[bool] | None,
     now: int,
-    skew_ms: int,
+    policy: SnapshotPolicy,
     newer: int = 0,
 ) -> Done[bool] | Commit[bool] | More:
     """Step 1 of a deletion: an ended, unpinned snapshot becomes DELETING, in one transaction
@@ -459,11 +460,11 @@ def delete_mark(
             metadata={"app_id": app_id, "generation": generation},
         )
     pin_node = reads.node(pins.pin_path(app_id, generation))
-    confirm = [ReadNode(p) for p in pins.to_confirm(pin_node, now, skew_ms)]
+    confirm = [ReadNode(p) for p in pins.to_confirm(pin_node, now, policy.max_clock_skew_ms)]
     missing = [r for r in confirm if not reads.has(r)]
     if missing:
         return More(missing)  # holders listed as expired: did they renew since they pinned?
-    if pins.pinned(app_id, generation, pin_node, reads.nodes, now, skew_ms):
+    if pins.pinned(app_id, generation, pin_node, reads.nodes, now, policy.max_clock_skew_ms):
         raise FailedPrecondition(
             f"app {app_id!r} generation {generation} is held by a lease; release the lease first",
             reason=Reason.LEASE_HELD,

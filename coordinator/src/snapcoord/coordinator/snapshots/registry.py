@@ -564,7 +564,7 @@ class SnapshotRegistry:
             {"app_id": app_id, "generation": generation},
             decide.delete_reads(app_id, generation, now, newer) if generation > 0 else [],
             lambda reads, pending: decide.delete_mark(
-                app_id, generation, reads, pending, now, self._policy.max_clock_skew_ms, newer
+                app_id, generation, reads, pending, now, self._policy, newer
             ),
         )
         if not marked:
