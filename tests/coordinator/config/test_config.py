@@ -537,6 +537,17 @@ def test_the_policy_sections_are_the_domain_policies_with_the_same_defaults() ->
     assert cfg.backlog == BacklogPolicy()
 
 
+def test_a_policy_default_is_shown_whole_in_its_options_unit_or_refused() -> None:
+    """An option shows its policy field's default as an operator types it; a default that is not
+    a whole number of the option's unit fails the import instead of being shown rounded."""
+    assert options._as_duration(86_400_000, "h") == "24h"
+    assert options._as_size(8 * 1024**3, "GiB") == "8GiB"
+    with pytest.raises(ValueError, match="90000 ms is not a whole number of m"):
+        options._as_duration(90_000, "m")
+    with pytest.raises(ValueError, match="1536 B is not a whole number of KiB"):
+        options._as_size(1536, "KiB")
+
+
 def test_every_option_is_a_flag_that_load_reads() -> None:
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)

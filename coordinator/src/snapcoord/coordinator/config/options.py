@@ -2,7 +2,10 @@
 its name), how to parse a value (with units), its default, its help, and the ``Config`` field(s)
 it fills. The argument parser, the ``--help`` text, ``settings.load`` and the tests that keep the
 docs and docker-compose naming real options all read ``OPTIONS``, so a new setting is one entry
-here plus the field it fills (and the code that reads that field).
+here plus the field it fills (and the code that reads that field). An option that fills a policy
+field (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``) takes that
+field's default as its own, so the default is written once, on the field: the domain's unit
+tests and the operator get the same value.
 
 Every parser takes the raw string and raises ``ValueError`` saying what it expected; ``load`` adds
 where the value came from.
@@ -19,6 +22,10 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.leases import LeasePolicy
+from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.storage.uris import zk_chroot
 from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
 
@@ -85,6 +92,23 @@ def _size_parser(lo: int, hi: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _as_duration(ms: int, unit: str) -> str:
+    """A default in milliseconds as an operator types it, in ``unit`` (``parse_duration_ms``
+    reads it back): the policies' field defaults are the options' defaults."""
+    count, rest = divmod(ms, _UNIT_MS[unit])
+    if rest:
+        raise ValueError(f"{ms} ms is not a whole number of {unit}")
+    return f"{count}{unit}"
+
+
+def _as_size(size: int, unit: str) -> str:
+    """A default in bytes as an operator types it, in ``unit`` (``_size_parser`` reads it back)."""
+    count, rest = divmod(size, _SIZE_UNITS[unit])
+    if rest:
+        raise ValueError(f"{size} B is not a whole number of {unit}")
+    return f"{count}{unit}"
 
 
 def _choice_parser(choices: Sequence[str], *, fold_case: bool) -> Callable[[str], str]:
@@ -542,7 +566,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "producer_default_ttl",
         "TTL of a producer offset record registered with ttl_ms=0",
-        "24h",
+        _as_duration(ProducerPolicy.default_ttl_ms, "h"),
         _duration_parser(1),
         to="producers.default_ttl_ms",
         metavar="DURATION",
@@ -550,7 +574,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "producer_max_ttl",
         "largest ttl_ms a producer registration may ask for",
-        "7d",
+        _as_duration(ProducerPolicy.max_ttl_ms, "d"),
         _duration_parser(1),
         to="producers.max_ttl_ms",
         metavar="DURATION",
@@ -558,7 +582,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "producer_max_offsets",
         "most offsets in one producer registration",
-        "100000",
+        str(ProducerPolicy.max_offsets),
         _int_parser(1, 10_000_000, "an integer 1-10000000"),
         to="producers.max_offsets",
         metavar="N",
@@ -566,7 +590,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_default_timeout",
         "a snapshot still CREATED this long after CreateSnapshot (timeout_ms=0) is aborted",
-        "10m",
+        _as_duration(SnapshotPolicy.default_timeout_ms, "m"),
         _duration_parser(1),
         to="snapshots.default_timeout_ms",
         metavar="DURATION",
@@ -574,7 +598,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_timeout",
         "largest timeout_ms a CreateSnapshot may ask for",
-        "7d",
+        _as_duration(SnapshotPolicy.max_timeout_ms, "d"),
         _duration_parser(1),
         to="snapshots.max_timeout_ms",
         metavar="DURATION",
@@ -582,7 +606,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_tasks",
         "most tasks in one snapshot",
-        "5000",
+        str(SnapshotPolicy.max_tasks),
         _int_parser(1, 20_000, "an integer 1-20000"),
         to="snapshots.max_tasks",
         metavar="N",
@@ -590,7 +614,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_report_size",
         "most checkpoint bytes in one ReportTaskSnapshot (B, KiB, MiB, GiB)",
-        "64MiB",
+        _as_size(SnapshotPolicy.max_report_bytes, "MiB"),
         _size_parser(1, 1024**3),
         to="snapshots.max_report_bytes",
         metavar="SIZE",
@@ -598,7 +622,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_inline_read",
         "most payload bytes GetSnapshot returns with include_checkpoints; ReadCheckpoint streams beyond",
-        "64MiB",
+        _as_size(SnapshotPolicy.max_inline_read_bytes, "MiB"),
         _size_parser(1, 1024**3),
         to="snapshots.max_inline_read_bytes",
         metavar="SIZE",
@@ -606,7 +630,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_upload_size",
         "most bytes one UploadCheckpoint may stream (B, KiB, MiB, GiB)",
-        "8GiB",
+        _as_size(SnapshotPolicy.max_upload_bytes, "GiB"),
         _size_parser(1, 1024**4),
         to="snapshots.max_upload_bytes",
         metavar="SIZE",
@@ -614,7 +638,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot_max_checkpoints",
         "most checkpoint entries (inline and uploaded) in one ReportTaskSnapshot",
-        "64",
+        str(SnapshotPolicy.max_checkpoints_per_report),
         _int_parser(1, 10_000, "an integer 1-10000"),
         to="snapshots.max_checkpoints_per_report",
         metavar="N",
@@ -622,7 +646,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "retention_keep_last_completed",
         "completed snapshots kept per app unless SetRetentionPolicy says otherwise",
-        "3",
+        str(SnapshotPolicy.default_keep_last_completed),
         _int_parser(1, 1_000_000, "an integer 1-1000000"),
         to="snapshots.default_keep_last_completed",
         metavar="N",
@@ -630,7 +654,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "retention_completed_ttl",
         "age after which ended snapshots are deleted unless SetRetentionPolicy says otherwise",
-        "7d",
+        _as_duration(SnapshotPolicy.default_completed_ttl_ms, "d"),
         _duration_parser(1),
         to="snapshots.default_completed_ttl_ms",
         metavar="DURATION",
@@ -638,7 +662,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "backlog_max_partitions",
         "most partitions one job may mark for backlog tracking (and report in one call)",
-        "10000",
+        str(BacklogPolicy.max_partitions),
         _int_parser(1, 100_000, "an integer 1-100000"),
         to="backlog.max_partitions",
         metavar="N",
@@ -646,7 +670,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lease_min_duration",
         "shortest duration_ms a lease may ask for",
-        "1s",
+        _as_duration(LeasePolicy.min_duration_ms, "s"),
         _duration_parser(1),
         to="leases.min_duration_ms",
         metavar="DURATION",
@@ -654,7 +678,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lease_max_duration",
         "longest duration_ms a lease may ask for",
-        "7d",
+        _as_duration(LeasePolicy.max_duration_ms, "d"),
         _duration_parser(1),
         to="leases.max_duration_ms",
         metavar="DURATION",
@@ -662,7 +686,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lease_max_snapshots",
         "most snapshots in one AcquireSnapshots or ReleaseSnapshots call, and held by one lease",
-        "256",
+        str(LeasePolicy.max_snapshots),
         _int_parser(1, 10_000, "an integer 1-10000"),
         to="leases.max_snapshots",
         metavar="N",
@@ -670,7 +694,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "lease_max_holders",
         "most leases holding one snapshot (an expired one counts until the janitor removes it)",
-        "4",
+        str(LeasePolicy.max_holders),
         _int_parser(1, 1_000, "an integer 1-1000"),
         to="leases.max_holders",
         metavar="N",
@@ -678,7 +702,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max_clock_skew",
         "how far replicas' clocks may disagree: a lease pins until its expiry plus this",
-        "5s",
+        _as_duration(LeasePolicy.max_clock_skew_ms, "s"),
         _duration_parser(0),
         to=("snapshots.max_clock_skew_ms", "leases.max_clock_skew_ms"),
         metavar="DURATION",

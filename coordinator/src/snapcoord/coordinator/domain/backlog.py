@@ -64,7 +64,7 @@ OBJECT_PREFIX = "backlog/"
 @dataclass(frozen=True)
 class BacklogPolicy:
     """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
-    each field)."""
+    each field). A field's default here is its option's default: the option reads it."""
 
     #: Most partitions in one mark, and positions in one report. A status lists every partition,
     #: so gRPC's 4 MB default message size bounds this: 10,000 partitions with 200-character

@@ -30,7 +30,7 @@ class SnapshotRef:
 @dataclass(frozen=True)
 class LeasePolicy:
     """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
-    each field)."""
+    each field). A field's default here is its option's default: the option reads it."""
 
     min_duration_ms: int = 1_000
     max_duration_ms: int = 7 * 24 * 3_600_000

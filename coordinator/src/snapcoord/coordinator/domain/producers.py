@@ -19,7 +19,7 @@ from snapcoord.coordinator.errors import InvalidArgument
 @dataclass(frozen=True)
 class ProducerPolicy:
     """Server-side limits, from the configuration (``config.options.OPTIONS`` names the option of
-    each field)."""
+    each field). A field's default here is its option's default: the option reads it."""
 
     #: TTL of a record registered with ttl_ms=0.
     default_ttl_ms: int = 24 * 3_600_000

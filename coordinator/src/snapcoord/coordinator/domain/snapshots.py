@@ -48,7 +48,8 @@ class State(enum.Enum):
 @dataclass(frozen=True)
 class SnapshotPolicy:
     """Server-side limits and defaults, from the configuration (``config.options.OPTIONS`` names
-    the option of each field; ``config.settings.FIXED`` lists the fields no option sets)."""
+    the option of each field; ``config.settings.FIXED`` lists the fields no option sets). A
+    field's default here is its option's default: the option reads it."""
 
     #: A snapshot still CREATED this long after creation (timeout_ms=0) is aborted ("timeout").
     default_timeout_ms: int = 10 * 60_000
