@@ -36,6 +36,7 @@ SPARK = [
     ("spark_backlog", "stops that interrupted a batch"),
     ("spark_wrapper_overhead", "wrapper own time per batch"),
     ("spark_storage_throughput", "every copy read back byte-identical: ok"),
+    ("spark_sink_remote", "exactly_once's own time per batch"),
 ]
 
 #: Benchmarks that have their smoke test elsewhere.
