@@ -32,8 +32,11 @@ SCHEMA = "id long, bucket string"
 
 
 def batch(spark: SparkSession, n: int) -> Any:
-    """Batch ``n``: ids ``10n .. 10n+3`` over two partitions."""
-    return spark.createDataFrame([(10 * n + i, f"b{i % 2}") for i in range(4)], SCHEMA)
+    """Batch ``n``: ids ``10n .. 10n+3`` over two partitions, in one Spark partition: Hadoop's
+    SFTPFileSystem (the tests' remote store) checks and then creates each missing directory, so two
+    tasks creating the same ``_temporary`` directory at once fail one of them ("Can't make
+    directory"); the stores the sink runs on in production have no such race."""
+    return spark.createDataFrame([(10 * n + i, f"b{i % 2}") for i in range(4)], SCHEMA).coalesce(1)
 
 
 def ids_of(batches: Sequence[int]) -> list[int]:
