@@ -630,15 +630,17 @@ class PartitionedFileSink:
         compactions = [seq for seq, name in names.items() if name.endswith(COMPACT_SUFFIX)]
         return derive_compact_interval(self.compact_interval, compactions)
 
-    def _name_of(self, seq: int) -> str:
-        return join(METADATA_DIR, entry_name(seq, self._interval(self._entry_names())))
+    def _name_of(self, seq: int, names: dict[int, str] | None = None) -> str:
+        """Entry ``seq``'s object name, from ``names`` (one listing of the log) or a new listing."""
+        names = self._entry_names() if names is None else names
+        return join(METADATA_DIR, entry_name(seq, self._interval(names)))
 
     def _latest(self) -> int:
         return max(self._entry_names(), default=-1)
 
-    def _entry(self, seq: int) -> list[tuple[Commit, list[FileLine]]]:
+    def _entry(self, seq: int, names: dict[int, str] | None = None) -> list[tuple[Commit, list[FileLine]]]:
         """The commits in entry ``seq`` (a compact file holds those of every entry before it)."""
-        name = self._name_of(seq)
+        name = self._name_of(seq, names)
         return parse_entry(self.storage.read_bytes(name), self._relative, self.storage.uri(name))
 
     def _log(self, names: dict[int, str] | None = None) -> list[tuple[Commit, list[FileLine]]]:
@@ -654,7 +656,7 @@ class PartitionedFileSink:
         for seq in range(max(start, 0), latest + 1):
             if seq not in names:
                 continue  # a gap (readers fail on it; fence fills it)
-            found = self._entry(seq)
+            found = self._entry(seq, names)
             if seq == start:
                 out += found
             else:
@@ -666,15 +668,20 @@ class PartitionedFileSink:
         return [c for c, _ in self._log()]
 
     def _create_entry(self, commit: Commit, files: Sequence[FileLine]) -> None:
-        self.storage.write_bytes(self._name_of(commit.seq), self._render(commit, files), exclusive=True)
+        names = self._entry_names()  # one listing names the entry and renders it
+        data = self._render(commit, files, names)
+        self.storage.write_bytes(self._name_of(commit.seq, names), data, exclusive=True)
 
-    def _render(self, commit: Commit, files: Sequence[FileLine]) -> bytes:
+    def _render(
+        self, commit: Commit, files: Sequence[FileLine], names: dict[int, str] | None = None
+    ) -> bytes:
         """Entry ``commit.seq``'s bytes: the commit alone, or for a compact file every entry before it
-        too (as the log holds them now) followed by it."""
+        too (as the log holds them now, ``names`` or a new listing) followed by it."""
         now_ms = int(time.time() * 1000)
-        if not is_compaction_batch(commit.seq, self._interval(self._entry_names())):
+        names = self._entry_names() if names is None else names
+        if not is_compaction_batch(commit.seq, self._interval(names)):
             return render_entry([commit], [files], self._log_uri, now_ms)
-        names = {s: n for s, n in self._entry_names().items() if s < commit.seq}
+        names = {s: n for s, n in names.items() if s < commit.seq}
         before = [(c, fs) for c, fs in self._log(names) if c.seq < commit.seq]
         return render_entry(
             [c for c, _ in before] + [commit],
@@ -686,12 +693,13 @@ class PartitionedFileSink:
     def _replace_entry(self, commit: Commit, files: Sequence[FileLine]) -> None:
         """Overwrite entry ``commit.seq`` (never delete it), then every compact file above it, which
         holds the old entry's files too."""
-        self.storage.write_bytes(self._name_of(commit.seq), self._render(commit, files))
-        for seq, name in sorted(self._entry_names().items()):
+        names = self._entry_names()
+        self.storage.write_bytes(self._name_of(commit.seq, names), self._render(commit, files, names))
+        for seq, name in sorted(names.items()):
             if seq > commit.seq and name.endswith(COMPACT_SUFFIX):
-                own = [(c, fs) for c, fs in self._entry(seq) if c.seq == seq]
+                own = [(c, fs) for c, fs in self._entry(seq, names) if c.seq == seq]
                 if own:
-                    self.storage.write_bytes(join(METADATA_DIR, name), self._render(*own[0]))
+                    self.storage.write_bytes(join(METADATA_DIR, name), self._render(*own[0], names))
 
     def _void(self, commit: Commit) -> None:
         """Replace a data entry by an empty one of this epoch. Subclasses may hook here."""
