@@ -34,14 +34,21 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     if token and path:
         raise ValueError(f"both {TOKEN} and {TOKEN_FILE} are set; set one")
     if path:
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as e:
-            raise ValueError(f"{TOKEN_FILE}={path}: cannot read it: {e.strerror or e}") from None
-        token = lines[0].strip() if lines else ""
-        if not token:
-            raise ValueError(f"{TOKEN_FILE}={path}: the file is empty")
+        return read_token_file(path, f"{TOKEN_FILE}={path}")
     return token.strip() if token else None
+
+
+def read_token_file(path: str, source: str) -> str:
+    """The token on the first line of ``path``; ``source`` names where the path came from (a
+    variable, a flag) in the ValueError raised for an unreadable or empty file."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ValueError(f"{source}: cannot read it: {e.strerror or e}") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"{source}: the file is empty")
+    return token
 
 
 def tls_from_env(environ: Mapping[str, str] | None = None) -> TlsConfig | None:
