@@ -23,7 +23,7 @@ import pytest
 
 from harness.access import ADMIN_TOKEN, TEAM_A_TOKEN, principals, write_auth_file
 from harness.certs import CertificateAuthority
-from harness.coordinator import CoordinatorProcess, InProcessCoordinator
+from harness.coordinator import CoordinatorProcess, InProcessCoordinator, embedded_deps, serve_in_process
 from snapcoord.client import (
     CoordinatorClient,
     NotFound,
@@ -416,3 +416,58 @@ def test_over_tls_with_tokens_on_zookeeper_and_s3(
             str(team_a_token),
             env=env,
         )
+
+
+@pytest.mark.process
+def test_mutual_tls_with_a_server_name_from_flags_and_variables(tmp_path: Path) -> None:
+    """A coordinator whose certificate names only coordinator.internal, requiring client
+    certificates: the client certificate's identity (team-a-driver) decides what it may do."""
+    pki = tmp_path / "pki"
+    ca = CertificateAuthority.create(pki, "snapcoord-test")
+    server = ca.issue(pki, "coordinator", dns_names=("coordinator.internal",), ips=(), file_stem="server")
+    team_a = ca.issue(pki, "team-a-driver", client=True, dns_names=(), ips=())
+    auth = write_auth_file(tmp_path / "auth.json", principals())
+    with (
+        embedded_deps(tmp_path) as deps,
+        serve_in_process(
+            deps,
+            tls_cert=str(server.cert),
+            tls_key=str(server.key),
+            tls_client_ca=str(ca.pem_path),
+            auth_file=str(auth),
+        ) as coordinator,
+    ):
+        admin_tls = TlsConfig.from_files(
+            ca.pem_path, team_a.key, team_a.cert, server_name="coordinator.internal"
+        )
+        with CoordinatorClient(coordinator.target, tls=admin_tls, token=ADMIN_TOKEN, timeout_s=30) as admin:
+            admin.register_producer_offsets("team-a-p", [Offset("s", 0, 1)])
+            admin.register_producer_offsets("team-b-p", [Offset("s", 0, 1)])
+        flags = ["--target", coordinator.target, "--ca", str(ca.pem_path)]
+        flags += [
+            "--cert",
+            str(team_a.cert),
+            "--key",
+            str(team_a.key),
+            "--server-name",
+            "coordinator.internal",
+        ]
+
+        listed = ok_json("producers", "list", *flags)
+        assert [p["producer_id"] for p in listed["items"]] == ["team-a-p"]
+        assert "PERMISSION_DENIED" in refused("producers", "get", "team-b-p", *flags)
+        # Each setting from its variable where no flag gives it; the name checked is the flag's.
+        env = {
+            "SNAPCOORD_CLIENT_CA": str(ca.pem_path),
+            "SNAPCOORD_CLIENT_CERT": str(team_a.cert),
+            "SNAPCOORD_CLIENT_KEY": str(team_a.key),
+            "SNAPCOORD_CLIENT_SERVER_NAME": "wrong.internal",
+        }
+        target = ["--target", coordinator.target]
+        by_env = ok_json(
+            "producers", "get", "team-a-p", *target, "--server-name", "coordinator.internal", env=env
+        )
+        assert by_env["producer_id"] == "team-a-p"
+        # The certificate names coordinator.internal only: another name fails the handshake.
+        stderr = refused("producers", "get", "team-a-p", *target, "--timeout", "3s", env=env)
+        assert "UNAVAILABLE" in stderr or "DEADLINE_EXCEEDED" in stderr
