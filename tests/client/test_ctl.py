@@ -8,6 +8,7 @@ this process (``main``), since they are refused before any connection is made.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -28,13 +29,14 @@ from snapcoord.client import (
     CoordinatorClient,
     NotFound,
     Offset,
+    Page,
     SnapshotRef,
     SnapshotState,
     TaskSnapshot,
     TlsConfig,
 )
 from snapcoord.client.ctl import main
-from snapcoord.client.ctl._commands import COMMANDS
+from snapcoord.client.ctl._commands import COMMANDS, _collect
 
 CTL = Path(sys.executable).parent / "snapcoordctl"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations" / "ctl.md"
@@ -246,15 +248,23 @@ def test_backlog_get_and_clear_only_the_named_job(target: str, client: Coordinat
 
 
 @pytest.mark.process
-def test_a_listing_stops_at_its_limit_and_continues_from_its_token(
+def test_a_listing_reads_every_page_or_stops_at_its_limit_and_continues_from_its_token(
     target: str, client: CoordinatorClient, uid: str
 ) -> None:
-    generations = [completed(client, uid) for _ in range(3)]
+    """More snapshots than one page of ListSnapshots holds by default (50)."""
+    generations = []
+    for _ in range(55):
+        generations.append(client.create_snapshot(uid, ["t0"]).generation)
+        client.abort_snapshot(uid, generations[-1])
+    newest_first = generations[::-1]
+
+    every = ok_json("snapshots", "list", uid, "--target", target)
+    assert ([s["generation"] for s in every["items"]], every["next_page_token"]) == (newest_first, "")
     head = ok_json("snapshots", "list", uid, "--limit", "2", "--target", target)
-    assert [s["generation"] for s in head["items"]] == generations[:0:-1]
+    assert [s["generation"] for s in head["items"]] == newest_first[:2]
     assert head["next_page_token"]
     tail = ok_json("snapshots", "list", uid, "--page-token", head["next_page_token"], "--target", target)
-    assert ([s["generation"] for s in tail["items"]], tail["next_page_token"]) == ([generations[0]], "")
+    assert ([s["generation"] for s in tail["items"]], tail["next_page_token"]) == (newest_first[2:], "")
 
 
 @pytest.mark.process
@@ -328,6 +338,23 @@ def test_a_certificate_from_the_environment_without_its_key_names_the_variable(
     monkeypatch.delenv("SNAPCOORD_CLIENT_KEY", raising=False)
     assert main(["leases", "list", "--target", "h:1"]) == 2
     assert "SNAPCOORD_CLIENT_CERT needs its pair" in capsys.readouterr().err
+
+
+def test_a_limit_asks_for_pages_that_end_at_it() -> None:
+    """Pure paging logic: 250 records, pages of at most what was asked (default 40)."""
+    asked: list[int] = []
+
+    def fetch(size: int, token: str) -> Page[int]:
+        asked.append(size)
+        start = int(token or 0)
+        end = min(start + (size or 40), 250)
+        return Page(tuple(range(start, end)), str(end) if end < 250 else "")
+
+    assert _collect(fetch, argparse.Namespace(limit=230, page_token="")) == (list(range(230)), "230")
+    assert asked == [100, 100, 30]
+    asked.clear()
+    assert _collect(fetch, argparse.Namespace(limit=0, page_token="200")) == (list(range(200, 250)), "")
+    assert asked == [0, 0]
 
 
 def test_the_command_imports_the_standard_library_and_the_client_only() -> None:

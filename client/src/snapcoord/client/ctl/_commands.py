@@ -11,6 +11,7 @@ so ``snapshots`` and ``backlog`` commands take the app or job id.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -31,10 +32,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 Handler = Callable[[CoordinatorClient, argparse.Namespace], Output]
 
-#: A ``--limit`` at most this large is sent as the page size, so the last page ends exactly at the
-#: limit and its ``next_page_token`` continues after it. Every List RPC accepts it (their maximum
-#: is larger), and larger limits use the server's default pages, which are no bigger.
-_EXACT_PAGE_MAX = 100
+#: With ``--limit``, pages ask for what is left up to this many records, so the last page ends
+#: exactly at the limit and its ``next_page_token`` continues after it. Every List RPC accepts it
+#: (their maximum is 1000). Without a limit, pages are the server's default size.
+_LIMITED_PAGE_MAX = 100
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Command:
 
 def generation(text: str) -> int:
     """A generation number (an integer, 1 or more)."""
-    if not text.isdigit() or int(text) < 1:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"a generation is a positive integer, got {text!r}")
     return int(text)
 
@@ -83,8 +84,7 @@ def _collect(fetch: Callable[[int, str], Page[T]], args: argparse.Namespace) -> 
     items: list[T] = []
     token: str = args.page_token
     while True:
-        remaining = args.limit - len(items) if args.limit else 0
-        page = fetch(remaining if 0 < remaining <= _EXACT_PAGE_MAX else 0, token)
+        page = fetch(min(args.limit - len(items), _LIMITED_PAGE_MAX) if args.limit else 0, token)
         items.extend(page.items)
         token = page.next_page_token
         if not token or (args.limit and len(items) >= args.limit):

@@ -2,8 +2,8 @@
 
 The connection and output options are accepted before the resource and after the verb alike
 (``snapcoordctl --target h:p leases list`` and ``snapcoordctl leases list --target h:p``): they
-are defined on the top parser and on every command's parser with no default, and ``defaults()``
-fills in the ones given nowhere.
+are defined on the top parser and on every command's parser with no default, and ``parse()``
+fills in the ones given nowhere (``DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -48,25 +48,36 @@ def timeout_s(text: str) -> float:
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     conn = common.add_argument_group("connection (the same settings as the Python client)")
-    conn.add_argument("--target", help="the coordinator: HOST:PORT or any gRPC target (required)")
+    conn.add_argument(
+        "--target", metavar="HOST:PORT", help="the coordinator: HOST:PORT or any gRPC target (required)"
+    )
     conn.add_argument(
         "--ca",
+        metavar="FILE",
         help="PEM bundle that signs the coordinator's certificate (turns TLS on; "
         "default: $SNAPCOORD_CLIENT_CA)",
     )
     conn.add_argument(
-        "--cert", help="client certificate for mutual TLS, with --key (default: $SNAPCOORD_CLIENT_CERT)"
+        "--cert",
+        metavar="FILE",
+        help="client certificate for mutual TLS, with --key (default: $SNAPCOORD_CLIENT_CERT)",
     )
-    conn.add_argument("--key", help="client key for mutual TLS (default: $SNAPCOORD_CLIENT_KEY)")
+    conn.add_argument(
+        "--key", metavar="FILE", help="client key for mutual TLS (default: $SNAPCOORD_CLIENT_KEY)"
+    )
     conn.add_argument(
         "--server-name",
+        metavar="NAME",
         help="the name to check the server certificate against (default: $SNAPCOORD_CLIENT_SERVER_NAME)",
     )
     conn.add_argument(
         "--token-file",
+        metavar="FILE",
         help="file whose first line is the bearer token (default: $SNAPCOORD_TOKEN or $SNAPCOORD_TOKEN_FILE)",
     )
-    conn.add_argument("--timeout", help="deadline of each call, retries included (default 30s)")
+    conn.add_argument(
+        "--timeout", metavar="DURATION", help="deadline of each call, retries included (default 30s)"
+    )
     common.add_argument("-o", "--output", choices=OUTPUTS, help="table (default) or json: one JSON document")
     return common
 
