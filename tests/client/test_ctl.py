@@ -283,6 +283,28 @@ def test_tables_show_records_and_their_parts(target: str, client: CoordinatorCli
 
 
 @pytest.mark.process
+def test_a_reader_that_stops_early_gets_no_traceback(
+    target: str, client: CoordinatorClient, uid: str
+) -> None:
+    """``snapcoordctl ... | head -1``: the pipe closes before the listing is written."""
+    for n in range(3):
+        client.register_producer_offsets(f"{uid}-{n}", [Offset("orders", 0, n)])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+    read, write = os.pipe()
+    os.close(read)  # nobody will read: the first write raises EPIPE
+    with os.fdopen(write, "wb") as stdout:
+        done = subprocess.run(
+            [str(CTL), "producers", "list", "--target", target, "--output", "json"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environ,
+            timeout=120,
+        )
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.process
 def test_an_unreachable_coordinator_exits_1_with_the_status() -> None:
     stderr = refused("leases", "list", "--target", "127.0.0.1:1", "--timeout", "2s")
     assert stderr.startswith("snapcoordctl: ") and ("UNAVAILABLE" in stderr or "DEADLINE_EXCEEDED" in stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,5 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # str(e): "CODE [REASON]: message (Method)", the coordinator's words unchanged.
             print(f"{PROG}: {e}", file=sys.stderr)
             return EXIT_REFUSED
-    print(render_json(output) if args.output == "json" else render_tables(output))
+    try:
+        print(render_json(output) if args.output == "json" else render_tables(output), flush=True)
+    except BrokenPipeError:
+        # The reader stopped early (``| head``): not an error of the command. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
