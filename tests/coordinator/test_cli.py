@@ -40,6 +40,7 @@ def test_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"snapcoord {__version__}"
+    assert __version__ == (Path(__file__).resolve().parents[2] / "VERSION").read_text().strip()
 
 
 def test_serve_help_lists_every_flag_with_env_and_default(
@@ -73,6 +74,12 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
         ([], {"SNAPCOORD_METADATA": "mysql://db"}, "SNAPCOORD_METADATA='mysql://db'"),
         (["--unknown-flag"], {}, "unrecognized arguments: --unknown-flag"),
         (["--lease-max-snapshots", "1000"], {}, "--lease-max-snapshots=1000 and --lease-max-holders=4"),
+        (
+            [],
+            {"SNAPCOORD_METADTA": "zk://zk1:2181/sc"},
+            "unknown environment variable SNAPCOORD_METADTA; did you mean SNAPCOORD_METADATA?",
+        ),
+        (["--config", "missing.yaml"], {}, "config file missing.yaml: cannot read it"),
     ],
 )
 @pytest.mark.process
@@ -209,3 +216,57 @@ def test_serve_on_zookeeper_and_s3(tmp_path: Path, zk_uri: str, s3_uri: str) -> 
     assert zk_uri in log  # the effective config names the stores
     assert "stopped" in log
     assert not (tmp_path / "data").exists()  # nothing embedded was opened
+
+
+# --- check-config and the config file ---------------------------------------------------------------
+
+
+@pytest.mark.process
+def test_check_config_prints_each_setting_where_it_came_from_and_no_secret(tmp_path: Path) -> None:
+    config = tmp_path / "snapcoord.yaml"
+    config.write_text("metadata: zk://snapcoord:s3cr3t@zk1:2181/sc\nmax-workers: 8\nport: 7000\n")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SNAPCOORD_SHUTDOWN_GRACE": "30s",
+        "SNAPCOORD_PORT": "6500",
+        "SNAPCOORD_TOKEN": "a-client-token",  # the client's variable: not refused
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    }
+    result = run_cli("check-config", "--config", str(config), "--port", "6000", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == {opt.flag for opt in OPTIONS}
+    assert rows["--port"] == "6000  (flag)"
+    assert rows["--shutdown-grace"] == "30s  (environment SNAPCOORD_SHUTDOWN_GRACE)"
+    assert rows["--max-workers"] == "8  (file)"
+    assert rows["--metadata"] == "zk://snapcoord:***@zk1:2181/sc  (file)"
+    assert rows["--host"] == "0.0.0.0  (default)"
+    assert rows["--blobs"] == f"{(tmp_path / 'snapcoord-data' / 'blobs').as_uri()}  (derived)"
+    assert "s3cr3t" not in result.stdout + result.stderr
+    # The blobs stay embedded under Kubernetes: said on stderr, not refused.
+    assert "warning: running under Kubernetes on the embedded store (--blobs file://...)" in result.stderr
+    assert list(tmp_path.iterdir()) == [config]  # nothing was opened or created
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("max_workers: 8\n", "line 1: unknown key 'max_workers'; did you mean max-workers?"),
+        ("port: 1\nport: 2\n", "line 2: port is given twice"),
+        ("payload-budget: [1GiB]\n", "payload-budget must be a single value"),
+        ("payload-budget: 1G\n", "invalid payload-budget: '1G' in "),
+    ],
+)
+@pytest.mark.process
+def test_check_config_and_serve_refuse_a_bad_file_with_exit_2(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    config = tmp_path / "snapcoord.yaml"
+    config.write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "SNAPCOORD_CONFIG": str(config)}  # the variable names the file too
+    for command in ("check-config", "serve"):
+        result = run_cli(command, env=env, cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stderr)
+        assert expected in result.stderr, (command, result.stderr)
+        assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == [config]

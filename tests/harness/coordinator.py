@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.process import ManagedProcess, ServerStartError, log_tail, wait_until
 from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.config.settings import load as load_config
+from snapcoord.coordinator.observability.logging_setup import serving_message
 from snapcoord.coordinator.server.app import CoordinatorServer, build_server
 from snapcoord.coordinator.services import Deps
 
@@ -168,14 +169,14 @@ class CoordinatorProcess:
     def _serving_line(self) -> str | None:
         assert self._proc is not None
         for line in self.stdout_lines():
-            if SERVING_LINE_RE.match(line):
+            if SERVING_LINE_RE.match(serving_message(line)):
                 return line
         if not self._proc.alive():
             raise ServerStartError(f"snapcoord exited with code {self._proc.returncode}")
         return None
 
     def _parse_serving_line(self, line: str) -> None:
-        m = SERVING_LINE_RE.match(line)
+        m = SERVING_LINE_RE.match(serving_message(line))  # a JSON log prints a JSON object
         assert m is not None
         self.serving_line = line
         self.grpc_port = split_hostport(m["grpc"])[1]

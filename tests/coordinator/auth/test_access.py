@@ -7,7 +7,6 @@ missing (never a secret), and the stored records are exactly as before.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import re
 import subprocess
@@ -37,6 +36,7 @@ from harness.process import wait_until
 from harness.stores import Stores
 from snapcoord.coordinator.auth.audit import LOGGER_NAME
 from snapcoord.coordinator.auth.rules import RULES
+from snapcoord.coordinator.observability.logging_setup import STRUCTURED_FIELDS
 from snapcoord.coordinator.services import Deps
 from snapcoord.v1 import (
     backlog_pb2,
@@ -604,7 +604,13 @@ def test_every_mutating_rpc_writes_one_audit_line(
         grpc.StatusCode.NOT_FOUND,
     )
 
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER_NAME]
+    # The record's keys are fields of the log record (a JSON log's keys), repeated in the message.
+    lines = [
+        {k: v for k, v in r.__dict__.items() if k in STRUCTURED_FIELDS}
+        for r in caplog.records
+        if r.name == LOGGER_NAME
+    ]
+    assert all(r.getMessage().startswith("audit principal=") for r in caplog.records if r.name == LOGGER_NAME)
     for token in ALL_TOKENS:
         assert token not in caplog.text
     by_method: dict[str, list[dict[str, Any]]] = {}

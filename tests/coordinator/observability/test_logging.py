@@ -7,15 +7,21 @@ import io
 import json
 import logging
 import os
+import platform
+import socket
+import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient, NotFound, Offset, TaskSnapshot
+from harness.access import TEAM_A_TOKEN, principals, write_auth_file
+from harness.coordinator import CoordinatorProcess, snapcoord_command
+from snapcoord.client import CoordinatorClient, NotFound, Offset, PermissionDenied, TaskSnapshot
+from snapcoord.coordinator import __version__
 from snapcoord.coordinator.observability import logging_setup
 from snapcoord.coordinator.transport import call_log
 from snapcoord.v1 import common_pb2, lease_pb2, producer_pb2, snapshot_pb2
@@ -218,3 +224,85 @@ def test_text_logs_name_the_call_too(tmp_path: Path) -> None:
     assert "lease_id=lease-x" in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text.splitlines()[0])
+
+
+# -- JSON mode: nothing but JSON lines ----------------------------------------------------------
+
+
+def _every_line_json(text: str, what: str) -> list[dict[str, Any]]:
+    parsed = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise AssertionError(f"{what}: not a JSON line: {line!r}\n{text}") from None
+        assert isinstance(obj, dict), line
+        parsed.append(obj)
+    return parsed
+
+
+@pytest.mark.process
+def test_json_mode_prints_only_json_lines_with_the_audit_record_as_fields(tmp_path: Path) -> None:
+    """A config file asks for JSON (the harness's SNAPCOORD_LOG_FORMAT=text is emptied, so the
+    file's value applies); an allowed and a denied call leave audit lines; every line on stdout
+    and stderr is a JSON object, and the metrics say which build runs."""
+    auth = write_auth_file(tmp_path / "auth.json", principals())
+    config = tmp_path / "snapcoord.yaml"
+    config.write_text(f"log-format: json\nauth-file: {auth}\nshutdown-grace: 5s\n")
+    env = {"SNAPCOORD_LOG_FORMAT": "", "SNAPCOORD_REVISION": "0123abc"}
+    with CoordinatorProcess(tmp_path, args=["--config", str(config)], env=env) as proc:
+        with CoordinatorClient(proc.target, token=TEAM_A_TOKEN) as client:
+            client.register_producer_offsets("team-a-p1", [Offset("orders", 0, 7)])
+            with pytest.raises(PermissionDenied):
+                client.delete_producer_offsets("team-b-p1")
+        with urllib.request.urlopen(proc.metrics_url, timeout=30) as r:
+            metrics = r.read().decode()
+        assert proc.terminate() == 0
+
+    (serving,) = _every_line_json("\n".join(proc.stdout_lines()), "stdout")
+    assert serving["message"] == (
+        f"snapcoord serving grpc=127.0.0.1:{proc.grpc_port} metrics=127.0.0.1:{proc.metrics_port}"
+    )
+    assert (serving["grpc"], serving["level"]) == (f"127.0.0.1:{proc.grpc_port}", "INFO")
+
+    lines = _every_line_json(proc.stderr_text(), "stderr")
+    audit = [obj for obj in lines if obj["logger"] == "snapcoord.audit"]
+    by_code = {obj["code"]: obj for obj in audit}
+    assert set(by_code) == {"OK", "PERMISSION_DENIED"}, audit
+    denied = by_code["PERMISSION_DENIED"]
+    assert denied["audit"] == "rpc" and denied["principal"] == "team-a-driver"
+    assert denied["method"] == "snapcoord.v1.ProducerOffsetService/DeleteProducerOffsets"
+    assert denied["ids"] == {"producer_id": ["team-b-p1"]}
+    assert isinstance(denied["latency_ms"], float | int) and denied["peer"].startswith("ipv")
+    assert not denied["message"].startswith("{")  # the record is the line's fields, not a string
+    assert by_code["OK"]["ids"] == {"producer_id": ["team-a-p1"]}
+    assert TEAM_A_TOKEN not in proc.stderr_text()
+    starting = next(obj for obj in lines if obj["message"].startswith("snapcoord "))
+    assert '"shutdown_grace_ms": 5000' in starting["message"]  # from the file
+
+    (build,) = [line for line in metrics.splitlines() if line.startswith("snapcoord_build_info{")]
+    assert f'version="{__version__}"' in build and 'revision="0123abc"' in build
+    assert f'python="{platform.python_version()}"' in build and build.endswith(" 1.0")
+
+
+@pytest.mark.process
+def test_json_mode_turns_grpcs_own_bind_error_into_json_lines(tmp_path: Path) -> None:
+    """gRPC's C core writes "Failed to add port to server" straight to the stderr descriptor; in
+    JSON mode it is read back and logged as a JSON line, next to the coordinator's own error."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            *snapcoord_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", "-1", "--data-dir", str(tmp_path / "data"), "--log-format", "json",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPCOORD_")}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = _every_line_json(done.stderr, "stderr")
+    errors = [obj["message"] for obj in lines if obj["level"] == "ERROR"]
+    assert any(f"cannot bind gRPC to 127.0.0.1:{port}" in m for m in errors), lines
+    native = [obj for obj in lines if obj["logger"] == logging_setup.STDERR_LOGGER]
+    assert any("Failed to add port" in obj["message"] and obj["level"] == "ERROR" for obj in native), lines

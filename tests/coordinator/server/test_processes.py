@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from snapcoord.coordinator.config import settings
+from snapcoord.coordinator.config.environment import embedded_store_warnings
 from snapcoord.coordinator.server.app import run
 from snapcoord.coordinator.server.cpus import usable_cpus
 from snapcoord.coordinator.server.processes import process_count
@@ -230,13 +231,11 @@ def test_process_count_resolves_auto_and_keeps_an_explicit_count(
     assert process_count(settings.load({"processes": "1", "data_dir": str(tmp_path)}, {})) == 1
 
 
-def test_auto_with_embedded_metadata_is_one_process_and_says_why(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="snapcoord.coordinator.server.processes")
+def test_auto_with_embedded_metadata_is_one_process_and_says_why(tmp_path: Path) -> None:
     cfg = settings.load({"processes": "auto", "data_dir": str(tmp_path / "data")}, {})
     assert process_count(cfg) == 1
-    assert "--processes auto: 1, as the embedded metadata store serves one process" in caplog.text
+    (warning,) = embedded_store_warnings(cfg.storage.metadata_uri, cfg.storage.blobs_uri, "auto", {})
+    assert warning.startswith("--processes auto runs 1 process: the embedded metadata store serves one")
     # ... whereas an explicit count is still refused, not quietly lowered.
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
         process_count(settings.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {}))
@@ -251,7 +250,7 @@ def test_serve_with_auto_on_embedded_metadata_serves_from_one_process(tmp_path: 
         assert proc.stdout_lines() == [proc.serving_line]
         assert _children(proc.pid) == set()
         log = proc.stderr_text()
-        assert "--processes auto: 1, as the embedded metadata store serves one process" in log
+        assert "WARNING snapcoord: --processes auto runs 1 process: the embedded metadata store" in log
         assert "serving with" not in log
         assert '"processes": 1' in log  # the effective config logs the resolved count
         _register_one(proc.target)

@@ -1,9 +1,11 @@
 """The audit trail: one structured line per mutating call, on logger ``snapcoord.audit``.
 
-Each line is a JSON object: principal, method, the ids the request named (by kind), the outcome
-code, the latency and the peer. Never the payload, never a credential: a refused token is not in
-the line, only the fact that the call was unauthenticated. Route the logger to its own handler to
-keep the trail apart from the service log.
+Each line carries principal, method, the ids the request named (by kind), the outcome code, the
+latency and the peer: in a JSON log (``--log-format json``) as fields of the line's object, next
+to ``"audit": "rpc"``; in a text log as ``key=value`` pairs in the message (the ids as JSON).
+Never the payload, never a credential: a refused token is not in the line, only the fact that the
+call was unauthenticated. Route the logger to its own handler to keep the trail apart from the
+service log.
 """
 
 from __future__ import annotations
@@ -49,4 +51,14 @@ def audit_record(
 
 
 def write(record: dict[str, object]) -> None:
-    _log.info("%s", json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+    """Log ``record`` (``audit_record``): its keys are structured fields of the line (the JSON
+    formatter lifts them, ``logging_setup.STRUCTURED_FIELDS``), repeated in the message."""
+    text = " ".join(f"{key}={_text(value)}" for key, value in record.items() if key != "audit")
+    _log.info("audit %s", text, extra=record)
+
+
+def _text(value: object) -> str:
+    """A value as one token of the text line: plain when it is a string without spaces or quotes."""
+    if isinstance(value, str) and value and not any(c.isspace() or c in "\"'=" for c in value):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from snapcoord.coordinator.config.redaction import redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
@@ -239,6 +240,8 @@ class Option:
     #: values (which are all there: a derived option never depends on another derived one).
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     metavar: str = "VALUE"
+    #: How a value is shown (``check-config``): a URI may carry credentials.
+    redact: Callable[[str], str] = str
 
     @property
     def flag(self) -> str:
@@ -388,6 +391,7 @@ OPTIONS: tuple[Option, ...] = (
         to="storage.metadata_uri",
         derive=_under_data_dir("metadata"),
         metavar="URI",
+        redact=redact_uri,
     ),
     Option(
         "blobs",
@@ -398,6 +402,7 @@ OPTIONS: tuple[Option, ...] = (
         to="storage.blobs_uri",
         derive=_under_data_dir("blobs"),
         metavar="URI",
+        redact=redact_uri,
     ),
     Option(
         "max_workers",

@@ -6,20 +6,22 @@ sections that the registries consume *are* their domain
 policies (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``), built
 here, so nothing copies a value from a config object into a policy.
 
-Precedence is flag, then environment, then default; an empty environment variable counts as
-unset (docker-compose writes ``VAR=`` for "no value"). This module is the only place that reads
-the environment; everything else gets a frozen ``Config``.
+Precedence is flag, then environment, then the config file (``file``), then default; an empty
+environment variable counts as unset (docker-compose writes ``VAR=`` for "no value"). This module
+is the only place that reads the environment's settings; everything else gets a frozen ``Config``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, cast, get_type_hints
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from snapcoord.coordinator.config.environment import REVISION
+from snapcoord.coordinator.config.file import ConfigFile
 from snapcoord.coordinator.config.options import CHECKS, OPTIONS, PAIRS
+from snapcoord.coordinator.config.redaction import redact_uri as redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
@@ -79,6 +81,9 @@ class MetricsConfig:
     #: PEM files: with both set the exporter serves HTTPS; "" serves plain HTTP.
     tls_cert: str
     tls_key: str
+    #: The source revision ``snapcoord_build_info`` reports: ``SNAPCOORD_REVISION``, set by the
+    #: image build (not an option: it describes the build, not how to run it).
+    revision: str = "unknown"
 
     @property
     def enabled(self) -> bool:
@@ -208,6 +213,7 @@ FIXED: frozenset[tuple[str, str]] = frozenset(
         ("snapshots", "max_ttl_ms"),  # the longest TTL a snapshot or a retention policy may ask for
         ("snapshots", "max_offsets_per_task"),
         ("grpc", "reuse_port"),  # set by --processes in each worker process, never by an operator
+        ("metrics", "revision"),  # SNAPCOORD_REVISION, from the build
         # Backend settings without an option: the stores' own defaults.
         ("storage", "zk_retry_deadline_ms"),
         ("storage", "s3_connect_timeout_ms"),
@@ -223,32 +229,73 @@ def sections() -> dict[str, type[Any]]:
     return {f.name: hints[f.name] for f in fields(Config)}
 
 
-def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
-    """Build the config from raw flag values (None = not given) and the environment.
+@dataclass(frozen=True)
+class Setting:
+    """One option's effective value and where it came from (``check-config`` prints these)."""
+
+    #: The option's name in ``OPTIONS``.
+    name: str
+    #: ``flag``, ``environment``, ``file``, ``default`` or ``derived`` (from other options).
+    origin: Literal["flag", "environment", "file", "default", "derived"]
+    #: The value as given (for ``derived``: the value computed), shown through the option's redaction.
+    shown: str
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A configuration and where each of its settings came from."""
+
+    config: Config
+    settings: tuple[Setting, ...]
+
+
+def load(
+    flags: Mapping[str, str | None], environ: Mapping[str, str], file: ConfigFile | None = None
+) -> Config:
+    """Build the config from raw flag values (None = not given), the environment and the config
+    file's values, in that precedence, then the defaults.
 
     Raises ``ConfigError`` naming where the bad value came from; the CLI turns it into exit code 2.
     """
+    return resolve(flags, environ, file).config
+
+
+def resolve(
+    flags: Mapping[str, str | None], environ: Mapping[str, str], file: ConfigFile | None = None
+) -> Resolved:
+    """``load``, keeping where each setting came from."""
     values: dict[str, Any] = {}
+    shown: list[Setting] = []
+    file_values = file.values if file is not None else {}
     for opt in OPTIONS:
         flag_value = flags.get(opt.name)
         env_value = environ.get(opt.env) or None
+        file_value = file_values.get(opt.name)
+        origin: Literal["flag", "environment", "file", "default"]
         if flag_value is not None:
-            raw, source = flag_value, f"{opt.flag}={flag_value!r}"
+            raw, origin, source = flag_value, "flag", f"{opt.flag}={flag_value!r}"
         elif env_value is not None:
-            raw, source = env_value, f"{opt.env}={env_value!r} (environment; {opt.flag} overrides it)"
+            raw, origin = env_value, "environment"
+            source = f"{opt.env}={env_value!r} (environment; {opt.flag} overrides it)"
+        elif file is not None and file_value is not None:
+            raw, origin = file_value, "file"
+            key = opt.flag.removeprefix("--")
+            source = f"{key}: {file_value!r} in {file.path} ({opt.flag} and {opt.env} override it)"
         elif opt.default is not None:
-            raw, source = opt.default, f"default of {opt.flag}"
+            raw, origin, source = opt.default, "default", f"default of {opt.flag}"
         else:
             continue  # derived below, from the values parsed here
         try:
             values[opt.name] = opt.parse(raw)
         except ValueError as e:
             raise ConfigError(f"invalid {source}: {e}") from None
+        shown.append(Setting(opt.name, origin, opt.redact(raw)))
     for opt in OPTIONS:
         if opt.name not in values:
             if opt.derive is None:
                 raise AssertionError(f"option {opt.name} has neither a default nor a derive")
             values[opt.name] = opt.derive(values)
+            shown.append(Setting(opt.name, "derived", opt.redact(str(values[opt.name]))))
 
     by_name = {opt.name: opt for opt in OPTIONS}
     for needs, needed in PAIRS:
@@ -266,9 +313,11 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> Config:
     for opt in OPTIONS:
         for section, name in opt.targets:
             fed[section][name] = values[opt.name]
+    fed["metrics"]["revision"] = environ.get(REVISION) or "unknown"
     cfg = Config(**{section: cls(**fed[section]) for section, cls in sections().items()})
     zk_create_acl(cfg.storage)
-    return cfg
+    order = {opt.name: i for i, opt in enumerate(OPTIONS)}
+    return Resolved(cfg, tuple(sorted(shown, key=lambda s: order[s.name])))
 
 
 def zk_create_acl(storage: StorageConfig) -> tuple[AclEntry, ...]:
@@ -283,24 +332,3 @@ def zk_create_acl(storage: StorageConfig) -> tuple[AclEntry, ...]:
     except ValueError as e:
         raise ConfigError(f"invalid --zk-auth-file: {e}") from None
     return (zk_auth.digest_acl(user, password),)
-
-
-# --- redaction ---------------------------------------------------------------------------------
-
-_SECRET_PARAM_RE = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` with the password of any ``user:password@`` part, and the values of query parameters
-    that look like secrets, replaced by ``***``; safe to log."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        # "user:password@" keeps the user; a bare "token@" may itself be the secret.
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}" if ":" in userinfo else f"***@{hosts}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_PARAM_RE.search(k) else v) for k, v in pairs], safe="*/:,")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from snapcoord.coordinator import __version__, api
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
 from snapcoord.coordinator.config.settings import Config, GrpcConfig, hostport
+from snapcoord.coordinator.observability import build_info, logging_setup
 from snapcoord.coordinator.observability.metrics import (
     CoordinatorMetrics,
     GrpcServerMetrics,
@@ -162,6 +163,7 @@ def build_server(
     child spans of it (the backends themselves know nothing of tracing).
     """
     registry = registry if registry is not None else new_registry()
+    build_info.register(registry, config.metrics.revision)
     if tracing is not None:
         traced_metadata = tracing.trace_metadata(deps.metadata)
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
@@ -246,7 +248,8 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
 
     Must run on the main thread (signal handlers). Prints one line to ``out`` once serving:
     ``snapcoord serving grpc=HOST:PORT metrics=HOST:PORT`` (``metrics=disabled`` with port -1),
-    followed by `` health=HOST:PORT`` when the health-only port is on.
+    followed by `` health=HOST:PORT`` when the health-only port is on; with a JSON log, a JSON
+    object with that ``message`` and the addresses as keys ``grpc``, ``metrics``, ``health``.
     """
     check_lease_requests_fit(config)
     count = process_count(config)
@@ -280,12 +283,15 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
                     keyfile=config.metrics.tls_key,
                 )
             server.start()
-            metrics_at = hostport(exporter.host, exporter.port) if exporter else "disabled"
-            line = f"snapcoord serving grpc={hostport(config.grpc.host, port)} metrics={metrics_at}"
+            addresses = {
+                "grpc": hostport(config.grpc.host, port),
+                "metrics": hostport(exporter.host, exporter.port) if exporter else "disabled",
+            }
             if server.health_port is not None:
-                line += f" health={hostport(config.grpc.health_host, server.health_port)}"
+                addresses["health"] = hostport(config.grpc.health_host, server.health_port)
+            line = "snapcoord serving " + " ".join(f"{k}={v}" for k, v in addresses.items())
             _log.info("%s", line)
-            print(line, file=out)
+            print(logging_setup.serving_line(line, **addresses), file=out)
             out.flush()
             signum = stop.wait()
             grace_s = config.grpc.shutdown_grace_ms / 1000

@@ -24,9 +24,10 @@ import threading
 import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import TextIO
+from typing import Literal, TextIO
 
 from snapcoord.coordinator.config.settings import Config, hostport
+from snapcoord.coordinator.observability import logging_setup
 from snapcoord.coordinator.server.cpus import usable_cpus
 from snapcoord.coordinator.server.shared_metrics import SharedMetrics
 
@@ -44,11 +45,7 @@ def process_count(config: Config) -> int:
     # janitors would not elect one leader.
     zookeeper = config.storage.metadata_uri.startswith("zk://")
     if asked == "auto":
-        if not zookeeper:
-            _log.info(
-                "--processes auto: 1, as the embedded metadata store serves one process "
-                "(zk:// metadata lets it run one per CPU)"
-            )
+        if not zookeeper:  # warned at start (config.environment.embedded_store_warnings)
             return 1
         cpus = usable_cpus()
         _log.info("--processes auto: %s", cpus)
@@ -71,7 +68,7 @@ def worker_config(config: Config, port: int) -> Config:
     )
 
 
-def _worker(config: Config, out: Connection, log_level: int) -> None:
+def _worker(config: Config, out: Connection, log_level: int, log_format: Literal["json", "text"]) -> None:
     """A worker's main: serve until SIGTERM; its serving line goes to the supervisor."""
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which forwards it
     # once (a second SIGINT would cut the drain short).
@@ -79,9 +76,12 @@ def _worker(config: Config, out: Connection, log_level: int) -> None:
     # ... which also means a SIGKILL of the supervisor's group would leave us serving: watch it.
     supervisor = os.getppid()
     threading.Thread(target=_exit_with, args=(supervisor,), name="supervisor-watch", daemon=True).start()
-    logging.basicConfig(
-        level=log_level, format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s"
-    )
+    if log_format == "json":  # the supervisor passes JSON lines on its stderr through as they are
+        logging_setup.configure(logging.getLevelName(log_level), "json")
+    else:
+        logging.basicConfig(
+            level=log_level, format=f"%(asctime)s %(levelname)s [worker {os.getpid()}] %(name)s: %(message)s"
+        )
     from snapcoord.coordinator.server.app import run
 
     class _Line(io.StringIO):
@@ -143,7 +143,7 @@ def _serve(config: Config, count: int, shared: SharedMetrics | None, *, out: Tex
             receive, send = context.Pipe(duplex=False)
             worker = context.Process(
                 target=_worker,
-                args=(worker_config(config, port), send, log_level),
+                args=(worker_config(config, port), send, log_level, logging_setup.chosen_format()),
                 name=f"snapcoord-worker-{index}",
             )
             worker.start()
@@ -155,7 +155,7 @@ def _serve(config: Config, count: int, shared: SharedMetrics | None, *, out: Tex
                 _log.error("worker %d did not start serving within %.0fs", index, START_TIMEOUT_S)
                 return workers.stop(1)
             try:
-                lines.append(str(receive.recv()))
+                lines.append(logging_setup.serving_message(str(receive.recv())))
             except EOFError:
                 worker.join()
                 _log.error("worker %d exited with code %s before serving", index, worker.exitcode)
@@ -170,7 +170,9 @@ def _serve(config: Config, count: int, shared: SharedMetrics | None, *, out: Tex
     # naming the metrics address this process serves for all of them.
     _log.info("serving with %d processes: %s", count, "; ".join(lines))
     metrics_at = hostport(shared.exporter.host, shared.exporter.port) if shared else "disabled"
-    print(re.sub(r" metrics=\S+", f" metrics={metrics_at}", lines[0], count=1), file=out)
+    line = re.sub(r" metrics=\S+", f" metrics={metrics_at}", lines[0], count=1)
+    fields = dict(pair.split("=", 1) for pair in line.removeprefix("snapcoord serving ").split())
+    print(logging_setup.serving_line(line, **fields), file=out)
     out.flush()
     return workers.supervise()
 

@@ -36,6 +36,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from snapcoord.coordinator.config.settings import MetricsConfig
+from snapcoord.coordinator.observability import build_info
 from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter
 
 _log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class SharedMetrics:
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
             registry.register(PLATFORM_COLLECTOR)
+            build_info.register(registry, config.revision)
             stats = ProcessStats()
             registry.register(stats)
             exporter = start_exporter(
