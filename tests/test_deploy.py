@@ -37,6 +37,7 @@ from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, TaskSnapshot
 from snapcoord.coordinator import api
 from snapcoord.coordinator.config import options, settings
+from snapcoord.coordinator.observability.logging_setup import serving_message
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -528,10 +529,11 @@ def test_coordinator_serves_as_uid_10001_on_a_read_only_root_filesystem(
 
         def serving_line() -> str | None:
             assert proc.alive(), proc.output()
-            return next((line for line in proc.output().splitlines() if SERVING_LINE_RE.match(line)), None)
+            lines = proc.output().splitlines()  # a JSON log (stderr is no terminal): a JSON object
+            return next((line for line in lines if SERVING_LINE_RE.match(serving_message(line))), None)
 
         line = wait_until(serving_line, timeout=60, interval=0.1, what="the serving line")
-        m = SERVING_LINE_RE.match(line)
+        m = SERVING_LINE_RE.match(serving_message(line))
         assert m is not None
         target = f"127.0.0.1:{split_hostport(m['grpc'])[1]}"
         status = Path(f"/proc/{proc.pid}/status").read_text()

@@ -241,6 +241,7 @@ def test_check_config_prints_each_setting_where_it_came_from_and_no_secret(tmp_p
     assert rows["--max-workers"] == "8  (file)"
     assert rows["--metadata"] == "zk://snapcoord:***@zk1:2181/sc  (file)"
     assert rows["--host"] == "0.0.0.0  (default)"
+    assert rows["--tls-cert"] == "(none)  (default)"
     assert rows["--blobs"] == f"{(tmp_path / 'snapcoord-data' / 'blobs').as_uri()}  (derived)"
     assert "s3cr3t" not in result.stdout + result.stderr
     # The blobs stay embedded under Kubernetes: said on stderr, not refused.

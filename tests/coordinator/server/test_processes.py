@@ -3,6 +3,7 @@ with its own ZooKeeper session; one serving line; SIGTERM drains them all."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -281,3 +282,44 @@ def test_serve_with_auto_on_zookeeper_starts_one_worker_per_usable_cpu(
         _register_one(proc.target)
         assert _handled(_scrape(proc.metrics_url)) == 1  # whichever process served it
         assert proc.terminate() == 0
+
+
+def test_json_logs_of_two_processes_are_json_lines_from_each(
+    tmp_path: Path, zk_uri: str, s3_uri: str
+) -> None:
+    """With --log-format json the workers log JSON too (their stderr is the supervisor's, whose
+    reader passes JSON lines through): every line on stdout and stderr parses, the serving line
+    included, and the set's one metrics endpoint reports the build once."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    args = ["--processes", "2", "--metadata", zk_uri, "--blobs", s3_uri, "--zk-connect-timeout", "30s"]
+    env = {"TMPDIR": str(temp), "SNAPCOORD_LOG_FORMAT": "json"}
+    with CoordinatorProcess(tmp_path, args=args, env=env, start_timeout_s=180) as proc:
+        channels = [
+            grpc.insecure_channel(proc.target, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(8)
+        ]
+        try:
+            for i, channel in enumerate(channels):
+                stub = producer_pb2_grpc.ProducerOffsetServiceStub(channel)
+                offsets = [common_pb2.Offset(stream="s", partition=0, offset=i)]
+                request = producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"j{i}", offsets=offsets)
+                assert stub.RegisterProducerOffsets(request, timeout=60).registered
+        finally:
+            for channel in channels:
+                channel.close()
+        build = _scrape(proc.metrics_url)["snapcoord_build_info"]
+        assert [(labels["revision"], value) for labels, value in build] == [("unknown", 1.0)], build
+        assert proc.terminate() == 0
+    (serving,) = [json.loads(line) for line in proc.stdout_lines()]
+    assert serving["grpc"] == f"127.0.0.1:{proc.grpc_port}"
+    assert serving["metrics"] == f"127.0.0.1:{proc.metrics_port}"
+    lines = []
+    for line in proc.stderr_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise AssertionError(f"not a JSON line: {line!r}\n{proc.tails()}") from None
+    pids = {obj["pid"] for obj in lines}
+    assert len(pids) >= 3, pids  # the supervisor and both workers
+    assert any(obj["message"].startswith("serving with 2 processes") for obj in lines)

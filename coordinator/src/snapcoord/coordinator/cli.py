@@ -127,7 +127,8 @@ def _check_config(resolved: settings.Resolved) -> int:
     print("# snapcoord serve would run with (flag > environment > file > default; secrets redacted):")
     for setting in resolved.settings:
         origin = {"environment": f"environment {envs[setting.name]}"}.get(setting.origin, setting.origin)
-        print(f"{flags[setting.name]:<{width}}  {setting.shown}  ({origin})")
+        value = setting.shown if setting.shown else "(none)"  # an optional file left unset
+        print(f"{flags[setting.name]:<{width}}  {value}  ({origin})")
     for warning in _warnings(resolved.config):
         print(f"snapcoord check-config: warning: {warning}", file=sys.stderr)
     return 0

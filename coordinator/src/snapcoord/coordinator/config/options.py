@@ -763,7 +763,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "log_format",
-        "log lines: json (one object per line), text, or auto (json unless stderr is a terminal)",
+        "log lines: json (one object per line; the serving line on stdout and gRPC's own lines too), "
+        "text, or auto (json unless stderr is a terminal)",
         "auto",
         _choice_parser(("auto", "json", "text"), fold_case=False),
         to="logging.format",
