@@ -295,19 +295,7 @@ def test_json_logs_of_two_processes_are_json_lines_from_each(
     args = ["--processes", "2", "--metadata", zk_uri, "--blobs", s3_uri, "--zk-connect-timeout", "30s"]
     env = {"TMPDIR": str(temp), "SNAPCOORD_LOG_FORMAT": "json"}
     with CoordinatorProcess(tmp_path, args=args, env=env, start_timeout_s=180) as proc:
-        channels = [
-            grpc.insecure_channel(proc.target, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(8)
-        ]
-        try:
-            for i, channel in enumerate(channels):
-                stub = producer_pb2_grpc.ProducerOffsetServiceStub(channel)
-                offsets = [common_pb2.Offset(stream="s", partition=0, offset=i)]
-                request = producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"j{i}", offsets=offsets)
-                assert stub.RegisterProducerOffsets(request, timeout=60).registered
-        finally:
-            for channel in channels:
-                channel.close()
+        _register_one(proc.target)
         build = _scrape(proc.metrics_url)["snapcoord_build_info"]
         assert [(labels["revision"], value) for labels, value in build] == [("unknown", 1.0)], build
         assert proc.terminate() == 0
