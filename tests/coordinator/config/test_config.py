@@ -247,6 +247,9 @@ PARTNERS: dict[str, dict[str, str]] = {
     "zk_tls_key": {"zk_tls_cert": "/etc/p.pem"},
 }
 
+#: Options whose sample values need another option's value: more than one process needs ZooKeeper.
+NEEDS: dict[str, dict[str, str]] = {"processes": {"metadata": "zk://zk1:2181/sc"}}
+
 
 def _get(cfg: settings.Config, where: tuple[str, str]) -> object:
     return getattr(getattr(cfg, where[0]), where[1])
@@ -322,7 +325,7 @@ def test_the_default_ttl_may_not_exceed_the_maximum() -> None:
 def test_flag_beats_env_beats_default(name: str) -> None:
     first, second, where, expected = SAMPLES[name]
     env_name = "SNAPCOORD_" + name.upper()
-    partners = PARTNERS.get(name, {})
+    partners = {**PARTNERS.get(name, {}), **NEEDS.get(name, {})}
     from_flag = load({**partners, name: first}, {env_name: second})
     assert _get(from_flag, where) == expected
     from_env = load(partners, {env_name: first})
@@ -369,9 +372,10 @@ def test_ipv6_host_without_brackets() -> None:
 def test_processes_takes_auto_from_the_flag_or_the_environment() -> None:
     """``auto`` stays ``auto`` in the config: the count depends on the machine and is resolved
     (and logged) when the server starts, see test_processes.py."""
+    zk = NEEDS["processes"]
     assert load({"processes": "auto"}, {}).grpc.processes == "auto"
     assert load({}, {"SNAPCOORD_PROCESSES": "auto"}).grpc.processes == "auto"
-    assert load({"processes": "3"}, {"SNAPCOORD_PROCESSES": "auto"}).grpc.processes == 3
+    assert load({**zk, "processes": "3"}, {"SNAPCOORD_PROCESSES": "auto"}).grpc.processes == 3
     assert load({"processes": "auto"}, {"SNAPCOORD_PROCESSES": "3"}).grpc.processes == "auto"
     assert load({"processes": " auto "}, {}).grpc.processes == "auto"
     assert load({}, {}).grpc.processes == 1
@@ -379,7 +383,20 @@ def test_processes_takes_auto_from_the_flag_or_the_environment() -> None:
 
 @pytest.mark.parametrize(("text", "count"), [("1", 1), ("2", 2), ("256", 256), (" 16 ", 16)])
 def test_processes_takes_a_count_1_to_256(text: str, count: int) -> None:
-    assert load({"processes": text}, {}).grpc.processes == count
+    assert load({**NEEDS["processes"], "processes": text}, {}).grpc.processes == count
+
+
+@pytest.mark.parametrize("metadata", [None, "file:///srv/metadata"])
+def test_more_than_one_process_on_the_embedded_store_is_refused(metadata: str | None) -> None:
+    """Its files belong to one process; the count is refused, not lowered (auto is lowered, with a
+    warning at start: environment.embedded_store_warnings)."""
+    flags = {"processes": "2"} if metadata is None else {"processes": "2", "metadata": metadata}
+    with pytest.raises(ConfigError) as e:
+        load(flags, {})
+    assert str(e.value) == (
+        "--processes=2 needs ZooKeeper metadata (--metadata zk://...); the embedded store serves one process"
+    )
+    assert load({"processes": "1"}, {}).grpc.processes == 1
 
 
 @pytest.mark.parametrize("text", ["two", "0", "257", "-1", "1.5", "AUTO", "Auto", "auto2", "", "2 auto"])
@@ -554,7 +571,7 @@ def test_every_option_is_a_flag_that_load_reads() -> None:
     assert vars(parser.parse_args([])) == {o.name: None for o in OPTIONS}  # unset: env or default decide
     for name, (first, _, where, expected) in SAMPLES.items():
         flags = vars(parser.parse_args([f"--{name.replace('_', '-')}", first]))
-        flags.update(PARTNERS.get(name, {}))
+        flags.update({**PARTNERS.get(name, {}), **NEEDS.get(name, {})})
         assert _get(load(flags, {}), where) == expected
 
 

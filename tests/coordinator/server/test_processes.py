@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -152,7 +153,12 @@ def test_two_processes_share_the_port_and_one_metrics_endpoint(
 
 
 def test_more_than_one_process_needs_zookeeper(tmp_path: Path) -> None:
-    cfg = settings.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {})
+    """Refused as a config error (check-config says so too), and by run for a config built otherwise."""
+    embedded = {"processes": "2", "data_dir": str(tmp_path / "data")}
+    with pytest.raises(settings.ConfigError, match="--processes=2 needs ZooKeeper metadata"):
+        settings.load(embedded, {})
+    cfg = settings.load({"data_dir": str(tmp_path / "data")}, {})
+    cfg = replace(cfg, grpc=replace(cfg.grpc, processes=2))
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
         run(cfg)
     assert not (tmp_path / "data").exists()  # refused before opening anything
@@ -239,7 +245,7 @@ def test_auto_with_embedded_metadata_is_one_process_and_says_why(tmp_path: Path)
     assert warning.startswith("--processes auto runs 1 process: the embedded metadata store serves one")
     # ... whereas an explicit count is still refused, not quietly lowered.
     with pytest.raises(ValueError, match="--processes=2 needs ZooKeeper metadata"):
-        process_count(settings.load({"processes": "2", "data_dir": str(tmp_path / "data")}, {}))
+        process_count(replace(cfg, grpc=replace(cfg.grpc, processes=2)))
 
 
 @pytest.mark.process

@@ -76,6 +76,17 @@ def _is_service_link(name: str, value: str) -> bool:
     return name.endswith("_PORT") and _SERVICE_LINK_PORT.fullmatch(value) is not None
 
 
+def processes_refusal(processes: int | str, metadata_uri: str) -> str | None:
+    """Why ``--processes`` cannot run on this metadata store, or None: the embedded store belongs
+    to one process (others would not see its watches, their janitors would elect no one leader)."""
+    if isinstance(processes, int) and processes > 1 and not metadata_uri.startswith("zk://"):
+        return (
+            f"--processes={processes} needs ZooKeeper metadata (--metadata zk://...); "
+            "the embedded store serves one process"
+        )
+    return None
+
+
 def embedded_store_warnings(
     metadata_uri: str, blobs_uri: str, processes: int | str, environ: Mapping[str, str]
 ) -> tuple[str, ...]:

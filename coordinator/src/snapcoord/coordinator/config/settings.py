@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, cast, get_type_hints
 from urllib.parse import urlsplit
 
-from snapcoord.coordinator.config.environment import REVISION
+from snapcoord.coordinator.config.environment import REVISION, processes_refusal
 from snapcoord.coordinator.config.file import ConfigFile
 from snapcoord.coordinator.config.options import CHECKS, OPTIONS, PAIRS
 from snapcoord.coordinator.config.redaction import redact_uri as redact_uri
@@ -308,6 +308,10 @@ def resolve(
             raise ConfigError(
                 f"{by_name[check.low].flag} ({low} ms) exceeds {by_name[check.high].flag} ({high} ms){advice}"
             )
+
+    refused = processes_refusal(values["processes"], values["metadata"])
+    if refused is not None:
+        raise ConfigError(refused)
 
     fed: dict[str, dict[str, Any]] = {name: {} for name in sections()}
     for opt in OPTIONS:

@@ -26,6 +26,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Literal, TextIO
 
+from snapcoord.coordinator.config.environment import processes_refusal
 from snapcoord.coordinator.config.settings import Config, hostport
 from snapcoord.coordinator.observability import logging_setup
 from snapcoord.coordinator.server.cpus import usable_cpus
@@ -50,11 +51,9 @@ def process_count(config: Config) -> int:
         cpus = usable_cpus()
         _log.info("--processes auto: %s", cpus)
         return cpus.count
-    if asked > 1 and not zookeeper:
-        raise ValueError(
-            f"--processes={asked} needs ZooKeeper metadata (--metadata zk://...); "
-            "the embedded store serves one process"
-        )
+    refused = processes_refusal(asked, config.storage.metadata_uri)  # load refuses it too
+    if refused is not None:
+        raise ValueError(refused)
     return asked
 
 
