@@ -257,8 +257,10 @@ FORWARDED_PARENT = "00f067aa0ba902b7"
 
 
 def _span_lines(proc: CoordinatorProcess) -> list[dict[str, Any]]:
-    """The console exporter's spans: the JSON objects among the coordinator's stdout lines."""
-    return [json.loads(line) for line in proc.stdout_lines() if line.startswith("{")]
+    """The console exporter's spans: the JSON objects with a span context among the coordinator's
+    stdout lines (in a JSON log the serving line is a JSON object too)."""
+    objects = [json.loads(line) for line in proc.stdout_lines() if line.startswith("{")]
+    return [obj for obj in objects if "context" in obj]
 
 
 @pytest.mark.process
