@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import InProcessCoordinator, ProbeService, embedded_deps, serve_in_process
 from harness.process import wait_until
-from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter
+from snapcoord.coordinator.errors import ResourceExhausted
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
+from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter, track_usable
 from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.transport.interceptors import code_label
 
@@ -235,3 +240,126 @@ def test_exporter_reports_its_port_serves_process_metrics_and_stops_cleanly(
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", exporter.port))
         s.listen()
+
+
+# --- signals beside the call counts: refusals, the metadata session, the payload budget, the janitor ----
+
+
+def test_calls_refused_at_the_concurrency_limit_are_counted(deps: Deps) -> None:
+    probe = ProbeService()
+    with serve_in_process(deps, handlers=[probe.handler()], max_concurrent_rpcs="1") as coord:
+        exporter = start_exporter(coord.server.registry, "127.0.0.1", 0)
+        try:
+            with coord.channel() as ch, ThreadPoolExecutor(1) as pool:
+                slow = pool.submit(ProbeService.call, ch, "Slow")
+                assert probe.entered.wait(60), "the slow call never reached its handler"
+                with pytest.raises(grpc.RpcError) as refused:
+                    ProbeService.call(ch, "Echo", b"hi")
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                probe.release.set()
+                assert slow.result(timeout=60) == b"finished"
+                # grpc counts the slow call out only after its reply went: an Echo right after it
+                # may still be refused. Every refusal the client sees must be counted, no more.
+                seen = 1
+
+                def echo() -> bool:
+                    nonlocal seen
+                    try:
+                        return ProbeService.call(ch, "Echo", b"hi") == b"hi"
+                    except grpc.RpcError as e:
+                        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                        seen += 1
+                        return False
+
+                wait_until(echo, timeout=60, interval=0.05, what="an Echo once the slow call is done")
+            _, samples = scrape(exporter)
+            refusals = value(samples, "snapcoord_calls_refused_total", grpc_service=PROBE, grpc_method="Echo")
+            assert refusals == seen
+            assert (
+                value(samples, "snapcoord_calls_refused_total", grpc_service=PROBE, grpc_method="Slow") == 0
+            )
+            # A refused call reached no handler: it is in no grpc_server_* series.
+            assert handled(samples, "unary", PROBE, "Echo", "OK") == 1
+            assert handled(samples, "unary", PROBE, "Echo", "ResourceExhausted") == 0
+        finally:
+            exporter.stop()
+
+
+def test_store_and_payload_budget_gauges(coordinator: tuple[InProcessCoordinator, MetricsExporter]) -> None:
+    coord, exporter = coordinator
+    _, samples = scrape(exporter)
+    assert value(samples, "snapcoord_metadata_store_usable") == 1
+    budget = coord.config.grpc.payload_budget_bytes
+    assert budget > 0 and value(samples, "snapcoord_payload_budget_limit_bytes") == budget
+    assert value(samples, "snapcoord_payload_budget_in_use_bytes") == 0
+
+
+def test_payload_budget_reports_every_change() -> None:
+    seen: list[int] = []
+    budget = PayloadBudget(100, 0.0, on_change=seen.append)
+    with budget.hold(40, "a report"), budget.hold(60, "another"):
+        assert seen == [40, 100]
+        with pytest.raises(ResourceExhausted), budget.hold(1, "one too many"):
+            pass
+    assert seen == [40, 100, 40, 0]
+
+
+class _EventfulStore:
+    """A store whose state changes while the gauge registers its listener."""
+
+    def __init__(self, reading: bool, event: bool | None) -> None:
+        self.reading = reading
+        self.event = event
+        self.listeners: list[Callable[[bool], None]] = []
+
+    def is_usable(self) -> bool:
+        return self.reading
+
+    def add_state_listener(self, listener: Callable[[bool], None]) -> None:
+        self.listeners.append(listener)
+        if self.event is not None:
+            listener(self.event)
+
+
+@pytest.mark.parametrize(("reading", "event", "shown"), [(True, None, 1), (False, None, 0), (True, False, 0)])
+def test_store_usable_gauge_keeps_the_newest_state(reading: bool, event: bool | None, shown: int) -> None:
+    registry = CollectorRegistry()
+    gauge = Gauge("usable", "test", registry=registry)
+    store = _EventfulStore(reading, event)
+    track_usable(gauge, store)
+    # An event during registration is newer than the reading taken after it: the event wins.
+    assert registry.get_sample_value("usable") == shown
+    for listener in store.listeners:
+        listener(True)
+    assert registry.get_sample_value("usable") == 1
+    for listener in store.listeners:
+        listener(False)
+    assert registry.get_sample_value("usable") == 0
+
+
+def test_janitor_records_when_each_step_last_succeeded(deps: Deps) -> None:
+    started = time.time()
+    with serve_in_process(deps, cleanup_interval="1s") as coord:
+        registry = coord.server.registry
+        # The steps of every pass (the orphan listings are off by default).
+        steps = (
+            "lease-expiry",
+            "lease-gauges",
+            "snapshot-timeouts",
+            "snapshot-retention",
+            "producer-expiry",
+            "orphan-intents",
+            "backlog-gauges",
+        )
+
+        def all_stamped() -> dict[str, float] | None:
+            stamps = {
+                step: registry.get_sample_value(
+                    "snapcoord_janitor_last_success_timestamp_seconds", {"step": step}
+                )
+                for step in steps
+            }
+            return {k: v for k, v in stamps.items() if v is not None} if None not in stamps.values() else None
+
+        stamps = wait_until(all_stamped, timeout=60, interval=0.1, what="every janitor step to succeed")
+    assert all(started <= stamp <= time.time() for stamp in stamps.values()), stamps

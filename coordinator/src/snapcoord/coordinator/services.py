@@ -57,6 +57,7 @@ class Services:
             intent_max_age_ms=min(DEFAULT_INTENT_MAX_AGE_MS, config.janitor.orphan_grace_ms // 4),
             kernel=kernel,
         )
+        metrics.payload_budget_limit.set(config.grpc.payload_budget_bytes)
         snapshots = SnapshotRegistry(
             deps.metadata,
             deps.blobs,
@@ -64,7 +65,9 @@ class Services:
             config.snapshots,
             metrics,
             payload_budget=PayloadBudget(
-                config.grpc.payload_budget_bytes, config.grpc.payload_budget_wait_ms / 1000
+                config.grpc.payload_budget_bytes,
+                config.grpc.payload_budget_wait_ms / 1000,
+                on_change=metrics.payload_budget_in_use.set,
             ),
             kernel=kernel,
         )

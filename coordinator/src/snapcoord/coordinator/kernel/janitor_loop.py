@@ -151,6 +151,7 @@ class Janitor:
         finally:
             self._metrics.janitor_pass_seconds.labels(step.name).observe(time.perf_counter() - started)
         self._metrics.janitor_passes.labels(step.name, "ok").inc()
+        self._metrics.janitor_last_success.labels(step.name).set_to_current_time()
         span.set(OUTCOME_ATTRIBUTE, "ok")
         span.set(REMOVED_ATTRIBUTE, removed)
         if removed:

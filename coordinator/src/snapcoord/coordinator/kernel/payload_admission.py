@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from snapcoord.coordinator.errors import Reason, ResourceExhausted
 
@@ -24,12 +24,17 @@ from snapcoord.coordinator.errors import Reason, ResourceExhausted
 class PayloadBudget:
     """Bytes in flight, shared by every call of the process."""
 
-    def __init__(self, max_bytes: int, wait_s: float) -> None:
+    def __init__(
+        self, max_bytes: int, wait_s: float, on_change: Callable[[int], None] = lambda used: None
+    ) -> None:
+        """``on_change(used)`` is called, under the budget's lock, with the bytes in use after
+        every change (a metric): keep it quick and non-blocking."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
         self._wait_s = wait_s
         self._used = 0
+        self._on_change = on_change
         self._cond = threading.Condition()
 
     @property
@@ -58,11 +63,13 @@ class PayloadBudget:
                     )
                 self._cond.wait(left)
             self._used += nbytes
+            self._on_change(self._used)
         try:
             yield
         finally:
             with self._cond:
                 self._used -= nbytes
+                self._on_change(self._used)
                 self._cond.notify_all()
 
     def _refusal(self, nbytes: int, what: str, why: str) -> ResourceExhausted:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -74,6 +75,14 @@ class GrpcServerMetrics:
             " by the server.",
             labels,
             buckets=_HANDLING_BUCKETS,
+            registry=registry,
+        )
+        # grpc refuses these itself, before any handler runs, so they are in no other series.
+        self.refused = Counter(
+            "snapcoord_calls_refused",
+            "Calls grpc refused with RESOURCE_EXHAUSTED because --max-concurrent-rpcs calls were"
+            " already in flight.",
+            ("grpc_service", "grpc_method"),
             registry=registry,
         )
 
@@ -200,6 +209,64 @@ class CoordinatorMetrics:
             ("step", "outcome"),
             registry=registry,
         )
+        # A timestamp rather than an age: Prometheus computes the lag (time() - value) at query
+        # time, so it keeps growing while the janitor is stuck and nobody updates the gauge.
+        self.janitor_last_success = Gauge(
+            "snapcoord_janitor_last_success_timestamp_seconds",
+            "Unix time at which each janitor step last succeeded on this replica (set once it has).",
+            ("step",),
+            multiprocess_mode=_CLUSTER_GAUGE,
+            registry=registry,
+        )
+        self.metadata_store_usable = Gauge(
+            "snapcoord_metadata_store_usable",
+            "1 while the metadata store can serve (for ZooKeeper: connected, session valid), else 0.",
+            # With --processes > 1 each worker has its own session: 0 if any live worker lost it.
+            multiprocess_mode="livemin",
+            registry=registry,
+        )
+        self.payload_budget_limit = Gauge(
+            "snapcoord_payload_budget_limit_bytes",
+            "Checkpoint payload bytes the process may hold in memory at once (--payload-budget).",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+        self.payload_budget_in_use = Gauge(
+            "snapcoord_payload_budget_in_use_bytes",
+            "Checkpoint payload bytes held in memory by calls in flight (admitted from the budget).",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+
+
+class _StateSource(Protocol):
+    def is_usable(self) -> bool: ...
+
+    def add_state_listener(self, listener: Callable[[bool], None]) -> None: ...
+
+
+def track_usable(gauge: Gauge, store: _StateSource) -> None:
+    """Keep ``gauge`` at 1 while ``store`` is usable and 0 otherwise, from its state events.
+
+    The first reading is taken after the listener is registered and applied only if no event has
+    come in since: an event is newer than that reading, and the reading applied over it could show
+    a lost session as usable until the next change. The store is never called under the lock (its
+    listener thread may hold a store lock while it calls us).
+    """
+    lock = threading.Lock()
+    evented = False
+
+    def on_change(usable: bool) -> None:
+        nonlocal evented
+        with lock:
+            evented = True
+            gauge.set(1 if usable else 0)
+
+    store.add_state_listener(on_change)
+    initial = store.is_usable()
+    with lock:
+        if not evented:
+            gauge.set(1 if initial else 0)
 
 
 @dataclass(frozen=True)

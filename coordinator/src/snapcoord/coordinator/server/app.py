@@ -35,7 +35,9 @@ from snapcoord.coordinator.observability.metrics import (
     MetricsExporter,
     new_registry,
     start_exporter,
+    track_usable,
 )
+from snapcoord.coordinator.server.concurrency_limit import concurrency_limit_probe
 from snapcoord.coordinator.server.health_listener import HealthListener
 from snapcoord.coordinator.server.processes import process_count, serve_processes
 from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
@@ -197,6 +199,7 @@ def build_server(
             *keepalive_options(config.grpc),
         ),
     )
+    interceptor.count_refusals(concurrency_limit_probe(server))
     address = hostport(config.grpc.host, config.grpc.port)
     try:
         port = (
@@ -221,7 +224,9 @@ def build_server(
             executor.shutdown(wait=False)
             raise
     # Wired after the binds, so that a failed bind leaves no listener registered on the store.
-    services = Services.build(config, deps, CoordinatorMetrics(registry))
+    metrics = CoordinatorMetrics(registry)
+    services = Services.build(config, deps, metrics)
+    track_usable(metrics.metadata_store_usable, deps.metadata)
     if tracing is not None:
         services.janitor.trace_with(tracing.janitor_span)
     # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL.

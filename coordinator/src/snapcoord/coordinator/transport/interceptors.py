@@ -173,6 +173,16 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._open_streams = _OpenStreams()
         #: Per known method (a fixed set: unknown ones return early), what every call shares.
         self._wrappers: dict[str, _Wrapper] = {}
+        self._limit_reached: Callable[[], bool] = lambda: False
+
+    def count_refusals(self, limit_reached: Callable[[], bool]) -> None:
+        """Count the calls grpc refuses at its concurrency limit (``snapcoord_calls_refused_total``).
+
+        ``limit_reached()`` is asked for each call of a known method; grpc runs the interceptors
+        for a new call under its server lock, just before it decides whether to refuse it, so the
+        answer at that moment is grpc's decision (``server.concurrency_limit_probe``).
+        """
+        self._limit_reached = limit_reached
 
     def end_open_streams(self) -> int:
         """End the server-pushed streams in flight (health Watch) with OK; returns how many.
@@ -193,6 +203,9 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             # would be whatever names a client sends (unbounded series).
             return None
         method: str = handler_call_details.method
+        if self._limit_reached():
+            service, name = _split_method(method)
+            self._metrics.refused.labels(service, name).inc()
         wrap = self._wrappers.get(method)
         if wrap is None:  # the first call of the method (a race builds the same one twice)
             service, name = _split_method(method)
