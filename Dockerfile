@@ -8,25 +8,36 @@
 # includes the coordinator's `otel` extra: tracing is a setting (SNAPCOORD_OTEL_EXPORTER=otlp) in a
 # running deployment, not a rebuild, and OpenTelemetry is not even imported while it is off.
 
+# The base image. A tag moves when Docker rebuilds it; for a build that gets the same base every
+# time, pin its digest too (both stages use it):
+#   docker buildx imagetools inspect python:3.11-slim-bookworm     # "Digest: sha256:..."
+#   docker build --build-arg PYTHON_IMAGE_DIGEST=sha256:<64 hex digits> -t snapcoord .
+# With a digest the reference is PYTHON_IMAGE@PYTHON_IMAGE_DIGEST and the registry must serve
+# exactly that image. The repository sets no default digest: none was verified here.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE_DIGEST=
 
 # --- build: wheels of our two distributions, and a venv with everything installed --------------------
-FROM ${PYTHON_IMAGE} AS build
+FROM ${PYTHON_IMAGE}${PYTHON_IMAGE_DIGEST:+@}${PYTHON_IMAGE_DIGEST} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 COPY deploy/requirements.lock deploy/requirements.lock
+COPY deploy/build-requirements.lock deploy/build-requirements.lock
 RUN python -m venv /opt/snapcoord \
- && /opt/snapcoord/bin/pip install --require-hashes --no-deps --only-binary=:all: -r deploy/requirements.lock
+ && /opt/snapcoord/bin/pip install --require-hashes --no-deps --only-binary=:all: -r deploy/requirements.lock \
+ && python -m venv /opt/build \
+ && /opt/build/bin/pip install --require-hashes --no-deps --only-binary=:all: -r deploy/build-requirements.lock
 COPY client/ client/
 COPY coordinator/ coordinator/
-# Our own wheels are built here (their build backend is not part of the image); --no-deps: the
-# lock above already installed every dependency, and `pip check` fails the build if one is missing.
-RUN python -m pip wheel --no-deps --wheel-dir /wheels ./client ./coordinator \
+# Our own wheels are built here, by the locked build backend in /opt/build (not part of the image;
+# --no-build-isolation: pip fetches no backend of its own); --no-deps: the lock above already
+# installed every dependency, and `pip check` fails the build if one is missing.
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels ./client ./coordinator \
  && /opt/snapcoord/bin/pip install --no-deps --no-index /wheels/*.whl \
  && /opt/snapcoord/bin/pip check
 
 # --- runtime: the venv only (no wheels, no pip cache, no build tools) --------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${PYTHON_IMAGE}${PYTHON_IMAGE_DIGEST:+@}${PYTHON_IMAGE_DIGEST} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/snapcoord/bin:$PATH \
@@ -39,7 +50,8 @@ USER 10001:10001
 WORKDIR /var/lib/snapcoord
 VOLUME ["/var/lib/snapcoord"]
 EXPOSE 50051 9464
+# `snapcoord health` asks 127.0.0.1:$SNAPCOORD_PORT (50051 when unset): the port the server serves on.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
-  CMD ["snapcoord", "health", "--target", "127.0.0.1:50051"]
+  CMD ["snapcoord", "health"]
 ENTRYPOINT ["snapcoord"]
 CMD ["serve"]

@@ -9,6 +9,7 @@ reproducibility rules: pinned tags, and third-party packages only from the hashe
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -149,12 +150,14 @@ def test_healthcheck_command_runs_against_a_coordinator_with_the_compose_environ
     probe = COORD["healthcheck"]["test"][1:]
     with CoordinatorProcess(tmp_path / "coordinator", env=env) as coordinator:
         argv = [*snapcoord_command(), *probe[1:]]
-        argv[argv.index("--target") + 1] = coordinator.target  # the image probes 127.0.0.1:50051
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert "--target" not in argv, "the probe must follow SNAPCOORD_PORT, not name a port"
+        # The probe asks 127.0.0.1:$SNAPCOORD_PORT: the test coordinator's port here.
+        probe_env = {**os.environ, "SNAPCOORD_PORT": str(coordinator.grpc_port)}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=probe_env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.strip() == f"{coordinator.target}: SERVING"
         assert coordinator.terminate() == 0
-        after = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        after = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=probe_env)
         assert after.returncode == 1
         assert "UNAVAILABLE" in after.stdout
 

@@ -3,9 +3,10 @@
 The manifests are rendered with ``kubectl kustomize`` and validated against the Kubernetes schemas
 that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set must be an option of
 the coordinator (read from ``options.OPTIONS``), and every value must load. The rules pass
-``promtool check rules`` and their unit tests, and every metric name used by the rules and the
-dashboard is one a live coordinator (real ZooKeeper and S3) exports. A missing tool fails the run:
-``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
+``promtool check rules`` and their unit tests, are generated from their one source, and every
+metric name used by the rules and the dashboard is one a live coordinator (real ZooKeeper and S3)
+exports (tests/test_prometheus_live.py evaluates them on a real Prometheus). A missing tool fails
+the run: ``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ KUSTOMIZE_DIRS = (
     "deploy/kubernetes/overlays/mtls",
 )
 RULES = ROOT / "deploy" / "prometheus" / "snapcoord.rules.yml"
+PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "components" / "prometheusrule" / "prometheusrule.yaml"
+METRICS_DOC = ROOT / "docs" / "operations" / "metrics.md"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "snapcoord.rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "snapcoord.json"
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -67,6 +70,9 @@ BOTO3_CHAIN_VARS = {
 }
 #: Series Prometheus makes itself rather than scraping them from the coordinator.
 PROMETHEUS_SYNTHETIC = {"up"}
+#: What every directory renders; the overlays add the optional components and the example's keys.
+BASE_KINDS = ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
+OVERLAY_KINDS = ["NetworkPolicy", "PrometheusRule", "Secret", "ServiceMonitor"]
 OPTION_ENVS = {opt.env for opt in options.OPTIONS}
 DEFAULTS = {opt.name: opt.default for opt in options.OPTIONS}
 
@@ -115,9 +121,23 @@ def coordinator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
         if "configMapRef" in source:
             env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
         if "secretRef" in source:
-            env.update(secret_data(one(docs, "Secret", source["secretRef"]["name"])))
+            name = source["secretRef"]["name"]
+            if source["secretRef"].get("optional") and not secrets(docs, name):
+                continue  # workload identity: no keys at all
+            env.update(secret_data(one(docs, "Secret", name)))
     env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
     return env
+
+
+def secrets(docs: list[dict[str, Any]], name: str | None = None) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == "Secret" and (name is None or d["metadata"]["name"] == name)]
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity in binary units (``768Mi``, ``1Gi``) as bytes."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity)
+    assert m, f"use binary units for memory: {quantity}"
+    return int(m[1]) * {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}[m[2]]
 
 
 def secret_data(secret: dict[str, Any]) -> dict[str, str]:
@@ -134,29 +154,99 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 @pytest.mark.process
 def test_every_manifest_is_valid_for_kubernetes(manifests: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in manifests)
-    assert kinds == sorted(
-        [
-            "ConfigMap",
-            "Deployment",
-            "PodDisruptionBudget",
-            "Secret",
-            "Service",
-            "Service",
-            "ServiceAccount",
-            "ServiceMonitor",
-        ]
-    )
+    assert kinds in (sorted(BASE_KINDS), sorted(BASE_KINDS + OVERLAY_KINDS))
     for doc in manifests:
         if doc["apiVersion"] == "monitoring.coreos.com/v1":
-            # A CRD of the Prometheus Operator: not in the Kubernetes schemas kubernetes-validate
-            # ships; test_service_monitor_scrapes_the_metrics_port checks it instead.
+            # CRDs of the Prometheus Operator: not in the Kubernetes schemas kubernetes-validate
+            # ships; the ServiceMonitor and PrometheusRule tests below check them instead.
             continue
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
 
 
 @pytest.mark.process
-def test_service_monitor_scrapes_the_metrics_port(manifests: list[dict[str, Any]]) -> None:
+def test_base_needs_no_operator_and_ships_no_credentials() -> None:
+    docs = render("deploy/kubernetes/base")
+    assert sorted(d["kind"] for d in docs) == sorted(BASE_KINDS)
+    assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert not secrets(docs)
+    env = coordinator_env(docs)
+    assert not {k for k in env if k.startswith("AWS_")}, "no credentials in the base"
+    # botocore reads environment keys before web identity: the base must leave both to the overlay.
+    (ref,) = [s["secretRef"] for s in container(docs)["envFrom"] if "secretRef" in s]
+    assert ref["optional"] is True
+
+
+@pytest.mark.process
+def test_memory_limit_covers_the_payload_budget_and_headroom(manifests: list[dict[str, Any]]) -> None:
+    deployment = one(manifests, "Deployment")
+    cfg = settings.load({}, coordinator_env(manifests))
+    budget = cfg.grpc.payload_budget_bytes
+    headroom = quantity_bytes(deployment["metadata"]["annotations"]["snapcoord.io/memory-headroom"])
+    resources = container(manifests)["resources"]
+    limit = quantity_bytes(resources["limits"]["memory"])
+    assert limit >= budget + headroom, (limit, budget, headroom)
+    # Set here, not left at the default (1 GiB, more than the limit leaves room for).
+    assert budget < settings.load({}, {}).grpc.payload_budget_bytes
+    assert quantity_bytes(resources["requests"]["memory"]) <= limit
+    # The comment that explains the sizing states the same numbers.
+    text = (ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml").read_text()
+    sizing = text.split("MEMORY SIZING", 1)[1].split("env:", 1)[0]
+    for what, value in (("payload budget", budget), ("headroom", headroom), ("memory limit", limit)):
+        assert re.search(rf"{what}\s+{value // 2**20}Mi\b", sizing), f"MEMORY SIZING states another {what}"
+
+
+def _overlay(name: str = "example") -> list[dict[str, Any]]:
+    return render(f"deploy/kubernetes/overlays/{name}")
+
+
+@pytest.mark.process
+def test_network_policy_lets_clients_and_prometheus_in_and_stores_and_dns_out() -> None:
+    docs = _overlay()
+    policy = one(docs, "NetworkPolicy")["spec"]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["podSelector"]["matchLabels"], pod_labels)
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
+    ingress_ports = [p["port"] for rule in policy["ingress"] for p in rule["ports"]]
+    assert sorted(ingress_ports) == ["grpc", "metrics"], "in: clients (gRPC) and Prometheus only"
+    assert set(ingress_ports) <= set(ports)
+    egress = {(p["port"], p.get("protocol", "TCP")) for rule in policy["egress"] for p in rule["ports"]}
+    cfg = settings.load({}, coordinator_env(docs))
+    zk_ports = {int(h.rsplit(":", 1)[1]) for h in cfg.storage.metadata_uri[5:].split("/", 1)[0].split(",")}
+    assert {(port, "TCP") for port in zk_ports} <= egress, "out: ZooKeeper"
+    assert (443, "TCP") in egress, "out: S3 over HTTPS"
+    assert {(53, "UDP"), (53, "TCP")} <= egress, "out: DNS"
+    assert len(egress) == len(zk_ports) + 3, f"nothing else goes out: {sorted(egress)}"
+
+
+@pytest.mark.process
+def test_prometheus_rule_carries_the_rules_file() -> None:
+    docs = _overlay()
+    rule = one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    assert rule["metadata"]["namespace"] == one(docs, "Deployment")["metadata"]["namespace"]
+
+
+@pytest.mark.process
+def test_generated_rules_are_in_sync_with_their_source() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen-rules"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, (
+        "deploy/prometheus/snapcoord.rules.yml or the PrometheusRule is stale: run scripts/gen-rules\n"
+        + done.stdout[-4000:]
+        + done.stderr[-4000:]
+    )
+
+
+@pytest.mark.process
+def test_service_monitor_scrapes_the_metrics_port() -> None:
+    manifests = _overlay()
     monitor = one(manifests, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(monitor["spec"]) == {"selector", "endpoints"}
@@ -184,16 +274,17 @@ def test_every_setting_is_a_coordinator_option_and_loads(manifests: list[dict[st
     assert cfg.storage.metadata_uri.startswith("zk://")
     assert cfg.storage.blobs_uri.startswith("s3://")
     # Generated names carry a content hash: a changed setting or key is a new pod template.
-    for kind in ("ConfigMap", "Secret"):
-        assert re.fullmatch(r"snapcoord(-s3)?-[a-z0-9]{10}", one(manifests, kind)["metadata"]["name"]), kind
+    for doc in [one(manifests, "ConfigMap"), *secrets(manifests)]:
+        assert re.fullmatch(r"snapcoord(-s3)?-[a-z0-9]{10}", doc["metadata"]["name"]), doc["kind"]
     # Service links would put SNAPCOORD_PORT=tcp://... (from the Service "snapcoord") into the pod.
     assert one(manifests, "Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
 @pytest.mark.process
 def test_example_secrets_are_marked_as_examples(manifests: list[dict[str, Any]]) -> None:
-    values = secret_data(one(manifests, "Secret"))
-    assert values and all(value.startswith("EXAMPLE") for value in values.values())
+    for secret in secrets(manifests):
+        values = secret_data(secret)
+        assert values and all(value.startswith("EXAMPLE") for value in values.values())
 
 
 @pytest.mark.process
@@ -289,6 +380,70 @@ def test_replicas_spread_services_and_disruption_budget(manifests: list[dict[str
     assert resources["requests"]["memory"] and resources["limits"]["memory"]
 
 
+# --- the image ---------------------------------------------------------------------------------
+
+BUILD_LOCK = ROOT / "deploy" / "build-requirements.lock"
+
+
+def _dockerfile_args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S*)$", DOCKERFILE, flags=re.MULTILINE))
+
+
+def _expand(text: str, args: dict[str, str]) -> str:
+    """Docker's substitution of ``${VAR}`` and ``${VAR:+word}`` (the forms the Dockerfile uses)."""
+
+    def one_var(m: re.Match[str]) -> str:
+        value = args.get(m[1], "")
+        if m[2] is None:
+            return value
+        return m[3] if value else ""
+
+    return re.sub(r"\$\{(\w+)(:\+([^}]*))?\}", one_var, text)
+
+
+def test_image_base_can_be_pinned_by_digest() -> None:
+    args = _dockerfile_args()
+    # No digest is committed unverified: empty, or a full sha256 digest.
+    assert re.fullmatch(r"(sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE_DIGEST"])
+    bases = re.findall(r"^FROM (\S+) AS \w+$", DOCKERFILE, flags=re.MULTILINE)
+    assert len(bases) == 2 and len(set(bases)) == 1, "both stages build on the same base"
+    (base,) = set(bases)
+    assert _expand(base, {**args, "PYTHON_IMAGE_DIGEST": ""}) == args["PYTHON_IMAGE"]
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert _expand(base, {**args, "PYTHON_IMAGE_DIGEST": digest}) == f"{args['PYTHON_IMAGE']}@{digest}"
+    assert "--build-arg PYTHON_IMAGE_DIGEST=sha256:" in DOCKERFILE, "the Dockerfile says how to pin it"
+
+
+def test_build_backend_is_locked_and_satisfies_both_projects() -> None:
+    from packaging.requirements import Requirement
+
+    locked: dict[str, str] = {}
+    for line in BUILD_LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            m = re.fullmatch(r"([a-z0-9-]+)==(\S+) --hash=sha256:[0-9a-f]{64}", line)
+            assert m, f"pin each build package with its hash: {line}"
+            locked[m[1]] = m[2]
+    for project in ("client", "coordinator"):
+        pyproject = tomllib.loads((ROOT / project / "pyproject.toml").read_text())
+        for text in pyproject["build-system"]["requires"]:
+            req = Requirement(text)
+            assert req.name in locked, f"{project}: {req.name} is not in {BUILD_LOCK.name}"
+            assert req.specifier.contains(locked[req.name]), f"{project}: {text} vs {locked[req.name]}"
+    # The wheels are built by that backend only: no isolated build that would fetch another.
+    assert "-r deploy/build-requirements.lock" in DOCKERFILE and "--require-hashes" in DOCKERFILE
+    (wheel_build,) = re.findall(r"pip wheel [^&\n]*", DOCKERFILE)
+    assert "--no-build-isolation" in wheel_build and wheel_build.startswith("pip wheel")
+    assert "/opt/build/bin/pip wheel" in DOCKERFILE
+
+
+def test_healthcheck_asks_the_configured_port() -> None:
+    healthcheck = re.sub(r"\\\n\s*", " ", DOCKERFILE.split("\nHEALTHCHECK ", 1)[1]).splitlines()[0]
+    command = json.loads(healthcheck.split("CMD", 1)[1])
+    # `snapcoord health` without --target asks 127.0.0.1:$SNAPCOORD_PORT (tests/test_compose.py
+    # runs it against a coordinator on another port).
+    assert command == ["snapcoord", "health"]
+
+
 # --- Prometheus rules --------------------------------------------------------------------------
 
 
@@ -315,7 +470,7 @@ def test_promtool_unit_tests_cover_every_alert() -> None:
         for case in test.get("alert_rule_test", [])
         if case["exp_alerts"]  # a case where the alert must fire, not only one where it must not
     }
-    assert firing == {rule["alert"] for rule in _rules()}
+    assert firing == {rule["alert"] for rule in _rules() if "alert" in rule}
     done = subprocess.run(
         [tool("promtool"), "test", "rules", str(RULE_TESTS)],
         capture_output=True,
@@ -328,7 +483,7 @@ def test_promtool_unit_tests_cover_every_alert() -> None:
 
 
 def test_janitor_alert_waits_two_passes_at_the_default_interval() -> None:
-    (rule,) = [r for r in _rules() if r["alert"] == "SnapcoordNoJanitorLeader"]
+    (rule,) = [r for r in _rules() if r.get("alert") == "SnapcoordNoJanitorLeader"]
     interval_ms = options.parse_duration_ms(str(DEFAULTS["cleanup_interval"]))
     assert options.parse_duration_ms(rule["for"]) == 2 * interval_ms
 
@@ -383,28 +538,63 @@ _SAMPLE_SUFFIXES = {
 }
 
 
-def _dashboard_exprs() -> list[str]:
-    def walk(panels: list[dict[str, Any]]) -> Iterator[str]:
-        for panel in panels:
-            yield from (t["expr"] for t in panel.get("targets", []))
-            yield from walk(panel.get("panels", []))
+def _all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel, those inside collapsed rows included."""
+    for panel in panels:
+        yield panel
+        yield from _all_panels(panel.get("panels", []))
 
-    return list(walk(json.loads(DASHBOARD.read_text())["panels"]))
+
+def _dashboard_exprs() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [t["expr"] for panel in _all_panels(panels) for t in panel.get("targets", [])]
+
+
+def _recorded() -> set[str]:
+    return {rule["record"] for rule in _rules() if "record" in rule}
+
+
+#: Variables Grafana itself defines for every query.
+_GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms"}
 
 
 def test_dashboard_is_importable() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] == "snapcoord" and dashboard["schemaVersion"] >= 36
-    (variable,) = dashboard["templating"]["list"]
+    variables = dashboard["templating"]["list"]
+    (variable,) = variables
     assert variable == {**variable, "name": "datasource", "type": "datasource", "query": "prometheus"}
-    panels = dashboard["panels"]
+    panels = list(_all_panels(dashboard["panels"]))
     assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
+    defined = {v["name"] for v in variables} | _GRAFANA_BUILTINS
     for panel in panels:
         if panel["type"] == "row":
             continue
         assert panel["targets"], panel["title"]
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"]), panel["title"]
         for target in [panel, *panel["targets"]]:
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        text = json.dumps(panel)
+        used = set(re.findall(r"\$\{?([A-Za-z_]\w*)", text)) | set(re.findall(r"\[\[(\w+)", text))
+        assert used <= defined, f"{panel['title']} uses undefined variables {sorted(used - defined)}"
+
+
+def test_dashboard_queries_use_recorded_series_that_a_rule_records() -> None:
+    used = {name for expr in _dashboard_exprs() for name in metric_names(expr) if ":" in name}
+    used |= {name for rule in _rules() for name in metric_names(rule["expr"]) if ":" in name}
+    assert used, "the dashboard reads no recorded series"
+    assert used <= _recorded(), f"no rule records {sorted(used - _recorded())}"
+
+
+def _documented_metrics() -> dict[str, tuple[str, set[str]]]:
+    """The metrics reference table: name -> (type, labels)."""
+    table = METRICS_DOC.read_text().split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        m = re.fullmatch(r"\| `(\w+)` \| (\w+) \|([^|]*)\| .+ \|", line)
+        if m:
+            rows[m[1]] = (m[2], set(re.findall(r"`(\w+)`", m[3])))
+    return rows
 
 
 @pytest.mark.timeout(180)
@@ -442,22 +632,36 @@ def test_rules_dashboard_and_probes_use_what_a_live_coordinator_serves(
                 )
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
-        def scrape() -> set[str] | None:
+        def scrape() -> tuple[set[str], dict[str, tuple[str, set[str] | None]]] | None:
             with urllib.request.urlopen(coordinator.metrics_url, timeout=10) as reply:
                 text = reply.read().decode()
             names = set()
+            families: dict[str, tuple[str, set[str] | None]] = {}
             for family in text_string_to_metric_families(text):
                 names |= {sample.name for sample in family.samples}
                 # A labelled metric no call has touched yet has HELP and TYPE but no samples.
                 names |= {family.name + suffix for suffix in _SAMPLE_SUFFIXES.get(family.type, ("",))}
-            return names if "snapcoord_janitor_passes_total" in names else None
+                name = family.name + ("_total" if family.type == "counter" else "")
+                labels = {k for sample in family.samples for k in sample.labels} - {"le"}
+                families[name] = (family.type, labels if family.samples else None)
+            return (names, families) if "snapcoord_janitor_passes_total" in names else None
 
-        exported = wait_until(scrape, timeout=60, interval=0.5, what="janitor step metrics")
+        exported, families = wait_until(scrape, timeout=60, interval=0.5, what="janitor step metrics")
     used = {name for rule in _rules() for name in metric_names(rule["expr"])}
     used |= {name for expr in _dashboard_exprs() for name in metric_names(expr)}
+    used -= _recorded()  # made by the rules themselves
     assert used - PROMETHEUS_SYNTHETIC, "no metric names found in the rules and dashboard"
     missing = sorted(used - exported - PROMETHEUS_SYNTHETIC)
     assert not missing, f"the rules or the dashboard use metrics the coordinator does not export: {missing}"
+    # The metrics reference lists exactly the coordinator's own series, with their types and labels.
+    documented = _documented_metrics()
+    own = {name: f for name, f in families.items() if name.startswith(("snapcoord_", "grpc_server_"))}
+    undocumented, gone = sorted(set(own) - set(documented)), sorted(set(documented) - set(own))
+    assert not undocumented and not gone, f"docs/operations/metrics.md: missing {undocumented}, extra {gone}"
+    for name, (kind, labels) in own.items():
+        assert documented[name][0] == kind, name
+        if labels is not None:  # labels show on samples only
+            assert documented[name][1] == labels, name
 
 
 # --- the pod's filesystem: read-only root, uid 10001, writable /tmp and data directory -----------
