@@ -5,8 +5,9 @@ that kubernetes-validate ships (offline); every ``SNAPCOORD_*`` name they set mu
 the coordinator (read from ``options.OPTIONS``), and every value must load. The rules pass
 ``promtool check rules`` and their unit tests, are generated from their one source, and every
 metric name used by the rules and the dashboard is one a live coordinator (real ZooKeeper and S3)
-exports (tests/test_prometheus_live.py evaluates them on a real Prometheus). A missing tool fails
-the run: ``scripts/install-test-deps`` installs kubectl, kubernetes-validate and promtool.
+exports (tests/coordinator/observability/test_prometheus_live.py evaluates them on a real
+Prometheus). A missing tool fails the run: ``scripts/install-test-deps`` installs kubectl,
+kubernetes-validate and promtool.
 """
 
 from __future__ import annotations
