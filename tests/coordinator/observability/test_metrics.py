@@ -292,6 +292,12 @@ def test_store_and_payload_budget_gauges(coordinator: tuple[InProcessCoordinator
     budget = coord.config.grpc.payload_budget_bytes
     assert budget > 0 and value(samples, "snapcoord_payload_budget_limit_bytes") == budget
     assert value(samples, "snapcoord_payload_budget_in_use_bytes") == 0
+    # Every API method's refusal count is there before any refusal (rate() needs a first sample).
+    refused = {
+        dict(labels)["grpc_method"] for name, labels in samples if name == "snapcoord_calls_refused_total"
+    }
+    assert {"GetLease", "RegisterProducerOffsets", "ReportTaskSnapshot", "UploadCheckpoint"} <= refused
+    assert all(v == 0 for (name, _), v in samples.items() if name == "snapcoord_calls_refused_total")
 
 
 def test_payload_budget_reports_every_change() -> None:

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
@@ -170,7 +171,13 @@ def build_server(
         traced_metadata = tracing.trace_metadata(deps.metadata)
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
-    interceptor = ServerInterceptor(GrpcServerMetrics(registry), version=__version__, tracer=tracing)
+    grpc_metrics = GrpcServerMetrics(registry)
+    # Every API method's refusal series exists from the start, at 0: rate() sees no increase in a
+    # series' first sample, so the first burst of refusals would otherwise not show in an alert.
+    for service_name in api.SERVICE_NAMES:
+        for method in descriptor_pool.Default().FindServiceByName(service_name).methods:
+            grpc_metrics.refused.labels(service_name, method.name)
+    interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.
         auth_interceptor = new_auth_interceptor(config.security)
