@@ -17,11 +17,13 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.coordinator import InProcessCoordinator, ProbeService, embedded_deps, serve_in_process
+from harness.faults import TcpProxy
 from harness.process import wait_until
 from snapcoord.coordinator.errors import ResourceExhausted
 from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.observability.metrics import MetricsExporter, start_exporter, track_usable
 from snapcoord.coordinator.services import Deps
+from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.transport.interceptors import code_label
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -369,3 +371,30 @@ def test_janitor_records_when_each_step_last_succeeded(deps: Deps) -> None:
 
         stamps = wait_until(all_stamped, timeout=60, interval=0.1, what="every janitor step to succeed")
     assert all(started <= stamp <= time.time() for stamp in stamps.values()), stamps
+
+
+def test_metadata_store_usable_follows_the_zookeeper_connection(
+    zk_hosts: str, zk_uri: str, tmp_path: Path
+) -> None:
+    """A real ZooKeeper behind a proxy the test cuts: 0 while the connection is gone, 1 once it is back."""
+    zk_host, zk_port = zk_hosts.rsplit(":", 1)
+    chroot = "/" + zk_uri.split("/", 3)[3]
+    with TcpProxy(zk_host, int(zk_port)) as proxy:
+        metadata = open_metadata_store(f"zk://{proxy.address}{chroot}")
+        blobs = open_blob_store((tmp_path / "blobs").as_uri())
+        try:
+            with serve_in_process(Deps(metadata=metadata, blobs=blobs)) as coord:
+
+                def usable() -> float | None:
+                    return coord.server.registry.get_sample_value("snapcoord_metadata_store_usable")
+
+                assert usable() == 1
+                proxy.cut()
+                wait_until(
+                    lambda: usable() == 0, timeout=60, interval=0.05, what="the gauge at 0 after the cut"
+                )
+                proxy.restore()
+                wait_until(lambda: usable() == 1, timeout=60, interval=0.05, what="the gauge back at 1")
+        finally:
+            blobs.close()
+            metadata.close()
