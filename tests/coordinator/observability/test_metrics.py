@@ -294,7 +294,21 @@ def test_store_and_payload_budget_gauges(coordinator: tuple[InProcessCoordinator
     budget = coord.config.grpc.payload_budget_bytes
     assert budget > 0 and value(samples, "snapcoord_payload_budget_limit_bytes") == budget
     assert value(samples, "snapcoord_payload_budget_in_use_bytes") == 0
-    # Every API method's refusal count is there before any refusal (rate() needs a first sample).
+    # Every API method's series are there, at 0, before any call (rate() needs a first sample).
+    lease = {"grpc_service": "snapcoord.v1.LeaseService", "grpc_method": "GetLease"}
+    for code in ("OK", "Unavailable", "Internal", "ResourceExhausted"):
+        key = (
+            "grpc_server_handled_total",
+            frozenset({**lease, "grpc_type": "unary", "grpc_code": code}.items()),
+        )
+        assert samples[key] == 0, code
+    types = {
+        dict(labels)["grpc_method"]: dict(labels)["grpc_type"]
+        for name, labels in samples
+        if name == "grpc_server_started_total" and dict(labels)["grpc_service"].startswith("snapcoord.v1.")
+    }
+    assert types["UploadCheckpoint"] == "client_stream" and types["ReadCheckpoint"] == "server_stream"
+    assert types["GetLease"] == "unary" and len(types) >= 24
     refused = {
         dict(labels)["grpc_method"] for name, labels in samples if name == "snapcoord_calls_refused_total"
     }

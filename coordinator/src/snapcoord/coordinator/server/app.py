@@ -22,7 +22,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 import grpc
-from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
@@ -38,6 +37,7 @@ from snapcoord.coordinator.observability.metrics import (
     start_exporter,
     track_usable,
 )
+from snapcoord.coordinator.server.api_series import initialize_api_series
 from snapcoord.coordinator.server.concurrency_limit import concurrency_limit_probe
 from snapcoord.coordinator.server.health_listener import HealthListener
 from snapcoord.coordinator.server.processes import process_count, serve_processes
@@ -172,11 +172,7 @@ def build_server(
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
     grpc_metrics = GrpcServerMetrics(registry)
-    # Every API method's refusal series exists from the start, at 0: rate() sees no increase in a
-    # series' first sample, so the first burst of refusals would otherwise not show in an alert.
-    for service_name in api.SERVICE_NAMES:
-        for method in descriptor_pool.Default().FindServiceByName(service_name).methods:
-            grpc_metrics.refused.labels(service_name, method.name)
+    initialize_api_series(grpc_metrics)  # rate-based alerts see a method's first error
     interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.

@@ -72,10 +72,15 @@ def code_label(code: grpc.StatusCode) -> str:
     return _CODE_LABELS[code]
 
 
+def rpc_type_label(request_streaming: bool, response_streaming: bool) -> str:
+    """The ``grpc_type`` label value of a method that streams requests and/or responses."""
+    if request_streaming:
+        return "bidi_stream" if response_streaming else "client_stream"
+    return "server_stream" if response_streaming else "unary"
+
+
 def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
-    if handler.request_streaming:
-        return "bidi_stream" if handler.response_streaming else "client_stream"
-    return "server_stream" if handler.response_streaming else "unary"
+    return rpc_type_label(handler.request_streaming, handler.response_streaming)
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
