@@ -38,7 +38,11 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels 
 
 # --- runtime: the venv only (no wheels, no pip cache, no build tools) --------------------------------
 FROM ${PYTHON_IMAGE}${PYTHON_IMAGE_DIGEST:+@}${PYTHON_IMAGE_DIGEST} AS runtime
-ENV PYTHONDONTWRITEBYTECODE=1 \
+# The source revision, served as snapcoord_build_info{revision=...}:
+#   docker build --build-arg SNAPCOORD_REVISION=$(git rev-parse HEAD) -t snapcoord .
+ARG SNAPCOORD_REVISION=unknown
+ENV SNAPCOORD_REVISION=${SNAPCOORD_REVISION} \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/snapcoord/bin:$PATH \
     SNAPCOORD_DATA_DIR=/var/lib/snapcoord

@@ -415,6 +415,18 @@ def test_image_base_can_be_pinned_by_digest() -> None:
     assert "--build-arg PYTHON_IMAGE_DIGEST=sha256:" in DOCKERFILE, "the Dockerfile says how to pin it"
 
 
+def test_image_serves_its_build_revision() -> None:
+    """``snapcoord_build_info{revision}`` reads SNAPCOORD_REVISION: the runtime stage sets it from a
+    build argument, and the server knows the variable (an unknown one would stop it)."""
+    from snapcoord.coordinator.config.environment import known_variables
+
+    runtime = DOCKERFILE.partition(" AS runtime\n")[2]
+    assert re.search(r"^ARG SNAPCOORD_REVISION=unknown$", runtime, flags=re.MULTILINE)
+    assert re.search(r"^ENV SNAPCOORD_REVISION=\$\{SNAPCOORD_REVISION\}", runtime, flags=re.MULTILINE)
+    assert "--build-arg SNAPCOORD_REVISION=" in DOCKERFILE, "the Dockerfile says how to set it"
+    assert "SNAPCOORD_REVISION" in known_variables()
+
+
 def test_build_backend_is_locked_and_satisfies_both_projects() -> None:
     from packaging.requirements import Requirement
 
