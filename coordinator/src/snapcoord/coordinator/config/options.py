@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from snapcoord.coordinator.config.redaction import redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
-from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.producers import MAX_INLINE_BYTES, ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.storage.uris import zk_chroot
 from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
@@ -591,6 +591,15 @@ OPTIONS: tuple[Option, ...] = (
         _int_parser(1, 10_000_000, "an integer 1-10000000"),
         to="producers.max_offsets",
         metavar="N",
+    ),
+    Option(
+        "producer_inline_max_bytes",
+        "producer offsets up to this size live in their ZooKeeper record, larger ones in the blob store "
+        "(0: all in the blob store, the only record format earlier releases read)",
+        str(ProducerPolicy.inline_max_bytes),
+        _int_parser(0, MAX_INLINE_BYTES, f"an integer 0-{MAX_INLINE_BYTES} (bytes)"),
+        to="producers.inline_max_bytes",
+        metavar="BYTES",
     ),
     Option(
         "snapshot_default_timeout",
