@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -40,7 +40,7 @@ B = (Offset("orders", 0, 99),)
 class Calls:
     """What a registry sent to the stores during a test."""
 
-    blob: list[str] = field(default_factory=list)
+    blob: list[str]
     transactions: list[Sequence[Op]] = field(default_factory=list)
 
     def intent_ops(self) -> list[Op]:
@@ -53,17 +53,9 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def calls(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+def calls(stores: Stores, blob_calls: list[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     """Every blob store call and every metadata transaction, recorded on the stores themselves."""
-    seen = Calls()
-    for name in ("put", "put_stream", "get", "get_stream", "delete", "list", "check"):
-        method = getattr(stores.blobs, name)
-
-        def counted(*args: object, __name: str = name, __method: Callable[..., object] = method) -> object:
-            seen.blob.append(__name)
-            return __method(*args)
-
-        monkeypatch.setattr(stores.blobs, name, counted)
+    seen = Calls(blob_calls)
     transaction = stores.metadata.transaction
 
     def recorded(ops: Sequence[Op]) -> None:

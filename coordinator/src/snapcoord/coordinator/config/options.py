@@ -634,6 +634,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "snapshot_inline_checkpoint_max_bytes",
+        "checkpoints up to this size are stored in their task's report in ZooKeeper, larger ones in the "
+        "blob store (0: all in the blob store, the only report format earlier releases read)",
+        str(SnapshotPolicy.inline_checkpoint_max_bytes),
+        _int_parser(0, MAX_INLINE_BYTES, f"an integer 0-{MAX_INLINE_BYTES} (bytes)"),
+        to="snapshots.inline_checkpoint_max_bytes",
+        metavar="BYTES",
+    ),
+    Option(
         "snapshot_max_inline_read",
         "most payload bytes GetSnapshot returns with include_checkpoints; ReadCheckpoint streams beyond",
         _as_size(SnapshotPolicy.max_inline_read_bytes, "MiB"),

@@ -15,10 +15,10 @@ from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
 from snapcoord.coordinator.errors import InvalidArgument
 
-#: The most ``ProducerPolicy.inline_max_bytes`` may be: a record this large, with the ops around it
-#: (an advance also deletes a record and makes intents), stays far below the smallest ZooKeeper
-#: request limit the server accepts (``--zk-max-request-bytes``, at least 1 MiB);
-#: ``server.worst_requests`` checks the exact sizes.
+#: The most ``ProducerPolicy.inline_max_bytes`` and ``SnapshotPolicy.inline_checkpoint_max_bytes``
+#: may be: a record this large, with the ops around it (an advance also deletes a record and makes
+#: intents), stays far below the smallest ZooKeeper request limit the server accepts
+#: (``--zk-max-request-bytes``, at least 1 MiB); ``server.worst_requests`` checks the exact sizes.
 MAX_INLINE_BYTES = 64 * 1024
 
 
