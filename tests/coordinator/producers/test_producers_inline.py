@@ -4,18 +4,20 @@ format of earlier releases), and AdvanceProducerOffsets, on both backends (real 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
+from harness.concurrency import run_threads
 from harness.stores import Stores
 from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.documents import load
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producer_codec import inline_offsets_bytes
-from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import Internal, InvalidArgument, NotFound, StoreUnavailable
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
@@ -175,6 +177,28 @@ def test_advance_drops_the_previous_record_and_registers_in_one_transaction(
     assert first.registered and none is False
     assert stores.metadata.children(RECORDS) == ["q.b1", "r.b5"]
     assert calls.blob == []
+
+
+def test_of_ten_concurrent_advances_one_registers_and_one_deletes_the_previous(
+    producers: ProducerRegistry, stores: Stores
+) -> None:
+    """Two drivers of one query racing on batch 1 (a zombie and its successor): one record of
+    batch 1, the caller whose offsets it holds is the one told registered, batch 0's record goes."""
+    producers.register("q.b0", A, 0)
+    outcomes: list[tuple[Registration, bool]] = []
+    lock = threading.Lock()
+
+    def advance(i: int) -> None:
+        outcome = producers.advance("q.b1", (Offset("orders", 0, i),), 0, "q.b0")
+        with lock:
+            outcomes.append(outcome)
+
+    run_threads(10, advance)
+    winners = [r for r, _ in outcomes if r.registered]
+    assert len(outcomes) == 10 and len(winners) == 1
+    assert {r.snapshot for r, _ in outcomes} == {winners[0].snapshot} == {producers.get("q.b1")}
+    assert sum(deleted for _, deleted in outcomes) == 1
+    assert stores.metadata.children(RECORDS) == ["q.b1"]
 
 
 def test_advance_keeps_a_live_record_and_still_drops_the_previous(
