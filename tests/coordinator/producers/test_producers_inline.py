@@ -201,6 +201,27 @@ def test_of_ten_concurrent_advances_one_registers_and_one_deletes_the_previous(
     assert stores.metadata.children(RECORDS) == ["q.b1"]
 
 
+def test_advance_between_inline_and_large_offsets_keeps_exactly_the_live_payload(
+    producers: ProducerRegistry, stores: Stores
+) -> None:
+    large = offsets_of_size(INLINE_MAX + 1)
+    producers.register("q.b0", A, 0)
+    advanced, _ = producers.advance("q.b1", large, 0, "q.b0")  # inline -> blob store
+    assert advanced.registered and stored_doc(stores, "q.b1")["version"] == 1
+    [payload] = objects(stores.blobs)
+    assert stored_doc(stores, "q.b1")["object_key"] == payload
+    assert producers.get("q.b1").offsets == large
+    again, deleted = producers.advance("q.b2", large, 0, "q.b1")  # blob store -> blob store
+    assert again.registered and deleted
+    [second] = objects(stores.blobs)
+    assert second != payload and stored_doc(stores, "q.b2")["object_key"] == second
+    last, deleted = producers.advance("q.b3", B, 0, "q.b2")  # blob store -> inline
+    assert last.registered and deleted and objects(stores.blobs) == []
+    assert stores.metadata.children(RECORDS) == ["q.b3"]
+    producers.close()  # the intent pool's unused intents (made ahead for later registrations) go
+    assert IntentIndex(stores.metadata).announced_keys() == frozenset()
+
+
 def test_advance_keeps_a_live_record_and_still_drops_the_previous(
     producers: ProducerRegistry, stores: Stores
 ) -> None:
