@@ -18,7 +18,13 @@ from snapcoord.coordinator.domain.documents import load
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producer_codec import inline_offsets_bytes
 from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
-from snapcoord.coordinator.errors import Internal, InvalidArgument, NotFound, StoreUnavailable
+from snapcoord.coordinator.errors import (
+    CommitOutcomeUnknown,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    StoreUnavailable,
+)
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.expiry_index import BUCKET_MS as EXPIRY_BUCKET_MS
 from snapcoord.coordinator.kernel.expiry_index import entry_path
@@ -220,6 +226,40 @@ def test_advance_between_inline_and_large_offsets_keeps_exactly_the_live_payload
     assert stores.metadata.children(RECORDS) == ["q.b3"]
     producers.close()  # the intent pool's unused intents (made ahead for later registrations) go
     assert IntentIndex(stores.metadata).announced_keys() == frozenset()
+
+
+@pytest.mark.parametrize("applied", [True, False])
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_advance_whose_commit_outcome_is_unknown_is_decided_from_what_landed(
+    producers: ProducerRegistry,
+    stores: Stores,
+    monkeypatch: pytest.MonkeyPatch,
+    applied: bool,
+    existing: bool,
+) -> None:
+    """The reply of the advance's commit is lost, after it applied or before: the next round reads
+    (synced) and answers as the one commit would have, never registering or deleting twice."""
+    producers.register("q.b0", A, 0)
+    earlier = producers.register("q.b1", A, 0).snapshot if existing else None
+    real = stores.metadata.transaction
+    lost: list[bool] = []
+
+    def reply_lost(ops: Sequence[Op]) -> None:
+        if not lost:
+            lost.append(True)
+            if applied:
+                real(ops)
+            raise CommitOutcomeUnknown("connection lost around the commit (test)")
+        real(ops)
+
+    monkeypatch.setattr(stores.metadata, "transaction", reply_lost)
+    registration, deleted = producers.advance("q.b1", B, 0, "q.b0")
+    monkeypatch.undo()
+    assert lost and deleted
+    assert registration.registered is not existing
+    assert registration.snapshot == (earlier or producers.get("q.b1"))
+    assert producers.get("q.b1").offsets == (A if existing else B)
+    assert stores.metadata.children(RECORDS) == ["q.b1"]
 
 
 def test_advance_keeps_a_live_record_and_still_drops_the_previous(
