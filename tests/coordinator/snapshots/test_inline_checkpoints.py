@@ -3,6 +3,8 @@ store and reports of the earlier format, on both backends (real ZooKeeper + S3).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from harness.stores import Stores
@@ -11,13 +13,14 @@ from snapcoord.coordinator.domain.documents import load
 from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CommitOutcomeUnknown, Internal
 from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.layout import task_path
 from snapcoord.coordinator.snapshots.pins import pin_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.metadata import Op
 
 HOUR_MS = 3_600_000
 INLINE_MAX = 4096
@@ -94,6 +97,26 @@ def test_a_report_mixes_inline_and_blob_store_checkpoints(
     again = snapshots.report("app", g, "q1", OFFSETS, {"small": SMALL, "large": LARGE})
     assert again.tasks == got.snapshot.tasks
     assert objects(stores.blobs, "app") == [key]
+
+
+def test_a_mixed_report_whose_reply_was_lost_keeps_its_blob_store_payload(
+    snapshots: SnapshotRegistry, stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = snapshots.create("app", ["q1"], 0, 0, {}).record.generation
+    real = stores.metadata.transaction
+
+    def applied_but_reply_lost(ops: Sequence[Op]) -> None:
+        real(ops)
+        if any(op.path == task_path("app", g, "q1") for op in ops):
+            raise CommitOutcomeUnknown("connection lost after the commit (test)")
+
+    monkeypatch.setattr(stores.metadata, "transaction", applied_but_reply_lost)
+    reported = snapshots.report("app", g, "q1", OFFSETS, {"small": SMALL, "large": LARGE})
+    monkeypatch.undo()
+    assert reported.record.state is State.COMPLETED
+    assert len(objects(stores.blobs, "app")) == 1  # the landed commit's object, kept
+    got = snapshots.get("app", g, include_checkpoints=True)
+    assert got.payloads == {("q1", "small"): SMALL, ("q1", "large"): LARGE}
 
 
 def test_a_report_too_large_with_its_checkpoints_inline_puts_them_in_the_blob_store(
