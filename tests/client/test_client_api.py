@@ -27,6 +27,7 @@ from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 PINNED_ALL = [
     "Aborted",
     "AcquireResult",
+    "AdvanceResult",
     "AlreadyExists",
     "BacklogStatus",
     "Cancelled",
@@ -121,7 +122,7 @@ def test_no_protobuf_type_in_the_public_api() -> None:
 
 def test_one_client_method_per_rpc_and_a_retry_decision_for_each() -> None:
     rpcs = all_rpcs()
-    assert len(rpcs) == len(set(rpcs)) == 24  # names are unique across the four services
+    assert len(rpcs) == len(set(rpcs)) == 25  # names are unique across the four services
     for rpc in rpcs:
         assert callable(getattr(CoordinatorClient, snake(rpc), None)), rpc
         assert (rpc in IDEMPOTENT) != (rpc in NOT_RETRIED), rpc

@@ -12,6 +12,7 @@ import pytest
 from harness.coordinator import InProcessCoordinator
 from snapcoord.client import (
     AcquireResult,
+    AdvanceResult,
     BacklogStatus,
     CoordinatorClient,
     FailedPrecondition,
@@ -33,6 +34,28 @@ from snapcoord.client import (
     Unimplemented,
 )
 from snapcoord.v1 import producer_pb2_grpc
+
+
+def test_advance_producer_offsets(client: CoordinatorClient, uid: str) -> None:
+    first = client.register_producer_offsets(f"{uid}.b0", [Offset("orders", 0, 1)])
+    advanced = client.advance_producer_offsets(
+        f"{uid}.b1", [Offset("orders", 0, 2)], previous_producer_id=f"{uid}.b0", ttl_ms=60_000
+    )
+    assert isinstance(advanced, AdvanceResult)
+    assert advanced.registered and advanced.previous_deleted
+    assert advanced.snapshot.offsets == (Offset("orders", 0, 2),)
+    assert advanced.snapshot.expires_at_ms - advanced.snapshot.created_at_ms == 60_000
+    with pytest.raises(NotFound):
+        client.get_producer_offsets(first.snapshot.producer_id)
+    again = client.advance_producer_offsets(
+        f"{uid}.b1", [Offset("orders", 0, 3)], previous_producer_id=f"{uid}.b0"
+    )
+    assert (again.registered, again.snapshot, again.previous_deleted) == (False, advanced.snapshot, False)
+    with pytest.raises(InvalidArgument, match="previous_producer_id equals producer_id"):
+        client.advance_producer_offsets(
+            f"{uid}.b1", [Offset("orders", 0, 3)], previous_producer_id=f"{uid}.b1"
+        )
+    assert client.get_producer_offsets(f"{uid}.b1") == advanced.snapshot
 
 
 def test_producer_offsets_round_trip(client: CoordinatorClient, uid: str) -> None:

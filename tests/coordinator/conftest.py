@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,3 +33,23 @@ def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
     yield Stores("zk+s3", metadata, blobs)
     blobs.close()
     metadata.close()
+
+
+#: The blob store methods ``blob_calls`` records.
+BLOB_METHODS = ("put", "put_stream", "get", "get_stream", "delete", "list", "check")
+
+
+@pytest.fixture
+def blob_calls(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every call made to ``stores.blobs`` from here on, in order (for the tests that
+    a call makes no blob store request at all)."""
+    seen: list[str] = []
+    for name in BLOB_METHODS:
+        method = getattr(stores.blobs, name)
+
+        def counted(*args: object, __name: str = name, __method: Callable[..., object] = method) -> object:
+            seen.append(__name)
+            return __method(*args)
+
+        monkeypatch.setattr(stores.blobs, name, counted)
+    return seen

@@ -92,6 +92,42 @@ def test_bad_registrations_are_invalid_argument_and_store_nothing(
     assert stub.ListProducerOffsets(producer_pb2.ListProducerOffsetsRequest(), timeout=10).snapshots == []
 
 
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (
+            producer_pb2.AdvanceProducerOffsetsRequest(producer_id="q.b1", offsets=offsets(("a", 0, 1))),
+            "previous_producer_id is empty",
+        ),
+        (
+            producer_pb2.AdvanceProducerOffsetsRequest(
+                producer_id="q.b0", offsets=offsets(("a", 0, 1)), previous_producer_id="q.b0"
+            ),
+            "previous_producer_id equals producer_id",
+        ),
+        (
+            producer_pb2.AdvanceProducerOffsetsRequest(producer_id="q.b1", previous_producer_id="q.b0"),
+            "offsets is empty",
+        ),
+    ],
+)
+def test_bad_advances_are_invalid_argument_and_change_nothing(
+    stub: producer_pb2_grpc.ProducerOffsetServiceStub,
+    request_: producer_pb2.AdvanceProducerOffsetsRequest,
+    message: str,
+) -> None:
+    stored = stub.RegisterProducerOffsets(
+        producer_pb2.RegisterProducerOffsetsRequest(producer_id="q.b0", offsets=offsets(("a", 0, 1))),
+        timeout=10,
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        stub.AdvanceProducerOffsets(request_, timeout=10)
+    code, details = status_of(e.value)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and message in details
+    listed = stub.ListProducerOffsets(producer_pb2.ListProducerOffsetsRequest(), timeout=10).snapshots
+    assert list(listed) == [stored.snapshot]
+
+
 def test_s3_outage_is_unavailable_and_leaves_no_record(
     tmp_path: Path,
     zk_uri: str,
@@ -105,14 +141,33 @@ def test_s3_outage_is_unavailable_and_leaves_no_record(
         with serve_in_process(deps) as coord, coord.channel() as channel:
             stub = producer_pb2_grpc.ProducerOffsetServiceStub(channel)
             private_s3_server.stop()
-            request = producer_pb2.RegisterProducerOffsetsRequest(
-                producer_id="sink", offsets=offsets(("a", 0, 1))
-            )
+            # Offsets beyond the inline threshold (1 KiB by default) need the blob store.
+            large = offsets(*(("a" * 40, p, 1) for p in range(40)))
+            request = producer_pb2.RegisterProducerOffsetsRequest(producer_id="sink", offsets=large)
             with pytest.raises(grpc.RpcError) as e:
                 stub.RegisterProducerOffsets(request, timeout=60)
             code, details = status_of(e.value)
             assert code == grpc.StatusCode.UNAVAILABLE and "unreachable" in details
             assert kazoo_client.exists("/producers") is None  # nothing at all reached ZooKeeper
+
+            # Small offsets live in ZooKeeper: their calls never need S3.
+            small = producer_pb2.RegisterProducerOffsetsRequest(
+                producer_id="q.b0", offsets=offsets(("a", 0, 1))
+            )
+            assert stub.RegisterProducerOffsets(small, timeout=60).registered
+            advance = producer_pb2.AdvanceProducerOffsetsRequest(
+                producer_id="q.b1", offsets=offsets(("a", 0, 2)), previous_producer_id="q.b0"
+            )
+            advanced = stub.AdvanceProducerOffsets(advance, timeout=60)
+            assert advanced.registered and advanced.previous_deleted
+            got = stub.GetProducerOffsets(
+                producer_pb2.GetProducerOffsetsRequest(producer_id="q.b1"), timeout=60
+            )
+            assert got.offsets[0].offset == 2
+            assert stub.DeleteProducerOffsets(
+                producer_pb2.DeleteProducerOffsetsRequest(producer_id="q.b1"), timeout=60
+            ).deleted
+            assert kazoo_client.get_children("/producers/records") == []
     finally:
         deps.blobs.close()
         deps.metadata.close()

@@ -70,21 +70,34 @@ def test_producer_offsets(served: tuple[Stubs, list[str]]) -> None:
     stubs, sent = served
     register = stubs.producers.RegisterProducerOffsets
     register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="warm", offsets=offsets(10)))
-    # The pool of upload intents is empty: a refill (one transaction making two, as the last batch
-    # of one was used up), then the record with its expiry entry (retiring the intent).
-    assert requests_of(
-        sent,
-        lambda: register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="w2", offsets=offsets(10))),
-    ) == ["Transaction", "Transaction"]
-    # The next registration takes the intent left in the pool (made before its S3 put): one request.
-    assert requests_of(
-        sent,
-        lambda: register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="p", offsets=offsets(10))),
-    ) == ["Transaction"]
+    # 10 offsets live in the record: the create-if-absent commit is the only request.
+    small = producer_pb2.RegisterProducerOffsetsRequest(producer_id="p", offsets=offsets(10))
+    assert requests_of(sent, lambda: register(small)) == ["Transaction"]
     get = stubs.producers.GetProducerOffsets
     assert requests_of(sent, lambda: get(producer_pb2.GetProducerOffsetsRequest(producer_id="p"))) == [
         "GetData"
     ]
+    # Drop p and register p2: both records read together, then one commit.
+    advance = producer_pb2.AdvanceProducerOffsetsRequest(
+        producer_id="p2", offsets=offsets(10), previous_producer_id="p"
+    )
+    assert requests_of(sent, lambda: stubs.producers.AdvanceProducerOffsets(advance)) == [
+        "MultiRead",
+        "Transaction",
+    ]
+    # Offsets too large to be inline (200 here) go to S3. The pool of upload intents is empty: a
+    # refill (one transaction making two, as the last batch of one was used up), then the record
+    # with its expiry entry (retiring the intent).
+    register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="warm-large", offsets=offsets(200)))
+    assert requests_of(
+        sent,
+        lambda: register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="w2", offsets=offsets(200))),
+    ) == ["Transaction", "Transaction"]
+    # The next registration takes the intent left in the pool (made before its S3 put): one request.
+    assert requests_of(
+        sent,
+        lambda: register(producer_pb2.RegisterProducerOffsetsRequest(producer_id="l", offsets=offsets(200))),
+    ) == ["Transaction"]
 
 
 def test_snapshots(served: tuple[Stubs, list[str]]) -> None:
@@ -93,20 +106,21 @@ def test_snapshots(served: tuple[Stubs, list[str]]) -> None:
     s.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(app_id="warm", task_ids=["a"]))
     s.CreateSnapshot(snapshot_pb2.CreateSnapshotRequest(app_id="app", task_ids=["a", "b", "c", "d", "e"]))
 
-    def report(task: str) -> None:
+    def report(task: str, size: int = 8 * 1024) -> None:
         s.ReportTaskSnapshot(
             snapshot_pb2.ReportTaskSnapshotRequest(
                 app_id="app",
                 generation=1,
                 task=snapshot_pb2.TaskSnapshot(
-                    task_id=task, committed_offsets=offsets(4), checkpoints={"state": b"x" * 1024}
+                    task_id=task, committed_offsets=offsets(4), checkpoints={"state": b"x" * size}
                 ),
             )
         )
 
-    report("a")  # warm-up; "c" is a report that does not complete the snapshot, "e" one that does
-    report("b")
-    assert requests_of(sent, lambda: report("c")) == REPORT
+    report("a")  # warm-up; "b" and "c" are reports that do not complete the snapshot, "e" one that does
+    assert requests_of(sent, lambda: report("b")) == REPORT
+    # A checkpoint small enough to be held in the report: no intent, no S3.
+    assert requests_of(sent, lambda: report("c", 1024)) == INLINE_REPORT
     report("d")
     report("e")
     consistent = snapshot_pb2.GetCurrentSnapshotRequest(app_id="app", consistent=True)
@@ -180,5 +194,6 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
 #: A report with one inline checkpoint (not the last), a CreateSnapshot of a new generation of an
 #: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
 REPORT = ["Create", "MultiRead", "Transaction"]  # the intent with the header and counter read, the commit
+INLINE_REPORT = ["MultiRead", "Transaction"]  # the header and counter read, the commit
 CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
 PROGRESS = ["Transaction"]  # the commit (the copies of the job record and of its shard stand in for reads)

@@ -84,7 +84,9 @@ def test_an_uploaded_checkpoint_reads_back_like_any_other(client: CoordinatorCli
     assert done.state.name == "COMPLETED"
     # The reports' commits retired the intents; the objects stay, referenced.
     assert live_intents(stores) == []
-    assert len(stored_keys(stores)) == 5
+    # The four uploads; the 1-byte checkpoint sent in t1's report is held in the report itself.
+    assert len(stored_keys(stores)) == 4
+    assert b"".join(client.read_checkpoint("app", g, "t1", "inline")) == b"i"
 
     assert b"".join(client.read_checkpoint("app", g, "t1", "big")) == big
     assert b"".join(client.read_checkpoint("app", g, "t1", "file")) == b"f" * (3 * MiB)

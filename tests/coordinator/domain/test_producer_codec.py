@@ -25,12 +25,28 @@ RECORD = ProducerRecord(
     expires_at_ms=1_700_086_400_000,
 )
 OFFSETS = (Offset("orders", 0, 42), Offset("orders", 1, -1), Offset("payments:eu", 0, 7))
+INLINE_RECORD = ProducerRecord(
+    producer_id="orders-sink",
+    object_key="",
+    created_at_ms=1_700_000_000_000,
+    expires_at_ms=1_700_086_400_000,
+    inline=OFFSETS,
+    inline_registration="0f8e7a6b5c4d4e3f9a1b2c3d4e5f6a7b",
+)
 
 
 def test_producer_record_v1_bytes_are_pinned() -> None:
     golden = (GOLDEN / "producer_record_v1.json").read_bytes()
     assert encode_producer_record(RECORD) == golden
     assert decode_producer_record(golden) == RECORD
+
+
+def test_producer_record_v2_with_inline_offsets_bytes_are_pinned() -> None:
+    golden = (GOLDEN / "producer_record_v2.json").read_bytes()
+    assert encode_producer_record(INLINE_RECORD) == golden
+    assert decode_producer_record(golden) == INLINE_RECORD
+    assert INLINE_RECORD.objects == () and INLINE_RECORD.registration_id == "0f8e7a6b5c4d4e3f9a1b2c3d4e5f6a7b"
+    assert RECORD.objects == (RECORD.object_key,)
 
 
 def test_producer_offsets_v1_bytes_are_pinned() -> None:
@@ -51,7 +67,8 @@ def test_version_1_stays_readable_with_fields_added_later() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b'{"version":2,"producer_id":"p"}', "format version 2, newer than this snapcoord reads"),
+        (b'{"version":3,"producer_id":"p"}', "format version 3, newer than this snapcoord reads"),
+        (b'{"version":2,"producer_id":"p","created_at_ms":1,"expires_at_ms":2}', "malformed"),
         (b"not json", "not JSON"),
         (b'{"producer_id":"p"}', "no version field"),
         (b'{"version":1,"producer_id":"p"}', "malformed"),

@@ -91,6 +91,36 @@ def test_task_report_v1_bytes_are_pinned() -> None:
     assert decode_task_report(golden) == REPORT
 
 
+INLINE_REPORT = TaskReport(
+    task_id="sessions",
+    committed_offsets=(Offset("events", 0, 1200),),
+    checkpoints=(
+        CheckpointRef("big-store", "snapshots/clickstream/7/sessions/00ff", 3, "ab" * 32),
+        CheckpointRef("session-store", "", 5, "ef" * 32, inline=b"state"),
+    ),
+    digest="cd" * 32,
+)
+
+
+def test_task_report_v2_with_an_inline_checkpoint_bytes_are_pinned() -> None:
+    golden = (GOLDEN / "task_report_v2.json").read_bytes()
+    assert encode_task_report(INLINE_REPORT) == golden
+    assert decode_task_report(golden) == INLINE_REPORT
+    assert INLINE_REPORT.object_keys == ("snapshots/clickstream/7/sessions/00ff",)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"version":2,"task_id":"t","digest":"d","committed_offsets":[],"checkpoints":{"s":{"data":"!!","size":1,"sha256":"x"}}}',
+        b'{"version":2,"task_id":"t","digest":"d","committed_offsets":[],"checkpoints":{"s":{"data":"YQ==","size":2,"sha256":"x"}}}',
+    ],
+)
+def test_a_malformed_inline_checkpoint_fails_loudly(data: bytes) -> None:
+    with pytest.raises(Internal, match="stored task report is malformed"):
+        decode_task_report(data)
+
+
 def plain_dump(record: SnapshotRecord) -> bytes:
     """The header as one ``json.dumps`` of the whole document (the stored format's definition)."""
     doc = {

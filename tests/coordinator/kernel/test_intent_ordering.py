@@ -94,7 +94,7 @@ def snapshot_registry(stores: Stores, blobs: object, clock: ManualClock) -> Snap
         stores.metadata,
         blobs,  # type: ignore[arg-type]
         clock,
-        SnapshotPolicy(),
+        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
     )
 
@@ -151,7 +151,10 @@ def test_producer_registrations_announce_their_payload_before_the_put(
     stores: Stores, clock: ManualClock
 ) -> None:
     blobs = AnnouncedBlobs(stores.blobs, stores.metadata)
-    policy = ProducerPolicy(default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000)
+    # Payloads in the blob store (inline records make no intent at all).
+    policy = ProducerPolicy(
+        default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000, inline_max_bytes=0
+    )
     producers = ProducerRegistry(
         stores.metadata,
         blobs,  # type: ignore[arg-type]
@@ -224,7 +227,7 @@ def test_refused_reports_and_uploads_leave_the_stores_as_they_were(
         metadata,  # type: ignore[arg-type]
         blobs,  # type: ignore[arg-type]
         clock,
-        SnapshotPolicy(),
+        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
     )
     first = snapshots.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
@@ -314,7 +317,7 @@ def test_a_report_whose_intent_the_sweep_takes_before_its_put_commits_nothing(
         metadata,  # type: ignore[arg-type]
         stores.blobs,
         clock,
-        SnapshotPolicy(),
+        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
     )
     generation = snapshots.create("swept", ["t"], 0, 0, {}).record.generation

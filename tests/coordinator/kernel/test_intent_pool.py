@@ -59,7 +59,8 @@ def registry(
         metadata,  # type: ignore[arg-type]
         blobs,
         clock,
-        ProducerPolicy(default_ttl_ms=24 * HOUR_MS, max_ttl_ms=24 * HOUR_MS),
+        # Payloads in the blob store: the pool serves only registrations too large to be inline.
+        ProducerPolicy(default_ttl_ms=24 * HOUR_MS, max_ttl_ms=24 * HOUR_MS, inline_max_bytes=0),
         CoordinatorMetrics(new_registry()),
         intent_max_age_ms=max_age_ms,
     )

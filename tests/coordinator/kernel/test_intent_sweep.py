@@ -35,7 +35,11 @@ def clock() -> ManualClock:
 
 def registry(metadata: MetadataStore, stores: Stores, clock: ManualClock) -> SnapshotRegistry:
     return SnapshotRegistry(
-        metadata, stores.blobs, clock, SnapshotPolicy(), CoordinatorMetrics(new_registry())
+        metadata,
+        stores.blobs,
+        clock,
+        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
+        CoordinatorMetrics(new_registry()),
     )
 
 

@@ -65,7 +65,7 @@ def registry_with(stores: Stores, budget: PayloadBudget) -> SnapshotRegistry:
         stores.metadata,
         stores.blobs,
         SystemClock(),
-        SnapshotPolicy(),
+        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
         payload_budget=budget,
     )

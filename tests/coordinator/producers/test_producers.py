@@ -26,7 +26,9 @@ from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 
 HOUR_MS = 3_600_000
-POLICY = ProducerPolicy(default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000)
+# Payloads in the blob store (inline_max_bytes=0): the path of large offsets; test_producers_inline
+# covers records that hold their offsets.
+POLICY = ProducerPolicy(default_ttl_ms=HOUR_MS, max_ttl_ms=24 * HOUR_MS, max_offsets=1000, inline_max_bytes=0)
 A = (Offset("orders", 0, 10), Offset("orders", 1, -1))
 B = (Offset("orders", 0, 99),)
 

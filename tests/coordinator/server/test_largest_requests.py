@@ -17,7 +17,8 @@ from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
 from snapcoord.coordinator.domain.leases import LeasePolicy, SnapshotRef
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, Offset
-from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.producer_codec import inline_offsets_bytes
+from snapcoord.coordinator.domain.producers import MAX_INLINE_BYTES, ProducerPolicy, Registration
 from snapcoord.coordinator.domain.snapshots import (
     MAX_LABEL_BYTES,
     MAX_LABELS,
@@ -90,7 +91,9 @@ def test_every_rpc_at_its_largest_legal_sizes_fits_zookeeper(
     clock = ManualClock(SystemClock().now_ms())
     metrics = CoordinatorMetrics(new_registry())
     metadata: MetadataStore = recorder  # type: ignore[assignment]
-    spolicy = SnapshotPolicy()
+    # Checkpoints as blob store refs, the widest stored form of a small checkpoint (one held in the
+    # report is refused beyond the same report budget).
+    spolicy = SnapshotPolicy(inline_checkpoint_max_bytes=0)
     lpolicy = LeasePolicy()
     snapshots = SnapshotRegistry(metadata, blobs, clock, spolicy, metrics)
     leases = LeaseRegistry(metadata, clock, lpolicy, snapshots.kernel, metrics)
@@ -184,6 +187,24 @@ def test_every_rpc_at_its_largest_legal_sizes_fits_zookeeper(
     many = [Offset(long_id("s", i % 100), i // 100, 2**63 - 1) for i in range(ProducerPolicy().max_offsets)]
     run(recorder, "RegisterProducerOffsets", lambda: producers.register(long_id("p"), many, 0))
     run(recorder, "DeleteProducerOffsets", lambda: producers.delete(long_id("p")))
+    # Offsets inline at the largest threshold the option allows: registered, then advanced from.
+    inline = ProducerRegistry(
+        metadata, blobs, clock, ProducerPolicy(inline_max_bytes=MAX_INLINE_BYTES), metrics
+    )
+    widest: list[Offset] = []
+    while (
+        inline_offsets_bytes((*widest, Offset(long_id("s", len(widest)), MAX_PARTITION, 2**63 - 1)))
+        <= MAX_INLINE_BYTES
+    ):
+        widest.append(Offset(long_id("s", len(widest)), MAX_PARTITION, 2**63 - 1))
+    run(recorder, "RegisterProducerOffsets", lambda: inline.register(long_id("p", 1), widest, 0))
+    advanced = run(
+        recorder,
+        "AdvanceProducerOffsets",
+        lambda: inline.advance(long_id("p", 2), widest, 0, long_id("p", 1)),
+    )
+    assert advanced == (Registration(True, inline.get(long_id("p", 2))), True)
+    assert recorder.largest["AdvanceProducerOffsets"] > MAX_INLINE_BYTES  # held in ZooKeeper
     backlog = BacklogRegistry(metadata, blobs, clock, BacklogPolicy(), metrics)
     bounds = [Offset(long_id("s", i), 0, 2**62) for i in range(BacklogPolicy().max_partitions)]
     run(recorder, "MarkBacklog", lambda: backlog.mark(long_id("j"), bounds, False))

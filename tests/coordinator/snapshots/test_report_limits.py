@@ -18,7 +18,9 @@ from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.blobs import BlobStore
 
-POLICY = SnapshotPolicy(max_checkpoints_per_report=32)
+# Every checkpoint in the blob store (the path these limits guard); test_inline_checkpoints covers
+# the ones held in the report.
+POLICY = SnapshotPolicy(max_checkpoints_per_report=32, inline_checkpoint_max_bytes=0)
 
 
 class CountingBlobs:

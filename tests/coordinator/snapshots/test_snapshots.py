@@ -39,6 +39,9 @@ POLICY = SnapshotPolicy(
     max_report_bytes=1024 * 1024,
     default_keep_last_completed=2,
     default_completed_ttl_ms=24 * HOUR_MS,
+    # Every checkpoint in the blob store: these tests follow its objects; test_inline_checkpoints
+    # covers checkpoints held in the report.
+    inline_checkpoint_max_bytes=0,
 )
 OFFSETS = (Offset("orders", 0, 100), Offset("orders", 1, 7))
 

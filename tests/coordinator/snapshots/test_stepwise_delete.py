@@ -23,7 +23,11 @@ from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import MetadataStore, Op
 
 HOUR_MS = 3_600_000
-POLICY = SnapshotPolicy(default_keep_last_completed=1, default_completed_ttl_ms=HOUR_MS)
+# Checkpoints in the blob store: the batches follow their objects (test_inline_checkpoints covers
+# snapshots whose checkpoints are held in the reports).
+POLICY = SnapshotPolicy(
+    default_keep_last_completed=1, default_completed_ttl_ms=HOUR_MS, inline_checkpoint_max_bytes=0
+)
 #: Small deletion steps, so that 40 tasks take several batches (each at most 2 KiB of paths).
 BATCH_BYTES = 2048
 TASKS = tuple(f"task-{i:03d}" for i in range(40))

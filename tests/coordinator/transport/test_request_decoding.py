@@ -39,7 +39,7 @@ def channel(coordinator: InProcessCoordinator) -> Iterator[grpc.Channel]:
 
 
 def test_every_rpc_of_every_service_is_covered() -> None:
-    assert len(METHODS) == 24
+    assert len(METHODS) == 25
     assert {m.split("/")[1] for m, _ in METHODS} == set(api.SERVICE_NAMES)
 
 

@@ -20,6 +20,7 @@ from snapcoord.client._env import tls_from_env, token_from_env
 from snapcoord.client._retry import RetryPolicy
 from snapcoord.client._types import (
     AcquireResult,
+    AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
     Lease,
@@ -62,6 +63,7 @@ from snapcoord.client.lease import LeaseKeeper, load_or_create_lease_id, save_le
 __all__ = [
     "Aborted",
     "AcquireResult",
+    "AdvanceResult",
     "AlreadyExists",
     "BacklogStatus",
     "Cancelled",

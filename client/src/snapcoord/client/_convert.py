@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from snapcoord.client._types import (
     AcquireResult,
+    AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
     Lease,
@@ -51,6 +52,21 @@ def register_request(
     return producer_pb2.RegisterProducerOffsetsRequest(
         producer_id=producer_id, offsets=offsets_to_pb(offsets), ttl_ms=ttl_ms
     )
+
+
+def advance_request(
+    producer_id: str, offsets: Iterable[Offset], ttl_ms: int, previous_producer_id: str
+) -> producer_pb2.AdvanceProducerOffsetsRequest:
+    return producer_pb2.AdvanceProducerOffsetsRequest(
+        producer_id=producer_id,
+        offsets=offsets_to_pb(offsets),
+        ttl_ms=ttl_ms,
+        previous_producer_id=previous_producer_id,
+    )
+
+
+def advanced_from_pb(pb: producer_pb2.AdvanceProducerOffsetsResponse) -> AdvanceResult:
+    return AdvanceResult(pb.registered, producer_snapshot_from_pb(pb.snapshot), pb.previous_deleted)
 
 
 def producer_snapshot_from_pb(pb: producer_pb2.ProducerSnapshot) -> ProducerSnapshot:

@@ -59,6 +59,16 @@ class Registration:
 
 
 @dataclass(frozen=True)
+class AdvanceResult:
+    """Answer of AdvanceProducerOffsets: the registration's (as ``Registration``), and whether a
+    live record of the previous producer id was deleted in the same transaction."""
+
+    registered: bool
+    snapshot: ProducerSnapshot
+    previous_deleted: bool
+
+
+@dataclass(frozen=True)
 class TaskSnapshot:
     """One task's report: committed offsets and state checkpoints by state store name.
 

@@ -32,6 +32,7 @@ from snapcoord.client._env import tls_from_env, token_from_env
 from snapcoord.client._retry import RetryPolicy, call_with_retry
 from snapcoord.client._types import (
     AcquireResult,
+    AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
     Lease,
@@ -220,6 +221,34 @@ class CoordinatorClient:
             "DeleteProducerOffsets",
             cv.delete_producer_request(producer_id),
             cv.deleted_producer_from_pb,
+            timeout_s,
+        )
+
+    def advance_producer_offsets(
+        self,
+        producer_id: str,
+        offsets: Iterable[Offset],
+        *,
+        previous_producer_id: str,
+        ttl_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> AdvanceResult:
+        """Delete ``previous_producer_id``'s registration and register ``producer_id`` (create-if-
+        absent, as ``register_producer_offsets``) in one transaction on the coordinator: one call
+        where a writer that keeps one record per step would make a delete and a register.
+
+        A live registration of ``producer_id`` is kept (``registered`` False, ``snapshot`` the stored
+        one) and the previous one is deleted all the same. ``previous_deleted`` says whether a live
+        previous registration was deleted (False for none, and after a retried call). Retried on
+        UNAVAILABLE like the register: compare ``snapshot.offsets`` to tell a lost reply of this
+        call from someone else's record. ``InvalidArgument`` when ``previous_producer_id`` is empty
+        or equals ``producer_id``; a coordinator older than this RPC answers ``Unimplemented``.
+        """
+        offsets = tuple(offsets)
+        return self._call(
+            "AdvanceProducerOffsets",
+            cv.advance_request(producer_id, offsets, ttl_ms, previous_producer_id),
+            cv.advanced_from_pb,
             timeout_s,
         )
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from snapcoord.v1 import common_pb2 as snapcoord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsnapcoord/v1/producer.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"|\n\x10ProducerSnapshot\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12%\n\x07offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x15\n\rcreated_at_ms\x18\x03 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x04 \x01(\x03\"l\n\x1eRegisterProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12%\n\x07offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\"g\n\x1fRegisterProducerOffsetsResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x30\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1e.snapcoord.v1.ProducerSnapshot\"0\n\x19GetProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\"3\n\x1c\x44\x65leteProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\"0\n\x1d\x44\x65leteProducerOffsetsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"C\n\x1aListProducerOffsetsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"i\n\x1bListProducerOffsetsResponse\x12\x31\n\tsnapshots\x18\x01 \x03(\x0b\x32\x1e.snapcoord.v1.ProducerSnapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xe0\x03\n\x15ProducerOffsetService\x12{\n\x17RegisterProducerOffsets\x12,.snapcoord.v1.RegisterProducerOffsetsRequest\x1a-.snapcoord.v1.RegisterProducerOffsetsResponse\"\x03\x90\x02\x02\x12\x62\n\x12GetProducerOffsets\x12\'.snapcoord.v1.GetProducerOffsetsRequest\x1a\x1e.snapcoord.v1.ProducerSnapshot\"\x03\x90\x02\x01\x12u\n\x15\x44\x65leteProducerOffsets\x12*.snapcoord.v1.DeleteProducerOffsetsRequest\x1a+.snapcoord.v1.DeleteProducerOffsetsResponse\"\x03\x90\x02\x02\x12o\n\x13ListProducerOffsets\x12(.snapcoord.v1.ListProducerOffsetsRequest\x1a).snapcoord.v1.ListProducerOffsetsResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsnapcoord/v1/producer.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"|\n\x10ProducerSnapshot\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12%\n\x07offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x15\n\rcreated_at_ms\x18\x03 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x04 \x01(\x03\"l\n\x1eRegisterProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12%\n\x07offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\"g\n\x1fRegisterProducerOffsetsResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x30\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1e.snapcoord.v1.ProducerSnapshot\"0\n\x19GetProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\"3\n\x1c\x44\x65leteProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\"0\n\x1d\x44\x65leteProducerOffsetsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x89\x01\n\x1d\x41\x64vanceProducerOffsetsRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12%\n\x07offsets\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x1c\n\x14previous_producer_id\x18\x04 \x01(\t\"\x80\x01\n\x1e\x41\x64vanceProducerOffsetsResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x30\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1e.snapcoord.v1.ProducerSnapshot\x12\x18\n\x10previous_deleted\x18\x03 \x01(\x08\"C\n\x1aListProducerOffsetsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"i\n\x1bListProducerOffsetsResponse\x12\x31\n\tsnapshots\x18\x01 \x03(\x0b\x32\x1e.snapcoord.v1.ProducerSnapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xda\x04\n\x15ProducerOffsetService\x12{\n\x17RegisterProducerOffsets\x12,.snapcoord.v1.RegisterProducerOffsetsRequest\x1a-.snapcoord.v1.RegisterProducerOffsetsResponse\"\x03\x90\x02\x02\x12\x62\n\x12GetProducerOffsets\x12\'.snapcoord.v1.GetProducerOffsetsRequest\x1a\x1e.snapcoord.v1.ProducerSnapshot\"\x03\x90\x02\x01\x12u\n\x15\x44\x65leteProducerOffsets\x12*.snapcoord.v1.DeleteProducerOffsetsRequest\x1a+.snapcoord.v1.DeleteProducerOffsetsResponse\"\x03\x90\x02\x02\x12o\n\x13ListProducerOffsets\x12(.snapcoord.v1.ListProducerOffsetsRequest\x1a).snapcoord.v1.ListProducerOffsetsResponse\"\x03\x90\x02\x01\x12x\n\x16\x41\x64vanceProducerOffsets\x12+.snapcoord.v1.AdvanceProducerOffsetsRequest\x1a,.snapcoord.v1.AdvanceProducerOffsetsResponse\"\x03\x90\x02\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRODUCEROFFSETSERVICE'].methods_by_name['DeleteProducerOffsets']._serialized_options = b'\220\002\002'
   _globals['_PRODUCEROFFSETSERVICE'].methods_by_name['ListProducerOffsets']._loaded_options = None
   _globals['_PRODUCEROFFSETSERVICE'].methods_by_name['ListProducerOffsets']._serialized_options = b'\220\002\001'
+  _globals['_PRODUCEROFFSETSERVICE'].methods_by_name['AdvanceProducerOffsets']._loaded_options = None
+  _globals['_PRODUCEROFFSETSERVICE'].methods_by_name['AdvanceProducerOffsets']._serialized_options = b'\220\002\002'
   _globals['_PRODUCERSNAPSHOT']._serialized_start=72
   _globals['_PRODUCERSNAPSHOT']._serialized_end=196
   _globals['_REGISTERPRODUCEROFFSETSREQUEST']._serialized_start=198
@@ -52,10 +54,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEPRODUCEROFFSETSREQUEST']._serialized_end=514
   _globals['_DELETEPRODUCEROFFSETSRESPONSE']._serialized_start=516
   _globals['_DELETEPRODUCEROFFSETSRESPONSE']._serialized_end=564
-  _globals['_LISTPRODUCEROFFSETSREQUEST']._serialized_start=566
-  _globals['_LISTPRODUCEROFFSETSREQUEST']._serialized_end=633
-  _globals['_LISTPRODUCEROFFSETSRESPONSE']._serialized_start=635
-  _globals['_LISTPRODUCEROFFSETSRESPONSE']._serialized_end=740
-  _globals['_PRODUCEROFFSETSERVICE']._serialized_start=743
-  _globals['_PRODUCEROFFSETSERVICE']._serialized_end=1223
+  _globals['_ADVANCEPRODUCEROFFSETSREQUEST']._serialized_start=567
+  _globals['_ADVANCEPRODUCEROFFSETSREQUEST']._serialized_end=704
+  _globals['_ADVANCEPRODUCEROFFSETSRESPONSE']._serialized_start=707
+  _globals['_ADVANCEPRODUCEROFFSETSRESPONSE']._serialized_end=835
+  _globals['_LISTPRODUCEROFFSETSREQUEST']._serialized_start=837
+  _globals['_LISTPRODUCEROFFSETSREQUEST']._serialized_end=904
+  _globals['_LISTPRODUCEROFFSETSRESPONSE']._serialized_start=906
+  _globals['_LISTPRODUCEROFFSETSRESPONSE']._serialized_end=1011
+  _globals['_PRODUCEROFFSETSERVICE']._serialized_start=1014
+  _globals['_PRODUCEROFFSETSERVICE']._serialized_end=1616
 # @@protoc_insertion_point(module_scope)

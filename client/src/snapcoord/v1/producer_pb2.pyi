@@ -54,6 +54,28 @@ class DeleteProducerOffsetsResponse(_message.Message):
     deleted: bool
     def __init__(self, deleted: bool = ...) -> None: ...
 
+class AdvanceProducerOffsetsRequest(_message.Message):
+    __slots__ = ("producer_id", "offsets", "ttl_ms", "previous_producer_id")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_id: str
+    offsets: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
+    ttl_ms: int
+    previous_producer_id: str
+    def __init__(self, producer_id: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., ttl_ms: _Optional[int] = ..., previous_producer_id: _Optional[str] = ...) -> None: ...
+
+class AdvanceProducerOffsetsResponse(_message.Message):
+    __slots__ = ("registered", "snapshot", "previous_deleted")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    registered: bool
+    snapshot: ProducerSnapshot
+    previous_deleted: bool
+    def __init__(self, registered: bool = ..., snapshot: _Optional[_Union[ProducerSnapshot, _Mapping]] = ..., previous_deleted: bool = ...) -> None: ...
+
 class ListProducerOffsetsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]

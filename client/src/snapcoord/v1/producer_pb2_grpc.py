@@ -56,6 +56,11 @@ class ProducerOffsetServiceStub(object):
                 request_serializer=snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsRequest.SerializeToString,
                 response_deserializer=snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsResponse.FromString,
                 _registered_method=True)
+        self.AdvanceProducerOffsets = channel.unary_unary(
+                '/snapcoord.v1.ProducerOffsetService/AdvanceProducerOffsets',
+                request_serializer=snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsRequest.SerializeToString,
+                response_deserializer=snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class ProducerOffsetServiceServicer(object):
@@ -91,6 +96,18 @@ class ProducerOffsetServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdvanceProducerOffsets(self, request, context):
+        """Delete previous_producer_id's record (if any) and register producer_id (create-if-absent, as
+        RegisterProducerOffsets) in one ZooKeeper transaction: both happen or neither. For a writer
+        that keeps one record per step (a streaming query's batch N replaces batch N-1's): one call
+        instead of a Delete and a Register. When producer_id's record exists and is live, it is kept
+        (registered=false with the stored record) and the previous one is still deleted.
+        INVALID_ARGUMENT when previous_producer_id is empty or equals producer_id; nothing changes then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProducerOffsetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +130,11 @@ def add_ProducerOffsetServiceServicer_to_server(servicer, server):
                     servicer.ListProducerOffsets,
                     request_deserializer=snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsRequest.FromString,
                     response_serializer=snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsResponse.SerializeToString,
+            ),
+            'AdvanceProducerOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvanceProducerOffsets,
+                    request_deserializer=snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsRequest.FromString,
+                    response_serializer=snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +247,33 @@ class ProducerOffsetService(object):
             '/snapcoord.v1.ProducerOffsetService/ListProducerOffsets',
             snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsRequest.SerializeToString,
             snapcoord_dot_v1_dot_producer__pb2.ListProducerOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvanceProducerOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapcoord.v1.ProducerOffsetService/AdvanceProducerOffsets',
+            snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsRequest.SerializeToString,
+            snapcoord_dot_v1_dot_producer__pb2.AdvanceProducerOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,21 @@ class ProducerOffsetService(producer_pb2_grpc.ProducerOffsetServiceServicer):
     ) -> producer_pb2.DeleteProducerOffsetsResponse:
         return producer_pb2.DeleteProducerOffsetsResponse(deleted=self._producers.delete(request.producer_id))
 
+    def AdvanceProducerOffsets(
+        self, request: producer_pb2.AdvanceProducerOffsetsRequest, context: grpc.ServicerContext
+    ) -> producer_pb2.AdvanceProducerOffsetsResponse:
+        outcome, deleted = self._producers.advance(
+            request.producer_id,
+            offsets_from_pb(request.offsets),
+            request.ttl_ms,
+            request.previous_producer_id,
+        )
+        return producer_pb2.AdvanceProducerOffsetsResponse(
+            registered=outcome.registered,
+            snapshot=producer_snapshot_to_pb(outcome.snapshot),
+            previous_deleted=deleted,
+        )
+
     def ListProducerOffsets(
         self, request: producer_pb2.ListProducerOffsetsRequest, context: grpc.ServicerContext
     ) -> producer_pb2.ListProducerOffsetsResponse:

@@ -49,6 +49,11 @@ def _none(request: Any) -> Iterator[IdRef]:
     return iter(())
 
 
+def _producer_and_previous(request: Any) -> Iterator[IdRef]:
+    yield Kind.PRODUCER_ID, str(request.producer_id)
+    yield Kind.PRODUCER_ID, str(request.previous_producer_id)
+
+
 def _lease_and_apps(request: Any) -> Iterator[IdRef]:
     yield Kind.LEASE_ID, str(request.lease_id)
     for ref in request.snapshots:
@@ -68,6 +73,7 @@ RULES: Mapping[str, Rule] = {
     _P + "RegisterProducerOffsets": Rule(_WRITE, _one(Kind.PRODUCER_ID)),
     _P + "GetProducerOffsets": Rule(_READ, _one(Kind.PRODUCER_ID)),
     _P + "DeleteProducerOffsets": Rule(_WRITE, _one(Kind.PRODUCER_ID)),
+    _P + "AdvanceProducerOffsets": Rule(_WRITE, _producer_and_previous),
     _P + "ListProducerOffsets": Rule(
         Access(mutates=False, filters=Kind.PRODUCER_ID),
         _none,

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from snapcoord.coordinator.config.redaction import redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
-from snapcoord.coordinator.domain.producers import ProducerPolicy
+from snapcoord.coordinator.domain.producers import MAX_INLINE_BYTES, ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
 from snapcoord.coordinator.storage.uris import zk_chroot
 from snapcoord.coordinator.storage.zookeeper.request_size import MAX_CHROOT_BYTES
@@ -593,6 +593,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "producer_inline_max_bytes",
+        "producer offsets up to this size live in their ZooKeeper record, larger ones in the blob store "
+        "(0: all in the blob store, the only record format earlier releases read)",
+        str(ProducerPolicy.inline_max_bytes),
+        _int_parser(0, MAX_INLINE_BYTES, f"an integer 0-{MAX_INLINE_BYTES} (bytes)"),
+        to="producers.inline_max_bytes",
+        metavar="BYTES",
+    ),
+    Option(
         "snapshot_default_timeout",
         "a snapshot still CREATED this long after CreateSnapshot (timeout_ms=0) is aborted",
         _as_duration(SnapshotPolicy.default_timeout_ms, "m"),
@@ -623,6 +632,15 @@ OPTIONS: tuple[Option, ...] = (
         _size_parser(1, 1024**3),
         to="snapshots.max_report_bytes",
         metavar="SIZE",
+    ),
+    Option(
+        "snapshot_inline_checkpoint_max_bytes",
+        "checkpoints up to this size are stored in their task's report in ZooKeeper, larger ones in the "
+        "blob store (0: all in the blob store, the only report format earlier releases read)",
+        str(SnapshotPolicy.inline_checkpoint_max_bytes),
+        _int_parser(0, MAX_INLINE_BYTES, f"an integer 0-{MAX_INLINE_BYTES} (bytes)"),
+        to="snapshots.inline_checkpoint_max_bytes",
+        metavar="BYTES",
     ),
     Option(
         "snapshot_max_inline_read",

@@ -15,6 +15,12 @@ from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
 from snapcoord.coordinator.errors import InvalidArgument
 
+#: The most ``ProducerPolicy.inline_max_bytes`` and ``SnapshotPolicy.inline_checkpoint_max_bytes``
+#: may be: a record this large, with the ops around it (an advance also deletes a record and makes
+#: intents), stays far below the smallest ZooKeeper request limit the server accepts
+#: (``--zk-max-request-bytes``, at least 1 MiB); ``server.worst_requests`` checks the exact sizes.
+MAX_INLINE_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class ProducerPolicy:
@@ -27,23 +33,42 @@ class ProducerPolicy:
     max_ttl_ms: int = 7 * 24 * 3_600_000
     #: Most offsets in one registration.
     max_offsets: int = 100_000
+    #: Offsets whose stored form (``producer_codec.inline_offsets_bytes``) is at most this many
+    #: bytes live inline in the record in ZooKeeper, so their calls make no S3 request; larger ones
+    #: go to the blob store. 0 stores every payload in the blob store (the format older releases
+    #: read: see docs/design.md on rolling it out). ZooKeeper holds every record in memory on every
+    #: node, so this bounds what producer records cost there: records x this.
+    inline_max_bytes: int = 1024
 
 
 @dataclass(frozen=True)
 class ProducerRecord:
-    """What the metadata store holds for one producer: small, with a pointer to the payload."""
+    """What the metadata store holds for one producer: small, with either its offsets (``inline``)
+    or a pointer to the payload object that holds them (``object_key``; empty for inline ones)."""
 
     producer_id: str
     object_key: str
     created_at_ms: int
     expires_at_ms: int
+    #: The offsets of an inline record; None when they are in the object ``object_key``.
+    inline: tuple[Offset, ...] | None = None
+    #: The registration's UUID for an inline record (one in the blob store is named by its key).
+    inline_registration: str = ""
 
     def is_expired(self, now_ms: int) -> bool:
         return now_ms >= self.expires_at_ms
 
     @property
+    def objects(self) -> tuple[str, ...]:
+        """The blob store objects this record references (none for an inline one)."""
+        return (self.object_key,) if self.inline is None else ()
+
+    @property
     def registration_id(self) -> str:
-        """Unique per registration (the payload's UUID): tells two records of one producer apart."""
+        """Unique per registration (a UUID: the payload's, or an inline record's own): tells two
+        records of one producer apart."""
+        if self.inline is not None:
+            return self.inline_registration
         return self.object_key.rsplit("/", 1)[-1].removesuffix(".json")
 
     @property
@@ -98,6 +123,21 @@ def new_record(producer_id: str, now_ms: int, ttl_ms: int, object_key: str) -> P
         object_key=object_key,
         created_at_ms=now_ms,
         expires_at_ms=now_ms + ttl_ms,
+    )
+
+
+def new_inline_record(
+    producer_id: str, now_ms: int, ttl_ms: int, offsets: tuple[Offset, ...], registration: str
+) -> ProducerRecord:
+    """A record for a new registration whose offsets live in the record; ``registration`` is a
+    fresh UUID (never reused)."""
+    return ProducerRecord(
+        producer_id=producer_id,
+        object_key="",
+        created_at_ms=now_ms,
+        expires_at_ms=now_ms + ttl_ms,
+        inline=offsets,
+        inline_registration=registration,
     )
 
 

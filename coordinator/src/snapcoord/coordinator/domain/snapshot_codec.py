@@ -14,6 +14,8 @@ a report writes a few bytes, not the task set again.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -33,6 +35,11 @@ APP_VERSION = 1
 SNAPSHOT_VERSION = 1
 REPORTED_VERSION = 1
 TASK_REPORT_VERSION = 1
+#: A report with at least one checkpoint held inline (``data``, base64, instead of ``object_key``).
+#: Reports without one are written as version 1, which every release reads; a release that reads
+#: only version 1 refuses a version 2 report ("newer than this snapcoord reads") instead of
+#: misreading it.
+INLINE_TASK_REPORT_VERSION = 2
 RETENTION_VERSION = 1
 
 
@@ -173,39 +180,44 @@ def _decode_snapshot(data: bytes) -> SnapshotRecord:
         raise _malformed("snapshot record", e) from e
 
 
+def _checkpoint_doc(c: CheckpointRef) -> dict[str, Any]:
+    if c.inline is None:
+        return {"object_key": c.object_key, "size": c.size, "sha256": c.sha256}
+    return {"data": base64.b64encode(c.inline).decode("ascii"), "size": c.size, "sha256": c.sha256}
+
+
+def _checkpoint_of(store: str, doc: dict[str, Any]) -> CheckpointRef:
+    if "data" not in doc:
+        return CheckpointRef(store, str(doc["object_key"]), int(doc["size"]), str(doc["sha256"]))
+    data = base64.b64decode(str(doc["data"]), validate=True)
+    if len(data) != int(doc["size"]):
+        raise ValueError(f"checkpoint {store!r} holds {len(data)} bytes, its size says {doc['size']}")
+    return CheckpointRef(store, "", len(data), str(doc["sha256"]), inline=data)
+
+
 def encode_task_report(report: TaskReport) -> bytes:
-    checkpoints: dict[str, Any] = {
-        c.store: {"object_key": c.object_key, "size": c.size, "sha256": c.sha256} for c in report.checkpoints
-    }
+    inline = any(c.inline is not None for c in report.checkpoints)
     return dump(
         {
-            "version": TASK_REPORT_VERSION,
+            "version": INLINE_TASK_REPORT_VERSION if inline else TASK_REPORT_VERSION,
             "task_id": report.task_id,
             "digest": report.digest,
             "committed_offsets": [[o.stream, o.partition, o.offset] for o in report.committed_offsets],
-            "checkpoints": checkpoints,
+            "checkpoints": {c.store: _checkpoint_doc(c) for c in report.checkpoints},
         }
     )
 
 
 def decode_task_report(data: bytes) -> TaskReport:
-    doc = load(data, "task report", TASK_REPORT_VERSION)
+    doc = load(data, "task report", INLINE_TASK_REPORT_VERSION)
     try:
         return TaskReport(
             task_id=str(doc["task_id"]),
             committed_offsets=tuple(Offset(str(s), int(p), int(o)) for s, p, o in doc["committed_offsets"]),
-            checkpoints=tuple(
-                CheckpointRef(
-                    store=str(k),
-                    object_key=str(v["object_key"]),
-                    size=int(v["size"]),
-                    sha256=str(v["sha256"]),
-                )
-                for k, v in sorted(doc["checkpoints"].items())
-            ),
+            checkpoints=tuple(_checkpoint_of(str(k), v) for k, v in sorted(doc["checkpoints"].items())),
             digest=str(doc["digest"]),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as e:
         raise _malformed("task report", e) from e
 
 

@@ -75,6 +75,11 @@ class SnapshotPolicy:
     #: Most payload bytes GetSnapshot returns inline (include_checkpoints); beyond, ReadCheckpoint
     #: streams each payload.
     max_inline_read_bytes: int = 64 * 1024 * 1024
+    #: Checkpoints of at most this many bytes are stored in their task's report in ZooKeeper (no
+    #: blob store call); larger ones go to the blob store. The stored report, inline payloads
+    #: included (base64), must still fit ``report_budget_bytes``. 0 stores every checkpoint in the
+    #: blob store (the only report format earlier releases read).
+    inline_checkpoint_max_bytes: int = 4096
     #: ZooKeeper's jute.maxbuffer: the header and report byte budgets derive from it.
     max_request_bytes: int = 1_048_575
 
@@ -137,22 +142,29 @@ class SnapshotRecord:
 
 @dataclass(frozen=True)
 class CheckpointRef:
-    """A state store checkpoint payload in the blob store."""
+    """A state store checkpoint payload: in the blob store (``object_key``), or, when small, held
+    by the report itself (``inline``; ``object_key`` is then empty)."""
 
     store: str
     object_key: str
     size: int
     sha256: str
+    inline: bytes | None = None
 
 
 @dataclass(frozen=True)
 class TaskReport:
-    """A task's report for one generation: offsets inline, checkpoints as pointers."""
+    """A task's report for one generation: offsets inline, checkpoints inline or as pointers."""
 
     task_id: str
     committed_offsets: tuple[Offset, ...]
     checkpoints: tuple[CheckpointRef, ...]
     digest: str
+
+    @property
+    def object_keys(self) -> tuple[str, ...]:
+        """The blob store objects this report references (its checkpoints that are not inline)."""
+        return tuple(c.object_key for c in self.checkpoints if c.inline is None)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from snapcoord.coordinator.producers.layout import EXPIRY, RECORDS, index_path, 
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,13 @@ def stored(node: Node | None) -> Stored | None:
 
 @dataclass(frozen=True)
 class Register:
-    """A registration: ``fresh`` is this call's record (its object key and registration id, made
-    once per call so that every round commits the same upload), ``payload`` its offsets."""
+    """A registration: ``fresh`` is this call's record (its registration id, and its object key
+    when not inline, made once per call so that every round commits the same record), ``payload``
+    the offsets to upload for a record that is not inline (None for an inline one)."""
 
     fresh: ProducerRecord
     ttl_ms: int
-    payload: bytes
+    payload: bytes | None
 
 
 @dataclass(frozen=True)
@@ -49,60 +51,93 @@ class Registered:
     record: ProducerRecord
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """The outcome of an advance: the registration's, and whether a live previous record went."""
+
+    registration: Registered
+    previous_deleted: bool
+
+
 def register(
     request: Register, reads: Reads, pending: Commit[Registered] | None, now: int
 ) -> Done[Registered] | Commit[Registered]:
     """Create the record unless a live one exists; replace an expired one."""
-    key = request.fresh.object_key
     current = stored(reads.node(record_path(request.fresh.producer_id)))
-    if pending is not None and current is not None and current.record.object_key == key:
+    if pending is not None and _is_fresh(current, request):
         return landed(pending)
     if current is not None and not current.record.is_expired(now):
         return Done(Registered(False, current.record))
+    return _store(request, current, now)
+
+
+def _is_fresh(current: Stored | None, request: Register) -> bool:
+    return current is not None and current.record.registration_id == request.fresh.registration_id
+
+
+def _store(request: Register, current: Stored | None, now: int) -> Commit[Registered]:
+    """The commit that stores this call's record, in place of ``current`` (absent or expired)."""
     record = replace(request.fresh, created_at_ms=now, expires_at_ms=now + request.ttl_ms)
     data = encode_producer_record(record)
+    uploads = {record.object_key: request.payload} if request.payload is not None else {}
     if current is None:
         ops: list[Op] = [Create(record_path(record.producer_id), data), Create(index_path(record), b"")]
         return Commit(
             ops,
             Registered(True, record),
-            uploads={key: request.payload},
+            uploads=uploads,
             buckets=((EXPIRY, record.expires_at_ms),),
             ensure=(RECORDS,),
         )
     # SetData, not delete + create: the version check then also fences a janitor that read the
-    # expired record and is about to delete it. Its payload becomes garbage.
-    doomed, doom = intents.doom([current.record.object_key], now, current.record.registration_id)
+    # expired record and is about to delete it. Its payload (if any) becomes garbage.
     ops = [
         SetData(record_path(record.producer_id), data, current.version),
         Delete(index_path(current.record), None),
         Create(index_path(record), b""),
-        doom,
     ]
+    released = _release(current, now)
     return Commit(
-        ops,
+        [*ops, *released.ops],
         Registered(True, record),
-        uploads={key: request.payload},
-        cleanup=(current.record.object_key,),
-        withdraw=(doomed,),
-        buckets=((EXPIRY, record.expires_at_ms), (intents.ROOT, now)),
+        uploads=uploads,
+        cleanup=released.cleanup,
+        withdraw=released.withdraw,
+        buckets=((EXPIRY, record.expires_at_ms), *released.buckets),
         ensure=(RECORDS,),
     )
 
 
+def _release(current: Stored, now: int) -> Commit[None]:
+    """What unreferencing ``current``'s payload object takes (nothing for an inline record): the
+    object is deleted after the commit, announced by an intent the commit makes (the pool's keys do
+    not name their producer: no listing sweep would find it if that delete never happens)."""
+    objects = current.record.objects
+    if not objects:
+        return Commit((), None)
+    doomed, doom = intents.doom(list(objects), now, current.record.registration_id)
+    return Commit((doom,), None, cleanup=objects, withdraw=(doomed,), buckets=((intents.ROOT, now),))
+
+
 def unreference(current: Stored, now: int, result: R) -> Commit[R]:
-    """Remove the record and its index entry (the entry names the registration: see layout); its
-    payload is deleted after the commit, announced by an intent the commit makes (the pool's keys
-    do not name their producer: no listing sweep would find it if that delete never happens)."""
-    doomed, doom = intents.doom([current.record.object_key], now, current.record.registration_id)
+    """Remove the record and its index entry (the entry names the registration: see layout), and
+    release its payload object if it has one (``_release``)."""
+    released = _release(current, now)
     ops: list[Op] = [
         Delete(record_path(current.record.producer_id), current.version),
         Delete(index_path(current.record), None),
-        doom,
+        *released.ops,
     ]
-    return Commit(
-        ops, result, cleanup=(current.record.object_key,), withdraw=(doomed,), buckets=((intents.ROOT, now),)
-    )
+    return Commit(ops, result, cleanup=released.cleanup, withdraw=released.withdraw, buckets=released.buckets)
+
+
+def _unreferenced_by(pending: Commit[R], current: Stored | None) -> bool:
+    """True when ``pending`` (a commit in doubt) removed ``current``'s registration, or when there
+    is no record left: the index entry named after the registration is among its deletes."""
+    if current is None:
+        return True
+    entry = index_path(current.record)
+    return any(isinstance(op, Delete) and op.path == entry for op in pending.ops)
 
 
 def delete(
@@ -110,11 +145,58 @@ def delete(
 ) -> Done[bool] | Commit[bool]:
     """Delete the record (its payload after the commit); the result says whether it was live."""
     current = stored(reads.node(record_path(producer_id)))
-    if pending is not None and (current is None or current.record.object_key not in pending.cleanup):
+    if pending is not None and (current is None or not _unreferenced_by(pending, current)):
         return landed(pending)  # the record we deleted is gone
     if current is None:
         return Done(False)
     return unreference(current, now, not current.record.is_expired(now))
+
+
+def advance(
+    request: Register, previous_id: str, reads: Reads, pending: Commit[Advanced] | None, now: int
+) -> Done[Advanced] | Commit[Advanced]:
+    """Delete ``previous_id``'s record and register ``request`` in one transaction; a live record of
+    the registered producer is kept (not registered), and the previous one is deleted all the same."""
+    current = stored(reads.node(record_path(request.fresh.producer_id)))
+    previous = stored(reads.node(record_path(previous_id)))
+    if pending is not None:
+        if pending.result.registration.registered:
+            if _is_fresh(current, request):
+                return landed(pending)
+        elif previous is None or not _unreferenced_by(pending, previous):
+            return landed(pending)
+    if current is not None and not current.record.is_expired(now):
+        stored_record: Commit[Registered] | Done[Registered] = Done(Registered(False, current.record))
+    else:
+        stored_record = _store(request, current, now)
+    if previous is None:
+        if isinstance(stored_record, Done):
+            return Done(Advanced(stored_record.result, False))
+        return _with_result(stored_record, Advanced(stored_record.result, False))
+    dropped = unreference(previous, now, not previous.record.is_expired(now))
+    if isinstance(stored_record, Done):
+        return _with_result(dropped, Advanced(stored_record.result, dropped.result))
+    return Commit(
+        [*dropped.ops, *stored_record.ops],
+        Advanced(stored_record.result, dropped.result),
+        uploads=stored_record.uploads,
+        cleanup=(*dropped.cleanup, *stored_record.cleanup),
+        withdraw=(*dropped.withdraw, *stored_record.withdraw),
+        buckets=(*dropped.buckets, *stored_record.buckets),
+        ensure=stored_record.ensure,
+    )
+
+
+def _with_result(commit: Commit[T], result: R) -> Commit[R]:
+    return Commit(
+        commit.ops,
+        result,
+        uploads=commit.uploads,
+        cleanup=commit.cleanup,
+        withdraw=commit.withdraw,
+        buckets=commit.buckets,
+        ensure=commit.ensure,
+    )
 
 
 Expiry = Literal["expired", "not_due", "stale"]

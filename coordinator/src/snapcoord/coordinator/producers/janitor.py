@@ -75,7 +75,7 @@ class ProducerJanitor:
 
         def referenced_by(producer_id: str) -> set[str]:
             node = self._metadata.get(record_path(producer_id))
-            return {decode_producer_record(node.data).object_key} if node is not None else set()
+            return set(decode_producer_record(node.data).objects) if node is not None else set()
 
         # Objects a live intent announces are the intent sweep's (they may be in flight); read
         # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.

@@ -7,18 +7,24 @@ The rules of each change are in ``decide``, the paths in ``layout``, the janitor
 from __future__ import annotations
 
 import bisect
+import uuid
 from collections.abc import Iterable
 
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
-from snapcoord.coordinator.domain.producer_codec import decode_producer_offsets, encode_producer_offsets
+from snapcoord.coordinator.domain.producer_codec import (
+    decode_producer_offsets,
+    encode_producer_offsets,
+    inline_offsets_bytes,
+)
 from snapcoord.coordinator.domain.producers import (
     ProducerPolicy,
     ProducerRecord,
     ProducerSnapshot,
     Registration,
+    new_inline_record,
     new_record,
     validate_registration,
 )
@@ -75,39 +81,84 @@ class ProducerRegistry:
     def register(self, producer_id: str, offsets: Iterable[Offset], ttl_ms: int) -> Registration:
         """Create the record unless a live one exists; exactly one concurrent caller wins."""
         items, ttl = validate_registration(producer_id, offsets, ttl_ms, self._policy)
-        payload = encode_producer_offsets(producer_id, items)
-        intent = self._intents.take()  # from here on, the kernel call owns it (and withdraws it)
-        request = decide.Register(
-            new_record(producer_id, self._clock.now_ms(), ttl, intent.key), ttl, payload
-        )
-
-        def present(outcome: decide.Registered) -> Registration:
-            if outcome.registered:
-                record = outcome.record
-                return Registration(
-                    True, ProducerSnapshot(producer_id, items, record.created_at_ms, record.expires_at_ms)
-                )
-            try:
-                return Registration(False, self._snapshot(outcome.record))
-            except NotFound:
-                raise Reread from None  # deleted between our two reads: decide again
-
+        request, announced = self._request(producer_id, items, ttl)
         path = record_path(producer_id)
         registration = self._kernel.run(
             "producer_register",
             {"producer_id": producer_id},
             [ReadNode(path)],
             lambda reads, pending: decide.register(request, reads, pending, self._clock.now_ms()),
-            finish=present,
+            finish=lambda outcome: self._present(outcome, items),
             # The first round assumes no record (the common case: a sink's first start) and lets
             # the create-if-absent commit tell otherwise; later rounds read first.
             assume=Reads({path: None}),
-            announced={intent.path: frozenset({intent.key})},
+            announced=announced,
         )
+        self._count(registration)
+        return registration
+
+    def advance(
+        self, producer_id: str, offsets: Iterable[Offset], ttl_ms: int, previous_id: str
+    ) -> tuple[Registration, bool]:
+        """Delete ``previous_id``'s record and register ``producer_id`` (create-if-absent) in one
+        transaction; returns the registration and whether a live previous record was deleted."""
+        items, ttl = validate_registration(producer_id, offsets, ttl_ms, self._policy)
+        if not previous_id:
+            raise InvalidArgument(
+                "previous_producer_id is empty; name the record to delete, or use RegisterProducerOffsets "
+                "to register without deleting one"
+            )
+        require_id("previous_producer_id", previous_id)
+        if previous_id == producer_id:
+            raise InvalidArgument(
+                f"previous_producer_id equals producer_id ({producer_id!r}); an advance deletes one "
+                "record and registers another"
+            )
+        request, announced = self._request(producer_id, items, ttl)
+
+        def present(outcome: decide.Advanced) -> tuple[Registration, bool]:
+            return self._present(outcome.registration, items), outcome.previous_deleted
+
+        registration, deleted = self._kernel.run(
+            "producer_advance",
+            {"producer_id": producer_id, "previous_producer_id": previous_id},
+            [ReadNode(record_path(producer_id)), ReadNode(record_path(previous_id))],
+            lambda reads, pending: decide.advance(request, previous_id, reads, pending, self._clock.now_ms()),
+            finish=present,
+            announced=announced,
+        )
+        self._count(registration)
+        return registration, deleted
+
+    def _request(
+        self, producer_id: str, items: tuple[Offset, ...], ttl: int
+    ) -> tuple[decide.Register, dict[str, frozenset[str]]]:
+        """This call's registration: inline when the offsets fit ``inline_max_bytes`` (no object,
+        no intent), else an object key from the intent pool (the intents the call then owns)."""
+        now = self._clock.now_ms()
+        if inline_offsets_bytes(items) <= self._policy.inline_max_bytes:
+            record = new_inline_record(producer_id, now, ttl, items, uuid.uuid4().hex)
+            return decide.Register(record, ttl, None), {}
+        payload = encode_producer_offsets(producer_id, items)
+        intent = self._intents.take()  # from here on, the kernel call owns it (and withdraws it)
+        record = new_record(producer_id, now, ttl, intent.key)
+        return decide.Register(record, ttl, payload), {intent.path: frozenset({intent.key})}
+
+    def _present(self, outcome: decide.Registered, items: tuple[Offset, ...]) -> Registration:
+        if outcome.registered:
+            record = outcome.record
+            return Registration(
+                True, ProducerSnapshot(record.producer_id, items, record.created_at_ms, record.expires_at_ms)
+            )
+        try:
+            return Registration(False, self._snapshot(outcome.record))
+        except NotFound:
+            raise Reread from None  # deleted between our two reads: decide again
+
+    def _count(self, registration: Registration) -> None:
         self._metrics.producer_registrations.labels(
             "registered" if registration.registered else "existing"
         ).inc()
-        return registration
 
     def close(self) -> None:
         """Delete the pool's unused intents (best effort: the orphan sweep takes what is left)."""
@@ -197,6 +248,11 @@ class ProducerRegistry:
 
     def _snapshot_sized(self, record: ProducerRecord) -> tuple[ProducerSnapshot, int]:
         """``_snapshot``, and the size of the payload it was read from."""
+        if record.inline is not None:
+            snapshot = ProducerSnapshot(
+                record.producer_id, record.inline, record.created_at_ms, record.expires_at_ms
+            )
+            return snapshot, inline_offsets_bytes(record.inline)
         try:
             payload = self._blobs.get(record.object_key)
         except BlobNotFound:

@@ -38,7 +38,7 @@ from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
 from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, Offset
-from snapcoord.coordinator.domain.producer_codec import encode_producer_record
+from snapcoord.coordinator.domain.producer_codec import encode_producer_record, inline_offsets_bytes
 from snapcoord.coordinator.domain.producers import ProducerPolicy, ProducerRecord
 from snapcoord.coordinator.domain.snapshot_codec import (
     encode_app,
@@ -143,8 +143,8 @@ _GEN = 10**19  # the widest generation a 20-digit path holds
 # -- producers ---------------------------------------------------------------------------------
 
 
-def _producer_record(limits: Limits) -> ProducerRecord:
-    pid = _id("p")
+def _producer_record(limits: Limits, tag: str = "p") -> ProducerRecord:
+    pid = _id(tag)
     expires = _NOW_MS + limits.producers.max_ttl_ms
     return ProducerRecord(pid, f"producers/{pid}/{_uuid()}.json", _NOW_MS, expires)
 
@@ -159,18 +159,40 @@ def _doom(record: ProducerRecord) -> Op:
     return intents.doom([record.object_key], _BIG_INT, record.registration_id)[1]
 
 
+def _inline_record(limits: Limits, pid: str) -> ProducerRecord:
+    """A record holding as many offsets inline as ``inline_max_bytes`` admits (streams of 100
+    characters; none when inline records are off)."""
+    offsets: list[Offset] = []
+    while True:
+        more = (*offsets, Offset("s" * 100, MAX_PARTITION, _BIG_INT))
+        if inline_offsets_bytes(more) > limits.producers.inline_max_bytes:
+            break
+        offsets.append(more[-1])
+    expires = _NOW_MS + limits.producers.max_ttl_ms
+    return ProducerRecord(pid, "", _NOW_MS, expires, inline=tuple(offsets), inline_registration=_uuid())
+
+
 def register_producer_offsets(limits: Limits) -> list[Op]:
-    """Replacing an expired record: SetData, the index entry moves, and the old payload's intent
-    is made (producers.decide)."""
-    record = _producer_record(limits)
-    index = producers_layout.index_path(record)
+    """Replacing an expired record that has a payload object: SetData with the larger of the new
+    record's two forms, the index entry moves, and the old payload's intent is made
+    (producers.decide)."""
+    old = _producer_record(limits)
+    new = max(
+        (_producer_record(limits), _inline_record(limits, old.producer_id)),
+        key=lambda r: len(encode_producer_record(r)),
+    )
     return [
-        SetData(producers_layout.record_path(record.producer_id), encode_producer_record(record), _BIG_INT),
-        Delete(index, None),
-        Create(index, b""),
+        SetData(producers_layout.record_path(old.producer_id), encode_producer_record(new), _BIG_INT),
+        Delete(producers_layout.index_path(old), None),
+        Create(producers_layout.index_path(new), b""),
         _retire(),
-        _doom(record),
+        _doom(old),
     ]
+
+
+def advance_producer_offsets(limits: Limits) -> list[Op]:
+    """A delete of the previous record and the largest registration, in one transaction."""
+    return [*delete_producer_offsets(limits, "q"), *register_producer_offsets(limits)]
 
 
 def intent_pool_refill(limits: Limits) -> list[Op]:
@@ -190,15 +212,20 @@ def intent_pool_refill(limits: Limits) -> list[Op]:
 
 def _register_largest(limits: Limits) -> list[Op]:
     """RegisterProducerOffsets sends a refill of the intent pool, then its commit: the larger."""
-    return max(
-        register_producer_offsets(limits),
-        intent_pool_refill(limits),
-        key=lambda ops: transaction_bytes(ops, limits),
-    )
+    return _larger(register_producer_offsets(limits), intent_pool_refill(limits), limits)
 
 
-def delete_producer_offsets(limits: Limits) -> list[Op]:
-    record = _producer_record(limits)
+def _advance_largest(limits: Limits) -> list[Op]:
+    """AdvanceProducerOffsets, like the register, may refill the intent pool first."""
+    return _larger(advance_producer_offsets(limits), intent_pool_refill(limits), limits)
+
+
+def _larger(a: list[Op], b: list[Op], limits: Limits) -> list[Op]:
+    return max(a, b, key=lambda ops: transaction_bytes(ops, limits))
+
+
+def delete_producer_offsets(limits: Limits, tag: str = "p") -> list[Op]:
+    record = _producer_record(limits, tag)
     return [
         Delete(producers_layout.record_path(record.producer_id), _BIG_INT),
         Delete(producers_layout.index_path(record), None),
@@ -522,6 +549,7 @@ WORST_CASE: dict[str, Callable[[Limits], list[Op]]] = {
     "ProducerOffsetService/RegisterProducerOffsets": _register_largest,
     "ProducerOffsetService/GetProducerOffsets": _reads_only,
     "ProducerOffsetService/DeleteProducerOffsets": delete_producer_offsets,
+    "ProducerOffsetService/AdvanceProducerOffsets": _advance_largest,
     "ProducerOffsetService/ListProducerOffsets": _reads_only,
     "SnapshotService/CreateSnapshot": create_snapshot,
     "SnapshotService/GetCurrentSnapshot": _reads_only,

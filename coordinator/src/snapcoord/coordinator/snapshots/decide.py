@@ -230,7 +230,7 @@ def report(
         # that landed: all of them, beside its uploads' refs); another call's report references
         # its own objects, so ours are orphans.
         stored_refs = set(existing.checkpoints)
-        keep = frozenset(r.object_key for r in request.refs if r in stored_refs)
+        keep = frozenset(r.object_key for r in request.refs if r in stored_refs and r.inline is None)
         return Done(Outcome(Snapshot(header.record, (existing,)), False), keep=keep)
     if not open_header:
         # Refused: the pointer names the current generation in the error.
@@ -552,7 +552,7 @@ def delete_step(
     for path, node in ((r.path, reads.node(r.path)) for r in task_reads):
         if node is None:
             continue
-        mine = [c.object_key for c in decode_task_report(node.data).checkpoints]
+        mine = list(decode_task_report(node.data).object_keys)
         cost = (
             len(path.encode()) + DELETE_OP_OVERHEAD + sum(len(k.encode()) + INTENT_KEY_OVERHEAD for k in mine)
         )

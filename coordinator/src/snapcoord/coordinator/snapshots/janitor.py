@@ -130,7 +130,7 @@ class SnapshotJanitor:
         def referenced_by(owner: tuple[str, int, str]) -> frozenset[str]:
             node = self._metadata.get(task_path(*owner))
             report = decode_task_report(node.data) if node is not None else None
-            return frozenset(c.object_key for c in report.checkpoints) if report else frozenset()
+            return frozenset(report.object_keys) if report else frozenset()
 
         # Read before the listing: an object older than the grace had its intent made before it
         # was put, so an intent not seen here was retired before the listing (committed: the

@@ -244,11 +244,13 @@ class SnapshotRegistry:
                         "size": size,
                     },
                 )
-            wanted = [
-                ((report.task_id, ref.store), ref.object_key)
-                for report in reports
-                for ref in report.checkpoints
-            ]
+            wanted: list[tuple[tuple[str, str], str]] = []
+            for report in reports:
+                for ref in report.checkpoints:
+                    if ref.inline is not None:
+                        payloads[(report.task_id, ref.store)] = ref.inline
+                    else:
+                        wanted.append(((report.task_id, ref.store), ref.object_key))
             with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
                 # Every payload is fetched at once (the raw bound gets them one by one).
                 futures = [_READS.submit(self._blobs.get, key) for _, key in wanted]
@@ -290,6 +292,9 @@ class SnapshotRegistry:
         ref = next((c for c in report.checkpoints if c.store == store), None)
         if ref is None:
             raise NotFound(f"task {task_id!r} has no checkpoint for store {quote_prefix(store)}")
+        if ref.inline is not None:
+            data = ref.inline
+            return ref, (data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
         try:
             pieces = self._blobs.get_stream(ref.object_key, CHUNK_BYTES)
         except BlobNotFound:
@@ -467,14 +472,7 @@ class SnapshotRegistry:
                     "upload_id that UploadCheckpoint returns"
                 )
             uploaded.append((store, upload_id, path))
-        refs: list[CheckpointRef] = []
-        payloads: dict[str, bytes] = {}
-        hashes: dict[str, str] = {}
-        for store, payload in sorted(checkpoints.items()):
-            key = checkpoint_key(app_id, generation, task_id, uuid.uuid4().hex)
-            hashes[store] = hashlib.sha256(payload).hexdigest()  # once: the ref and the digest use it
-            refs.append(CheckpointRef(store, key, len(payload), hashes[store]))
-            payloads[key] = payload
+        hashes = {store: hashlib.sha256(p).hexdigest() for store, p in checkpoints.items()}
         # An uploaded store enters the digest by its upload id: a repeat of the report is then
         # recognised without the intent, which the first report's commit deleted.
         digest = report_digest_of(items, {**hashes, **{s: f"upload:{u}" for s, u, _ in uploaded}})
@@ -483,11 +481,26 @@ class SnapshotRegistry:
             CheckpointRef(s, checkpoint_key(app_id, generation, task_id, "0" * 32), 2**63 - 1, "0" * 64)
             for s, _, _ in uploaded
         ]
-        encoded = encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest))
-        stored_size = len(encoded)
-        # Each upload also retires its intent in the report's transaction: a Delete op, counted
-        # against the report's half of the request (the header has the other half).
-        stored_size += len(uploaded) * intents.RETIRE_OP_BYTES
+        # Small checkpoints are held by the report in ZooKeeper (no blob store call, no intent),
+        # unless that makes the stored report too large: then every one goes to the blob store, as
+        # it would with inline checkpoints off, so inlining never refuses a report.
+        inline_max = self._policy.inline_checkpoint_max_bytes
+        for limit in (inline_max, -1) if inline_max > 0 else (-1,):
+            refs: list[CheckpointRef] = []
+            payloads: dict[str, bytes] = {}
+            for store, payload in sorted(checkpoints.items()):
+                if len(payload) <= limit:
+                    refs.append(CheckpointRef(store, "", len(payload), hashes[store], inline=payload))
+                    continue
+                key = checkpoint_key(app_id, generation, task_id, uuid.uuid4().hex)
+                refs.append(CheckpointRef(store, key, len(payload), hashes[store]))
+                payloads[key] = payload
+            encoded = encode_task_report(TaskReport(task_id, items, (*refs, *widest), digest))
+            # Each upload also retires its intent in the report's transaction: a Delete op, counted
+            # against the report's half of the request (the header has the other half).
+            stored_size = len(encoded) + len(uploaded) * intents.RETIRE_OP_BYTES
+            if stored_size <= self._policy.report_budget_bytes:
+                break
         if stored_size > self._policy.report_budget_bytes:
             raise InvalidArgument(
                 f"task.committed_offsets and task.checkpoints make a {stored_size}-byte stored report; "
@@ -515,7 +528,8 @@ class SnapshotRegistry:
                 {"app_id": app_id, "generation": generation},
                 request.reads(),
                 lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
-                # The inline payloads' keys are made above: their intent rides with the first reads.
+                # The keys of the payloads bound for the blob store are made above: their intent
+                # rides with the first reads.
                 announce=tuple(payloads),
                 # The task's node is absent on a first report, and the commit's Create checks it.
                 defer=[request.task_read()],
