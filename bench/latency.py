@@ -147,7 +147,7 @@ def run_slice(side: Side, clients: int, seconds: float, start_at: list[int]) -> 
     return [x for per_client in latencies for x in per_client]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     name: str
     clients: int
