@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,6 +58,43 @@ def measure(name: str, n: int, op: Callable[[int], object], *, warmup: int = 20)
         op(i)
         latencies.append(time.perf_counter() - start)
     return Sample(name, latencies)
+
+
+def for_seconds(
+    clients: int, seconds: float, step: Callable[[int, int], object], start_at: list[int]
+) -> float:
+    """``clients`` threads call ``step(c, k)`` back to back for ``seconds``: ``c`` the thread's index,
+    ``k`` its call number, from ``start_at[c]`` on (left at the number of its next call). Returns
+    the elapsed seconds; raises the first error of any thread once all stopped."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(clients + 1)
+    stop = threading.Event()
+
+    def worker(c: int) -> None:
+        barrier.wait()
+        k = start_at[c]
+        try:
+            while not stop.is_set():
+                step(c, k)
+                k += 1
+        except BaseException as e:  # re-raised below, not swallowed
+            errors.append(e)
+        finally:
+            start_at[c] = k
+
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 def measure_pair(

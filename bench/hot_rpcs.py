@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from common import in_process_coordinator, real_servers
+from common import for_seconds, in_process_coordinator, real_servers
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kazoo.client import KazooClient
 
@@ -138,36 +138,9 @@ def _session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
 
 def run_for(op: Op, clients: int, seconds: float, start_at: list[int]) -> tuple[int, float]:
     """``clients`` threads call ``op`` back to back for ``seconds``; (calls, elapsed)."""
-    done = [0] * clients
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(clients + 1)
-    stop = threading.Event()
-
-    def worker(c: int) -> None:
-        barrier.wait()
-        k = start_at[c]
-        try:
-            while not stop.is_set():
-                op(c, k)
-                k += 1
-                done[c] += 1
-        except BaseException as e:  # reported by the caller, not swallowed
-            errors.append(e)
-        start_at[c] = k
-
-    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return sum(done), elapsed
+    before = sum(start_at)
+    elapsed = for_seconds(clients, seconds, op, start_at)
+    return sum(start_at) - before, elapsed
 
 
 @dataclass

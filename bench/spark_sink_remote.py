@@ -7,8 +7,8 @@ same batches (200 records over four partitions) through ``exactly_once(Partition
 local table and into a table on the sshd, alternately (local, sftp, sftp, local, ...). Per batch it
 reports, measured in the driver:
 
-- ``wrapper``: the wrapper's coordinator steps (fence check, delete of the previous record,
-  registration), i.e. the call minus the sink's ``write``;
+- ``wrapper``: the wrapper's coordinator steps (fence check, the call that deletes the previous
+  record and registers this batch's), i.e. the call minus the sink's ``write``;
 - ``sink``: the sink's driver steps (fence checks, listing the written files, creating the log
   entry): ``write`` minus Spark's jobs (the partition values' query and one write per value);
 - ``storage ops``: the object-store calls the sink made for the batch, and their time;

@@ -9,8 +9,9 @@ with it plus a ``SnapcoordListener`` reporting backlog progress, each
 round on a fresh checkpoint and table, against a real ``snapcoord serve`` on ZooKeeper + SeaweedFS
 (``--embedded``: on the embedded stores). It reports the median ``triggerExecution`` of the batches
 (Spark's own progress; the first batch of every query is left out as warm-up) and, measured inside
-the driver, the wrapper's own time per batch (fence check + delete of the previous record + sink
-positions + registration, i.e. everything but the write; the sink's commit is part of the write).
+the driver, the wrapper's own time per batch (fence check + sink positions + the call that deletes
+the previous record and registers this one, i.e. everything but the write; the sink's commit is
+part of the write).
 
 ``--mode connect`` (or ``both``, the default: classic first) runs the same three jobs through a local
 Spark Connect server (local[2], started from the pyspark wheel): the batch functions are pickled to

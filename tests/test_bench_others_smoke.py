@@ -25,6 +25,7 @@ SMALL = [
     ("snapshots", ("--n", "10", "--tasks", "4"), "per report ms"),
     ("storage_overhead", ("--n", "20"), "LocalBlobStore.get 256 B"),
     ("stream_checkpoints", ("--mb", "1", "--tasks", "2"), "out: ReadCheckpoint"),
+    ("latency", ("--smoke",), "| exactly_once, per batch |"),
     # Against this same checkout: the run proves the side-by-side machinery, not a difference.
     ("compare_versions", ("--other", str(BENCH.parent), "--seconds", "0.2", "--rounds", "1",
                           "--only", "GetProducerOffsets"), "GetProducerOffsets"),
@@ -42,9 +43,13 @@ SPARK = [
 #: Benchmarks that have their smoke test elsewhere.
 ELSEWHERE = {"hot_rpcs", "upload_checkpoint", "soak"}
 
+#: Modules of ``bench/`` that are not benchmarks: shared plumbing, and the delay proxy that
+#: ``latency`` starts.
+NOT_BENCHMARKS = {"common", "delay_proxy"}
+
 
 def test_every_benchmark_has_a_smoke_run() -> None:
-    scripts = {p.stem for p in Path(BENCH).glob("*.py")} - {"common"}
+    scripts = {p.stem for p in Path(BENCH).glob("*.py")} - NOT_BENCHMARKS
     covered = {s for s, _, _ in SMALL} | {s for s, _ in SPARK} | ELSEWHERE
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient, NotFound, Offset
+from snapcoord.client import AdvanceResult, CoordinatorClient, NotFound, Offset, Registration
 from snapcoord.spark_connector.attempts import Attempt, decode, encode
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
 from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
@@ -327,3 +332,180 @@ def test_checkpoint_location_as_a_file_uri_names_the_same_run(tmp_path: Path) ->
         unknown._query_id([])
     with pytest.raises(UnsupportedLocation, match="nosuch"):
         unknown([], 0)  # before the coordinator (unreachable here) or the sink is touched
+
+
+# --- one call per batch: AdvanceProducerOffsets, and the fallback for an older coordinator --------
+#
+# The "older coordinator" is a gRPC server in front of a real one that forwards every call except
+# AdvanceProducerOffsets: for that method it has no handler, so gRPC itself answers UNIMPLEMENTED, as
+# a coordinator of a release before the call does.
+
+ADVANCE = "/snapcoord.v1.ProducerOffsetService/AdvanceProducerOffsets"
+
+
+class CountingClient(CoordinatorClient):
+    """A real client that counts the producer-offset calls it makes (by method name)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target, timeout_s=30)
+        self.calls: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+
+    def _count(self, name: str) -> None:
+        with self._count_lock:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+    def register_producer_offsets(self, *args: Any, **kwargs: Any) -> Registration:
+        self._count("register")
+        return super().register_producer_offsets(*args, **kwargs)
+
+    def delete_producer_offsets(self, *args: Any, **kwargs: Any) -> bool:
+        self._count("delete")
+        return super().delete_producer_offsets(*args, **kwargs)
+
+    def advance_producer_offsets(self, *args: Any, **kwargs: Any) -> AdvanceResult:
+        self._count("advance")
+        return super().advance_producer_offsets(*args, **kwargs)
+
+
+class _Forward(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Forwards every unary call but ``missing`` to ``channel``, bytes as they are."""
+
+    def __init__(self, channel: grpc.Channel, missing: str) -> None:
+        self._channel, self._missing = channel, missing
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method: str = details.method
+        if method == self._missing:
+            return None  # gRPC answers UNIMPLEMENTED
+        call = self._channel.unary_unary(method)
+
+        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                reply: bytes = call(request, timeout=context.time_remaining())
+            except grpc.RpcError as e:
+                context.abort(e.code(), e.details() or "")
+            return reply
+
+        return grpc.unary_unary_rpc_method_handler(forward)
+
+
+@contextmanager
+def without_advance(target: str) -> Iterator[str]:
+    """A server on a free port that serves like ``target`` but has no AdvanceProducerOffsets."""
+    with grpc.insecure_channel(target) as channel:
+        server = grpc.server(ThreadPoolExecutor(4), handlers=[_Forward(channel, ADVANCE)])
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            server.stop(None)
+
+
+def advancing_writer(
+    tmp_path: Path, sink: ListSink, client: CoordinatorClient, name: str
+) -> ExactlyOnceWriter:
+    """A writer over ``name``'s checkpoint in ``tmp_path`` (batches 0-9 planned): a driver that
+    starts again on it is the same query, as after a crash."""
+    plans = {n: f'{{"logOffset":{n}}}' for n in range(10)}
+    return writer_for(sink, client, name, checkpoint(tmp_path / name, f"q-{name}", plans))
+
+
+def batch_records(client: CoordinatorClient, name: str) -> list[str]:
+    ids = [p.producer_id for p in client.list_producer_offsets(page_size=1000).items]
+    return sorted(i for i in ids if i.startswith(f"{name}.b"))
+
+
+@pytest.mark.process
+def test_each_batch_after_the_first_is_one_call(tmp_path: Path, coordinator: CoordinatorProcess) -> None:
+    sink = ListSink()
+    client = CountingClient(coordinator.target)
+    try:
+        writer = advancing_writer(tmp_path, sink, client, "advance")
+        for n in range(5):
+            client.calls.clear()
+            writer([f"r{n}"], n)
+            # Batch 0 registers (its epoch claim is a registration too); later batches make one
+            # call that drops N-1's record and registers N's.
+            if n > 0:
+                assert client.calls == {"advance": 1}, (n, client.calls)
+            assert batch_records(client, "advance") == [f"advance.b{n}"]
+        assert sink.rows == [f"r{n}" for n in range(5)]
+        record = decode(client.get_producer_offsets("advance.b4").offsets)
+        assert record.attempt is not None and record.attempt.batch_id == 4
+        assert list(record.sink_positions) == [Offset("list", 0, 4)]  # where batch 4's output starts
+    finally:
+        client.close()
+
+
+@pytest.mark.process
+def test_a_restarted_driver_rolls_back_its_predecessors_batch_through_the_one_call(
+    tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    """The one call answers a found record like a registration: a restarted driver re-running the
+    batch its predecessor wrote but Spark never committed rolls that output back, writes it once,
+    and leaves its own record in place of the predecessor's."""
+    sink = ListSink()
+    client = CountingClient(coordinator.target)
+    try:
+        first = advancing_writer(tmp_path, sink, client, "rerun")
+        for n in range(3):
+            first([f"r{n}"], n)  # batch 2 written; the driver dies before Spark's commit of it
+        again = advancing_writer(tmp_path, sink, client, "rerun")
+        client.calls.clear()
+        again(["r2"], 2)
+        assert client.calls.get("advance") == 1, client.calls
+        assert again.rollbacks == 1
+        assert sink.rows == ["r0", "r1", "r2"]
+        assert batch_records(client, "rerun") == ["rerun.b2"]
+        record = decode(client.get_producer_offsets("rerun.b2").offsets)
+        assert record.attempt is not None and record.attempt.epoch == again.epoch != first.epoch
+    finally:
+        client.close()
+
+
+@pytest.mark.process
+def test_an_older_coordinator_gets_a_delete_and_a_register(
+    tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    sink = ListSink()
+    with without_advance(coordinator.target) as old:
+        client = CountingClient(old)
+        try:
+            writer = advancing_writer(tmp_path, sink, client, "fallback")
+            writer(["r0"], 0)
+            client.calls.clear()
+            writer(["r1"], 1)
+            # Tried once, answered UNIMPLEMENTED (nothing done): then the two calls, in order.
+            assert client.calls == {"advance": 1, "delete": 1, "register": 1}, client.calls
+            assert batch_records(client, "fallback") == ["fallback.b1"]
+            client.calls.clear()
+            writer(["r2"], 2)
+            assert client.calls == {"delete": 1, "register": 1}, client.calls  # not asked again
+            assert batch_records(client, "fallback") == ["fallback.b2"]
+            assert sink.rows == ["r0", "r1", "r2"]
+        finally:
+            client.close()
+
+
+@pytest.mark.process
+def test_an_older_coordinator_keeps_the_record_a_rerun_needs(
+    tmp_path: Path, coordinator: CoordinatorProcess
+) -> None:
+    """Through the fallback, a restarted driver's re-run of a batch still finds its predecessor's
+    record and rolls back to it: the delete removes N-1's record, never N's."""
+    sink = ListSink()
+    with without_advance(coordinator.target) as old:
+        client = CountingClient(old)
+        try:
+            first = advancing_writer(tmp_path, sink, client, "fallback-rerun")
+            for n in range(3):
+                first([f"r{n}"], n)  # batch 2 written; Spark's commit of it never came
+            again = advancing_writer(tmp_path, sink, client, "fallback-rerun")
+            again(["r2"], 2)
+            assert again.rollbacks == 1
+            assert sink.rows == ["r0", "r1", "r2"]
+            assert batch_records(client, "fallback-rerun") == ["fallback-rerun.b2"]
+        finally:
+            client.close()

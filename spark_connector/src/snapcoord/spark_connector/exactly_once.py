@@ -21,7 +21,10 @@ run (a zombie driver) is invisible. Then, for batch N, on the driver:
    how a restarted driver cleans up after its predecessor);
 2. ``register_producer_offsets("<query_name>.b<N>", attempt + sink.positions())``, create-if-absent;
    the attempt (``attempts``) names the run: epoch, the checkpoint's query id, a digest of Spark's
-   offsets log entry for N;
+   offsets log entry for N. Steps 1 and 2 are one call, ``advance_producer_offsets`` (one ZooKeeper
+   transaction on the coordinator: both or neither); against a coordinator that answers it
+   ``Unimplemented`` (a release before it) the writer makes the two calls, in that order, from then
+   on;
 3. if a record already existed, ``attempts.decide`` says whose it is. Only the attempt that wrote it
    is rolled back: this run's own (after a lost reply, a no-op), or the previous driver of this
    checkpoint that died in N, which can only be the first batch this run executes. Any other record
@@ -51,7 +54,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from snapcoord.client import CoordinatorClient, Offset
+from snapcoord.client import CoordinatorClient, Offset, Registration, Unimplemented
 from snapcoord.spark_connector.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
 from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
 from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
@@ -118,6 +121,8 @@ class ExactlyOnceWriter(DriverOnly):
         self.epoch: int | None = None
         self._run_query_id: str | None = None
         self._batches_in_run = 0
+        #: False once the coordinator answered AdvanceProducerOffsets with Unimplemented.
+        self._advance_supported = True
 
     def producer_id(self, batch_id: int) -> str:
         return f"{self.query_name}.b{batch_id}"
@@ -141,12 +146,17 @@ class ExactlyOnceWriter(DriverOnly):
         require_driver("exactly_once batch function")
         batch_id = int(batch_id)
         attempt = self._attempt(df, batch_id)
+        previous = None
         if batch_id > 0:
             self._check_fence()
             # N-1 is committed (Spark runs N only after N-1's commit log entry): its record is garbage.
-            self.client.delete_producer_offsets(self.producer_id(batch_id - 1))
+            previous = self.producer_id(batch_id - 1)
+            if not self._advance_supported:
+                self.client.delete_producer_offsets(previous)
+                previous = None
+        # With one call for both, this point lies before the deletion of N-1 and the registration.
         self._hook("after_delete", batch_id)
-        self._register(attempt)
+        self._register(attempt, previous)
         self._batches_in_run += 1
         self.last_batch_id = batch_id
         self._hook("after_register", batch_id)
@@ -170,13 +180,14 @@ class ExactlyOnceWriter(DriverOnly):
             sink.fence(epoch)  # before any write of this run: older runs' late writes become invisible
         self.epoch, self._run_query_id, self._batches_in_run = epoch, query_id, 0
 
-    def _register(self, attempt: Attempt) -> None:
+    def _register(self, attempt: Attempt, previous: str | None = None) -> None:
+        """Register the attempt's record (deleting ``previous``'s in the same call, when given),
+        and settle a record found in its place (the module docstring's step 3)."""
         pid = self.producer_id(attempt.batch_id)
         for _ in range(_MAX_REGISTER_ROUNDS):
             positions = list(self.sink.positions())
-            registration = self.client.register_producer_offsets(
-                pid, encode(attempt, positions), ttl_ms=self.ttl_ms
-            )
+            registration = self._register_once(pid, encode(attempt, positions), previous)
+            previous = None  # deleted by the first round's call, whatever it answered
             if registration.registered:
                 return
             record = decode(registration.snapshot.offsets)
@@ -220,6 +231,22 @@ class ExactlyOnceWriter(DriverOnly):
             # attempt writes. A crash right here leaves no record: nothing of this attempt is written yet.
             self.client.delete_producer_offsets(pid)
         raise RuntimeError(f"{self.query_name}: could not register {pid} after {_MAX_REGISTER_ROUNDS} rounds")
+
+    def _register_once(self, pid: str, offsets: list[Offset], previous: str | None) -> Registration:
+        """One registration of ``pid``; with ``previous``, that record is deleted in the same call
+        (``advance_producer_offsets``), or, by a coordinator without it, just before."""
+        if previous is not None:
+            try:
+                advanced = self.client.advance_producer_offsets(
+                    pid, offsets, previous_producer_id=previous, ttl_ms=self.ttl_ms
+                )
+            except Unimplemented:
+                log.info("%s: the coordinator has no AdvanceProducerOffsets; deleting and registering", pid)
+                self._advance_supported = False
+                self.client.delete_producer_offsets(previous)
+            else:
+                return Registration(advanced.registered, advanced.snapshot)
+        return self.client.register_producer_offsets(pid, offsets, ttl_ms=self.ttl_ms)
 
     def _count_rollback(self, attempt: Attempt, stored: Any, now: list[Offset], reason: str) -> None:
         self.rollbacks += 1
