@@ -140,7 +140,9 @@ def test_a_drained_server_deletes_the_upload_intents_it_made_ahead(
 
     metadata = open_metadata_store(zk_uri)
     try:
-        with CoordinatorProcess(tmp_path, args=["--metadata", zk_uri, "--blobs", s3_uri]) as proc:
+        # Offsets in S3 (none inline in their records): each registration takes an upload intent.
+        args = ["--metadata", zk_uri, "--blobs", s3_uri, "--producer-inline-max-bytes", "0"]
+        with CoordinatorProcess(tmp_path, args=args) as proc:
             with grpc.insecure_channel(proc.target) as ch:
                 stub = producer_pb2_grpc.ProducerOffsetServiceStub(ch)
                 for i in range(4):  # batches of 1, 2 and 4: three left unused

@@ -142,6 +142,11 @@ def test_dashboard_and_rules_on_a_real_prometheus(
             exporter.stop()
 
 
+#: Offsets over the default inline limit (1 KiB): a registration of them puts its payload in the
+#: blob store, where the faults are injected.
+BLOB_SIZED_OFFSETS = [Offset("orders", p, 1_000_000 + p) for p in range(64)]
+
+
 def scraped(prometheus: PrometheusServer, expr: str) -> list[dict[str, Any]]:
     """Wait until ``expr`` returns series: Prometheus has scraped what the test just did."""
     return wait_until(
@@ -170,7 +175,7 @@ def run_traffic_and_faults(target: str, prometheus: PrometheusServer, faults: Fa
         # The error: a put that fails answers UNAVAILABLE.
         faults.failures_left = 1
         with pytest.raises(Unavailable):
-            client.register_producer_offsets("sink-failing", [Offset("orders", 0, 1)])
+            client.register_producer_offsets("sink-failing", BLOB_SIZED_OFFSETS)
         assert faults.failures_left == 0
 
         # The slow call holds the only slot of --max-concurrent-rpcs; calls meanwhile are refused.
@@ -178,7 +183,7 @@ def run_traffic_and_faults(target: str, prometheus: PrometheusServer, faults: Fa
         faults.hold = release
         started = time.monotonic()
         pool = ThreadPoolExecutor(1)
-        slow = pool.submit(client.register_producer_offsets, "sink-slow", [Offset("orders", 0, 1)])
+        slow = pool.submit(client.register_producer_offsets, "sink-slow", BLOB_SIZED_OFFSETS)
         try:
             assert faults.held.wait(60), "the slow call never reached its put"
             with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as refused:

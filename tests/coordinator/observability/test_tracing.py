@@ -43,6 +43,10 @@ from snapcoord.coordinator.storage.backends import open_blob_store, open_metadat
 # One provider for the whole process: OpenTelemetry lets the global one be set once. The client
 # reaches it through the global API, the in-process servers are handed it.
 _EXPORTER = InMemorySpanExporter()
+#: Offsets whose stored form is over the default inline limit (1 KiB), so that a registration
+#: writes its payload to the blob store (the spans under test) instead of into its record.
+S3_SIZED_OFFSETS = [Offset("orders", p, 1_000_000 + p) for p in range(64)]
+
 _PROVIDER = TracerProvider()
 _PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 
@@ -82,7 +86,8 @@ def test_one_rpc_is_a_server_span_under_the_client_span_with_zookeeper_and_s3_ch
             CoordinatorClient(server.target) as client,
             _PROVIDER.get_tracer("test").start_as_current_span("driver micro-batch") as batch,
         ):
-            assert client.register_producer_offsets("prod-7", [Offset("orders", 0, 5)]).registered
+            # More offsets than fit inline in the record (1 KiB): the payload goes to S3.
+            assert client.register_producer_offsets("prod-7", S3_SIZED_OFFSETS).registered
     finally:
         blobs.close()
         metadata.close()
@@ -151,7 +156,7 @@ def test_a_reports_span_names_its_ids_and_health_checks_are_not_traced(
         CoordinatorClient(server.target) as client,
     ):
         snapshot = client.create_snapshot("app-1", ["t1"])
-        client.report_task_snapshot("app-1", snapshot.generation, TaskSnapshot("t1", (), {"s": b"x" * 100}))
+        client.report_task_snapshot("app-1", snapshot.generation, TaskSnapshot("t1", (), {"s": b"x" * 8192}))
         with server.channel() as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -378,7 +383,7 @@ def test_the_otlp_exporter_sends_to_the_endpoint_the_standard_variables_name(
                 CoordinatorClient(proc.target) as client,
                 _PROVIDER.get_tracer("test").start_as_current_span("driver") as driver,
             ):
-                client.register_producer_offsets("otlp-producer", [Offset("s", 0, 1)])
+                client.register_producer_offsets("otlp-producer", S3_SIZED_OFFSETS)
             assert proc.terminate() == 0  # the batch processor flushes at exit
     finally:
         collector.stop(None)

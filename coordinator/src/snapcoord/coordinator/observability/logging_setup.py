@@ -92,6 +92,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+#: kazoo's connection logger, kept at INFO or above (``configure``).
+KAZOO_CLIENT_LOGGER = "kazoo.client"
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -117,6 +120,9 @@ def configure(
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # kazoo logs every request and reply with its node data at DEBUG; records hold payloads inline
+    # (offsets, small checkpoints), and payloads never reach the log.
+    logging.getLogger(KAZOO_CLIENT_LOGGER).setLevel(max(logging.getLogger().level, logging.INFO))
     _chosen = chosen
     return chosen
 
@@ -142,10 +148,16 @@ def serving_line(message: str, **fields: object) -> str:
 
 
 def serving_message(line: str) -> str:
-    """The message of a ``serving_line`` in either format."""
-    if line.startswith("{"):
-        return str(json.loads(line)["message"])
-    return line
+    """The message of a ``serving_line`` in either format; "" for a JSON object that is not a log
+    line (a console span exporter prints its spans on stdout too)."""
+    if not line.startswith("{"):
+        return line
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return line
+    message = parsed.get("message") if isinstance(parsed, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 def capture_stderr() -> TextIO:
