@@ -84,6 +84,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mark_by_fixtures(items)
     if config.getoption("fast"):
         fast_subset(config, items)
+    group_for_workers(items)
+
+
+def group_for_workers(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` runs the whole suite on two
+    workers): a module runs whole on one worker, so its module-scoped servers start once; every
+    Spark connector test runs on one worker, in collection order, as in a serial run (one Spark
+    session and one sftp server, shared by the modules in the order they were written against)."""
+    spark_dir = Path(__file__).parent / "spark_connector"
+    for item in items:
+        group = "spark" if item.path.is_relative_to(spark_dir) else item.path.stem + ":" + str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(wrapper=True)
