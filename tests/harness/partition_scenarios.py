@@ -417,8 +417,9 @@ def wait_ok(log: Log, replica: str, after: float, op: str = "consistent_read") -
     return wait_outcome(log, replica, after, op, "ok")
 
 
-def wait_calls(log: Log, after: float, n: int = 6) -> None:
-    """Wait until every replica has ``n`` more probe calls after ``after`` (a window to measure)."""
+def wait_calls(log: Log, after: float, n: int = 3) -> None:
+    """Wait until every replica has ``n`` more probe calls after ``after`` (all answered before a
+    cut: the probers and the workload are under way)."""
 
     def enough() -> bool:
         return all(
@@ -449,7 +450,6 @@ def replica_cut_from_zookeeper(cluster: PartitionedCluster) -> ScenarioResult:
             interval=0.2,
             what="ZooKeeper to expire r1's session",
         )
-        wait_calls(s.log, time.monotonic())
         s.notes.append(f"generation {gen} completed through r2 during the cut")
         end = time.monotonic()
         result = s.heal_and_recover(end)
@@ -497,7 +497,6 @@ def minority_majority_split(cluster: PartitionedCluster) -> ScenarioResult:
         wait_refusing(s.log, "r1", s.cut_at)
         s.write_through("r2")
         wait_ok(s.log, "r2", time.monotonic())
-        wait_calls(s.log, time.monotonic())
         end = time.monotonic()
         result = s.heal_and_recover(end)
     s.check_history()
@@ -534,7 +533,6 @@ def janitor_leader_cut(cluster: PartitionedCluster) -> ScenarioResult:
         s.notes.append(f"new janitor leader after {moved:.1f} s, the cut one at 0 after {stepped_down:.1f} s")
         if both:
             s.notes.append(f"both janitor gauges at 1 from {min(both):.1f} to {max(both):.1f} s")
-        wait_calls(s.log, time.monotonic())
         end = time.monotonic()
         result = s.heal_and_recover(end)
     s.check_history()
@@ -549,7 +547,7 @@ def s3_cut_from_replica(cluster: PartitionedCluster) -> ScenarioResult:
     with CoordinatorClient(cluster.replicas[0].target, timeout_s=WAIT_S) as c:
         open_generation(c, s.app + "-up")
     with probing(s, upload=True):
-        wait_calls(s.log, time.monotonic(), n=8)
+        wait_calls(s.log, time.monotonic())
         s.cut(["r1"], [S3])
         wait_until(
             lambda: (
@@ -564,7 +562,6 @@ def s3_cut_from_replica(cluster: PartitionedCluster) -> ScenarioResult:
         for op in ("consistent_read", "register"):
             wait_ok(s.log, "r1", after, op)
         wait_ok(s.log, "r2", after, "upload")
-        wait_calls(s.log, time.monotonic(), n=8)
         end = time.monotonic()
         bad = [
             c
