@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from harness.partition_scenarios import SCENARIOS, ScenarioFailed, ScenarioResult  # noqa: E402
 from harness.partitioned import PartitionedCluster  # noqa: E402
 
-SMOKE = "replica_cut_from_zookeeper"
+SMOKE = "leader_isolated"
 HEADER = (
     "| scenario | ok/total during the fault | UNAVAILABLE after (s) "
     "| first ok after heal (s) | SERVING after heal (s) |"
