@@ -23,6 +23,7 @@ dumps its history (JSON lines) for a parent process to check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import random
 import threading
@@ -405,6 +406,59 @@ class Workload:
             )
         else:
             self._call(process, "get", key, {}, lambda: backlog_result(client.get_backlog_status(job)))
+
+
+def final_reader(targets: Sequence[str], *, timeout_s: float = 30.0) -> Callable[[History], History]:
+    """A ``final_state_reader`` for ``checker.check``: after the run, read every key of the history
+    (producers, the current snapshot and every generation the run named, leases, backlog jobs)
+    through ``targets``, recorded as process ``final``."""
+
+    def read(history: History) -> History:
+        final = History()
+        keys = sorted({o.key for o in history})
+        generations: dict[str, set[int]] = {}
+        for o in history:
+            if o.kind == "snapshot":
+                gen = o.args.get("generation")
+                if gen is None and o.outcome == "ok" and isinstance(o.result, dict):
+                    gen = o.result.get("generation")
+                if isinstance(gen, int) and gen > 0:
+                    generations.setdefault(o.key, set()).add(gen)
+        with CoordinatorClient(list(targets), timeout_s=timeout_s) as client:
+            for key in keys:
+                kind, name = key.split("/", 1)
+                if kind == "snapshot":
+                    _final_call(
+                        final, "current", key, {"consistent": True}, functools.partial(_current, client, name)
+                    )
+                    for gen in sorted(generations.get(key, ())):
+                        fn = functools.partial(_generation, client, name, gen)
+                        _final_call(final, "get", key, {"generation": gen}, fn)
+                else:
+                    _final_call(final, "get", key, {}, functools.partial(_FINAL_GETS[kind], client, name))
+        return final
+
+    return read
+
+
+def _final_call(final: History, op: str, key: str, args: dict[str, Any], fn: Callable[[], Any]) -> None:
+    with contextlib.suppress(SnapcoordError):  # recorded: a NOT_FOUND is an answer the checker reads
+        final.call("final", op, key, args, fn)
+
+
+def _current(client: CoordinatorClient, app: str) -> dict[str, Any]:
+    return snapshot_result(client.get_current_snapshot(app, consistent=True))
+
+
+def _generation(client: CoordinatorClient, app: str, gen: int) -> dict[str, Any]:
+    return snapshot_result(client.get_snapshot(app, gen, include_checkpoints=True))
+
+
+_FINAL_GETS: dict[str, Callable[[CoordinatorClient, str], dict[str, Any]]] = {
+    "producer": lambda c, n: {"value": offsets_value(c.get_producer_offsets(n).offsets)},
+    "lease": lambda c, n: lease_result(c.get_lease(n)),
+    "backlog": lambda c, n: backlog_result(c.get_backlog_status(n)),
+}
 
 
 def _registration(r: Any) -> dict[str, Any]:
