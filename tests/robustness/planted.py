@@ -8,6 +8,9 @@ the coordinator command (``planted_command(BUG)``). The bugs, and the anomaly ea
   (create-if-absent lost), so two callers both win: ``double-winner``.
 - ``unpinned-delete``: the pin check answers "not pinned", so DeleteSnapshot (and retention)
   delete snapshots that live leases hold: ``snapshot-deleted-while-leased``.
+- ``renew-after-expiry``: a lease's holder may renew, read or release it after its expiry (until
+  the janitor removes it), so a lease every deleter counts as dead comes back:
+  ``resurrected-lease``.
 - ``stale-producer-read``: GetProducerOffsets answers from a per-process cache that is never
   invalidated, so a replica keeps serving a record deleted or replaced through the other:
   ``stale-read``.
@@ -48,6 +51,18 @@ def _unpinned_delete() -> None:
     setattr(pins, "pinned", pinned)  # noqa: B010 (a different signature: mypy refuses the assignment)
 
 
+def _renew_after_expiry() -> None:
+    from snapcoord.coordinator.errors import NotFound
+    from snapcoord.coordinator.snapshots.leases import decide
+
+    def live(lease_id: str, current: Any, clocks: Any) -> Any:
+        if current is None:
+            raise NotFound(f"no lease {lease_id!r}")
+        return current  # the bug: no expiry check
+
+    decide.live = live
+
+
 def _stale_producer_read() -> None:
     from snapcoord.coordinator.producers.registry import ProducerRegistry
 
@@ -65,6 +80,7 @@ def _stale_producer_read() -> None:
 BUGS: dict[str, tuple[Callable[[], None], str]] = {
     "register-overwrites": (_register_overwrites, "double-winner"),
     "unpinned-delete": (_unpinned_delete, "snapshot-deleted-while-leased"),
+    "renew-after-expiry": (_renew_after_expiry, "resurrected-lease"),
     "stale-producer-read": (_stale_producer_read, "stale-read"),
 }
 

@@ -1,7 +1,7 @@
 """Histories of a real cluster (3-node ZooKeeper, 2 replicas, SeaweedFS) checked against the model:
 clean under process faults, and each planted bug caught with its anomaly kind.
 
-``ROBUSTNESS_SECONDS`` (default 12) sets the length of the faulted run: the long mode is the same
+``ROBUSTNESS_SECONDS`` (default 10) sets the length of the faulted run: the long mode is the same
 test with minutes (docs/robustness/histories.md).
 """
 
@@ -20,9 +20,9 @@ from robustness.planted import BUGS, planted_command
 from robustness.runner import MARGIN_S, run_checked
 from robustness.workload import Workload, final_reader
 
-SECONDS = float(os.environ.get("ROBUSTNESS_SECONDS", "12"))
+SECONDS = float(os.environ.get("ROBUSTNESS_SECONDS", "10"))
 SEED = int(os.environ.get("ROBUSTNESS_SEED", "0")) or secrets.randbelow(1 << 30)
-PLANTED_SECONDS = 8.0
+PLANTED_SECONDS = 6.0
 
 
 def test_histories_under_process_faults_have_no_anomaly(cluster: Cluster) -> None:

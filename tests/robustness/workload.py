@@ -62,7 +62,7 @@ class WorkloadConfig:
     seed: int = 0
     #: Prefix of every id, so that several runs on one cluster never share a key.
     prefix: str = "w"
-    lease_min_ms: int = 2_000
+    lease_min_ms: int = 1_000
     lease_max_ms: int = 6_000
     call_timeout_s: float = 5.0
     #: Pause after each operation (keeps the load a fair share of a small machine).
@@ -217,6 +217,9 @@ class Workload:
             while not self._stop.is_set():
                 counter += 1
                 value = f"{process}.{counter}"
+                if n in self._slow_lease_threads():
+                    self._slow_lease(client, process, rng, f"{self.config.prefix}-slow{n}")
+                    continue
                 kind = rng.choice(("producer", "snapshot", "snapshot", "lease", "backlog"))
                 getattr(self, f"_{kind}_op")(client, process, rng, value)
                 if self.config.pause_s:
@@ -225,6 +228,32 @@ class Workload:
             self.errors.append(e)
         finally:
             client.close()
+
+    def _slow_lease_threads(self) -> range:
+        """The threads that keep a lease of their own and let it expire (with 4 threads or more)."""
+        return range(1, 3) if self.config.threads >= 4 else range(0)
+
+    def _slow_lease(self, client: CoordinatorClient, process: str, rng: random.Random, lid: str) -> None:
+        """Acquire ``lid`` for the shortest duration, wait around its expiry, then renew or read it:
+        the answers near and past expiry are what the lease model's time bounds check."""
+        duration = self.config.lease_min_ms
+        key = f"lease/{lid}"
+        refs = self._knowledge.some_completed(rng, 1)
+
+        def acquire() -> dict[str, Any]:
+            r = client.acquire_snapshots(lid, [SnapshotRef(a, g) for a, g in refs], duration_ms=duration)
+            return acquire_result(r)
+
+        args = {"duration_ms": duration, "snapshots": sorted([a, g] for a, g in refs)}
+        self._call(process, "acquire", key, args, acquire)
+        for _ in range(2):
+            if self._stop.wait(rng.choice((0.2, 0.5, 1.2, 2.2, 2.5, 3.0)) * duration / 1000):
+                return
+            if rng.random() < 0.6:
+                fn = functools.partial(_renew, client, lid, duration)
+                self._call(process, "renew", key, {"duration_ms": duration}, fn)
+            else:
+                self._call(process, "get", key, {}, functools.partial(_FINAL_GETS["lease"], client, lid))
 
     def _call(self, process: str, op: str, key: str, args: dict[str, Any], fn: Callable[[], Any]) -> Any:
         """Record ``fn``; None when it raised a ``SnapcoordError`` (recorded as fail or info)."""
@@ -459,6 +488,10 @@ _FINAL_GETS: dict[str, Callable[[CoordinatorClient, str], dict[str, Any]]] = {
     "lease": lambda c, n: lease_result(c.get_lease(n)),
     "backlog": lambda c, n: backlog_result(c.get_backlog_status(n)),
 }
+
+
+def _renew(client: CoordinatorClient, lid: str, duration: int) -> dict[str, Any]:
+    return lease_result(client.renew_lease(lid, duration_ms=duration))
 
 
 def _registration(r: Any) -> dict[str, Any]:
