@@ -23,6 +23,7 @@ dumps its history (JSON lines) for a parent process to check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import random
 import threading
@@ -61,12 +62,15 @@ class WorkloadConfig:
     seed: int = 0
     #: Prefix of every id, so that several runs on one cluster never share a key.
     prefix: str = "w"
-    lease_min_ms: int = 2_000
+    lease_min_ms: int = 1_000
     lease_max_ms: int = 6_000
     call_timeout_s: float = 5.0
     #: Pause after each operation (keeps the load a fair share of a small machine).
     pause_s: float = 0.01
     retention: bool = False
+    #: Threads that keep a shortest lease of their own and let it expire (threads 1..N; none
+    #: unless there are at least two more threads for the rest).
+    slow_leases: int = 2
 
 
 def offsets_value(offsets: Sequence[Offset]) -> str:
@@ -120,9 +124,14 @@ class _Knowledge:
         return max(1, top - rng.choice((0, 0, 0, 0, 1, 2)) + rng.choice((0, 0, 0, 0, 0, 0, 0, 0, 1)))
 
     def some_completed(self, rng: random.Random, n: int) -> list[tuple[str, int]]:
+        """Up to ``n`` of the newest completed snapshots seen (three per app): the ones deletes
+        and retention go for, so that leases and deletions meet."""
         with self.lock:
             pool = sorted(self.completed)
-        return rng.sample(pool, min(n, len(pool)))
+        newest = [
+            ref for ref in pool if sum(1 for other in pool if other[0] == ref[0] and other[1] > ref[1]) < 3
+        ]
+        return rng.sample(newest, min(n, len(newest)))
 
 
 class Workload:
@@ -138,6 +147,7 @@ class Workload:
         seed: int = 0,
         prefix: str = "w",
         retention: bool = False,
+        slow_leases: int = 2,
         config: WorkloadConfig | None = None,
     ) -> None:
         if not targets:
@@ -145,7 +155,7 @@ class Workload:
         self.targets = list(targets)
         self.history = history
         self.config = config or WorkloadConfig(
-            threads=threads, keys=keys, seed=seed, prefix=prefix, retention=retention
+            threads=threads, keys=keys, seed=seed, prefix=prefix, retention=retention, slow_leases=slow_leases
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -216,6 +226,9 @@ class Workload:
             while not self._stop.is_set():
                 counter += 1
                 value = f"{process}.{counter}"
+                if n in self._slow_lease_threads():
+                    self._slow_lease(client, process, rng, f"{self.config.prefix}-slow{n}")
+                    continue
                 kind = rng.choice(("producer", "snapshot", "snapshot", "lease", "backlog"))
                 getattr(self, f"_{kind}_op")(client, process, rng, value)
                 if self.config.pause_s:
@@ -224,6 +237,35 @@ class Workload:
             self.errors.append(e)
         finally:
             client.close()
+
+    def _slow_lease_threads(self) -> range:
+        """The threads that keep a lease of their own and let it expire (with 4 threads or more)."""
+        n = self.config.slow_leases
+        return range(1, 1 + n) if self.config.threads >= n + 2 else range(0)
+
+    def _slow_lease(self, client: CoordinatorClient, process: str, rng: random.Random, lid: str) -> None:
+        """Acquire ``lid`` for the shortest duration, wait around its expiry, then renew or read it:
+        the answers near and past expiry are what the lease model's time bounds check."""
+        duration = self.config.lease_min_ms
+        key = f"lease/{lid}"
+        refs = self._knowledge.some_completed(rng, 1)
+
+        def acquire() -> dict[str, Any]:
+            r = client.acquire_snapshots(lid, [SnapshotRef(a, g) for a, g in refs], duration_ms=duration)
+            return acquire_result(r)
+
+        args = {"duration_ms": duration, "snapshots": sorted([a, g] for a, g in refs)}
+        self._call(process, "acquire", key, args, acquire)
+        for _ in range(rng.choice((1, 1, 2))):
+            # Before expiry, around it, and past expiry plus the margin but before the janitor's
+            # pass removes the lease (about expiry + --max-clock-skew + one cleanup interval).
+            if self._stop.wait(rng.choice((0.3, 1.1, 2.2, 2.4, 2.6)) * duration / 1000):
+                return
+            if rng.random() < 0.6:
+                fn = functools.partial(_renew, client, lid, duration)
+                self._call(process, "renew", key, {"duration_ms": duration}, fn)
+            else:
+                self._call(process, "get", key, {}, functools.partial(_FINAL_GETS["lease"], client, lid))
 
     def _call(self, process: str, op: str, key: str, args: dict[str, Any], fn: Callable[[], Any]) -> Any:
         """Record ``fn``; None when it raised a ``SnapcoordError`` (recorded as fail or info)."""
@@ -405,6 +447,63 @@ class Workload:
             )
         else:
             self._call(process, "get", key, {}, lambda: backlog_result(client.get_backlog_status(job)))
+
+
+def final_reader(targets: Sequence[str], *, timeout_s: float = 30.0) -> Callable[[History], History]:
+    """A ``final_state_reader`` for ``checker.check``: after the run, read every key of the history
+    (producers, the current snapshot and every generation the run named, leases, backlog jobs)
+    through ``targets``, recorded as process ``final``."""
+
+    def read(history: History) -> History:
+        final = History()
+        keys = sorted({o.key for o in history})
+        generations: dict[str, set[int]] = {}
+        for o in history:
+            if o.kind == "snapshot":
+                gen = o.args.get("generation")
+                if gen is None and o.outcome == "ok" and isinstance(o.result, dict):
+                    gen = o.result.get("generation")
+                if isinstance(gen, int) and gen > 0:
+                    generations.setdefault(o.key, set()).add(gen)
+        with CoordinatorClient(list(targets), timeout_s=timeout_s) as client:
+            for key in keys:
+                kind, name = key.split("/", 1)
+                if kind == "snapshot":
+                    _final_call(
+                        final, "current", key, {"consistent": True}, functools.partial(_current, client, name)
+                    )
+                    for gen in sorted(generations.get(key, ())):
+                        fn = functools.partial(_generation, client, name, gen)
+                        _final_call(final, "get", key, {"generation": gen}, fn)
+                else:
+                    _final_call(final, "get", key, {}, functools.partial(_FINAL_GETS[kind], client, name))
+        return final
+
+    return read
+
+
+def _final_call(final: History, op: str, key: str, args: dict[str, Any], fn: Callable[[], Any]) -> None:
+    with contextlib.suppress(SnapcoordError):  # recorded: a NOT_FOUND is an answer the checker reads
+        final.call("final", op, key, args, fn)
+
+
+def _current(client: CoordinatorClient, app: str) -> dict[str, Any]:
+    return snapshot_result(client.get_current_snapshot(app, consistent=True))
+
+
+def _generation(client: CoordinatorClient, app: str, gen: int) -> dict[str, Any]:
+    return snapshot_result(client.get_snapshot(app, gen, include_checkpoints=True))
+
+
+_FINAL_GETS: dict[str, Callable[[CoordinatorClient, str], dict[str, Any]]] = {
+    "producer": lambda c, n: {"value": offsets_value(c.get_producer_offsets(n).offsets)},
+    "lease": lambda c, n: lease_result(c.get_lease(n)),
+    "backlog": lambda c, n: backlog_result(c.get_backlog_status(n)),
+}
+
+
+def _renew(client: CoordinatorClient, lid: str, duration: int) -> dict[str, Any]:
+    return lease_result(client.renew_lease(lid, duration_ms=duration))
 
 
 def _registration(r: Any) -> dict[str, Any]:
