@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from robustness.checker import check
 from robustness.history import History
-from robustness.workload import Workload
+from robustness.workload import Workload, final_reader
 
-from harness.cluster import SERVING
+from harness.cluster import NOT_SERVING, SERVING
 from harness.partitioned import S3, ZK, PartitionedCluster
 from harness.process import wait_until
 from snapcoord.client import (
@@ -49,6 +49,8 @@ WAIT_S = 120.0
 #: A checkpoint over the inline limit, so that it goes to S3.
 LARGE_PAYLOAD = b"x" * (256 * 1024)
 LEASE_MS = 3_600_000
+#: The replicas' --max-clock-skew (harness.cluster.REPLICA_FLAGS): the slack of lease bounds.
+MAX_CLOCK_SKEW_S = 1.0
 #: The history helper's workload runs beside the probers, lightly: the machine is small.
 WORKLOAD_THREADS = 2
 
@@ -390,7 +392,9 @@ class Scenario:
         """The checker's verdict on the workload's history (kept next to the cluster's logs)."""
         path = self.cluster.workdir / f"{self.app}.history.jsonl"
         self.history.dump(path)
-        report = check(self.history)
+        # Final reads through every replica after the run: an acknowledged write they miss is lost.
+        targets = [r.target for r in self.cluster.replicas]
+        report = check(self.history, final_reader(targets), margin_s=MAX_CLOCK_SKEW_S)
         if not report.ok:
             raise ScenarioFailed(f"history {path} (seed {self.seed}): {report}")
 
@@ -435,14 +439,20 @@ def wait_calls(log: Log, after: float, n: int = 3) -> None:
 
 def replica_cut_from_zookeeper(cluster: PartitionedCluster) -> ScenarioResult:
     """r1 loses every ZooKeeper server; its clients still reach it. It must refuse (UNAVAILABLE)
-    consistent reads and writes rather than answer from what it knew, while r2 goes on; after the
-    heal it must come back by itself."""
+    consistent reads and writes rather than answer from what it knew, and report NOT_SERVING,
+    while r2 goes on; after the heal it must come back by itself."""
     s = Scenario(cluster, "zkcut")
     with probing(s):
         wait_calls(s.log, time.monotonic())
         s.cut(["r1"], ZK)
         wait_refusing(s.log, "r1", s.cut_at)
         wait_refusing(s.log, "r1", s.cut_at, "register")
+        wait_until(
+            lambda: cluster.replica("r1").safe_health() == NOT_SERVING,
+            timeout=WAIT_S,
+            interval=0.1,
+            what="r1's health NOT_SERVING",
+        )
         gen = s.write_through("r2")
         wait_until(
             lambda: cluster.janitor_contenders() == len(cluster.replica_names) - 1,
