@@ -151,8 +151,7 @@ class Network:
 
     def _link_up(self, a: str, b: str) -> None:
         for here, there in ((a, b), (b, a)):
-            node, peer = self.nodes[here], self.nodes[there]
-            ip("-n", node.netns, "link", "set", f"p-{there}", "up")
+            ip("-n", self.nodes[here].netns, "link", "set", f"p-{there}", "up")
         for here, there in ((a, b), (b, a)):
             node, peer = self.nodes[here], self.nodes[there]
             ip("-n", node.netns, "route", "replace", f"{peer.address}/32",

@@ -16,6 +16,7 @@ import ctypes
 import os
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 
 CLONE_NEWNET = 0x40000000
 CONNECT_TIMEOUT_S = 30.0
@@ -43,7 +44,10 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         writer.close()
 
 
-def handler(address: str, port: int):  # type: ignore[no-untyped-def]
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def handler(address: str, port: int) -> Handler:
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.wait_for(

@@ -8,11 +8,15 @@ full heal, and print their figures (``docs/robustness/partitions.md`` has a tabl
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from harness.netns import PREFIX, Network, ip, namespaces, sweep_dead
 from harness.partition_scenarios import SCENARIOS
 from harness.partitioned import PartitionedCluster
+from harness.process import wait_until
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.process, pytest.mark.timeout(900)]
 
@@ -47,3 +51,34 @@ def test_sweep_removes_what_dead_runs_left() -> None:
             assert {live["a"].netns, live["b"].netns} <= set(namespaces())
     finally:
         ip("netns", "delete", leftover, check=False)
+
+
+def _connect(network: Network, source: str, address: str, port: int) -> str:
+    """From ``source``'s namespace, connect to ``address:port``: "ok", or the error's name."""
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(({address!r}, {port}), timeout=2).close(); print('ok')\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    argv = network[source].command([sys.executable, "-I", "-S", "-c", code])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+def test_a_cut_drops_packets_silently_and_a_heal_restores_the_link() -> None:
+    """Connects across a cut time out (no refusal, no unreachable network), as on a partition."""
+    with Network(["a", "b"], [("a", "b")]) as network:
+        address = network["b"].address
+        listen = f"import socket, time; s = socket.create_server(({address!r}, 9000)); time.sleep(120)"
+        server = network["b"].command([sys.executable, "-I", "-S", "-c", listen])
+        with subprocess.Popen(server) as listener:
+            try:
+                target = (network, "a", network["b"].address, 9000)
+                wait_until(lambda: _connect(*target) == "ok", timeout=60, what="the listener")
+                network.cut("a", "b")
+                assert _connect(*target) == "TimeoutError"
+                network.heal("a", "b")
+                assert _connect(*target) == "ok"
+            finally:
+                listener.kill()
