@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import sys
 from pathlib import Path
 
 from harness.cluster import REPLICA_FLAGS, Cluster, Replica
 from harness.ensemble import EnsembleNode, ZooKeeperEnsemble
 from harness.netns import Network
-from harness.ports import LOOPBACK, free_port, free_port_block
+from harness.ports import (
+    LOOPBACK,
+    SEAWEED_MAX_BASE,
+    SEAWEED_PORT_COUNT,
+    ephemeral_port_range,
+    free_port,
+    is_port_free,
+    seaweed_ports,
+)
 from harness.process import ManagedProcess, ServerStartError, wait_until
 from harness.seaweed import SeaweedS3Server
 
@@ -32,6 +41,28 @@ CLIENTS = "cl"
 GRPC_PORT = 7000
 METRICS_PORT = 7001
 _FORWARDER = Path(__file__).with_name("netns_forward.py")
+
+
+def namespaced_seaweed_base() -> int:
+    """A base port for a SeaweedFS in a namespace. Its ports are its namespace's own, but weed
+    names unix sockets in the shared /tmp after them, so the base is drawn from the kernel's
+    ephemeral range, where the harness never puts a server of the root namespace
+    (``harness.ports``), and with no socket of any SeaweedFS named after one of its ports."""
+    lo, hi = ephemeral_port_range()
+    hi = min(hi, SEAWEED_MAX_BASE)
+    for _ in range(500):
+        base = random.randrange(lo, hi - SEAWEED_PORT_COUNT)
+        grpc = seaweed_ports(base)[SEAWEED_PORT_COUNT:]
+        free = not any(any(Path("/tmp").glob(f"seaweedfs-*-{p}.sock")) for p in grpc)
+        # SeaweedS3Server checks its ports on this namespace's loopback before it starts weed.
+        free = free and all(is_port_free(p) for p in seaweed_ports(base))
+        if free and all(abs(base - b) >= SEAWEED_PORT_COUNT for b in _SEAWEED_BASES):
+            _SEAWEED_BASES.add(base)
+            return base
+    raise RuntimeError(f"no SeaweedFS base port in [{lo}, {hi}) without sockets named after it")
+
+
+_SEAWEED_BASES: set[int] = set()
 
 
 class NamespacedEnsemble(ZooKeeperEnsemble):
@@ -109,7 +140,7 @@ class PartitionedCluster(Cluster):
         ]
         self.network = Network(names, links)
         self.ensemble = NamespacedEnsemble(self.workdir / "zk", self.network)
-        s3_base = free_port_block()
+        s3_base = namespaced_seaweed_base()
         self.s3_forward = free_port()
         self.s3 = SeaweedS3Server(
             self.workdir / "s3",
