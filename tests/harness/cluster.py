@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -86,9 +87,16 @@ class Cluster:
     """``replicas`` coordinators on a fresh 3-node ensemble, blobs under ``blobs_uri``."""
 
     def __init__(
-        self, workdir: Path, blobs_uri: str, *, replicas: int = 3, chroot: str = "snapcoord"
+        self,
+        workdir: Path,
+        blobs_uri: str,
+        *,
+        replicas: int = 3,
+        chroot: str = "snapcoord",
+        command: Sequence[str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.command = command  # in place of ``snapcoord`` (harness.coordinator.CoordinatorProcess)
         self.ensemble = ZooKeeperEnsemble(self.workdir / "zk")
         self.blobs_uri = blobs_uri
         self.chroot = chroot
@@ -108,7 +116,8 @@ class Cluster:
         # A fresh workdir per process: CoordinatorProcess reads the first serving line of its stdout
         # file, and a restart in the same workdir would append to the old one.
         self._spawned += 1
-        return Replica(self.workdir / f"replica{i}-{self._spawned}", args=args, start_timeout_s=120)
+        workdir = self.workdir / f"replica{i}-{self._spawned}"
+        return Replica(workdir, args=args, start_timeout_s=120, command=self.command)
 
     @property
     def target(self) -> str:
@@ -168,13 +177,18 @@ class Cluster:
         )
         return f"{nodes}; {replicas}; logs under {self.workdir}"
 
+    @property
+    def observer_hosts(self) -> str:
+        """Where this process reaches the ensemble (a kazoo hosts string)."""
+        return self.ensemble.hosts
+
     def janitor_contenders(self) -> int | None:
         """How many replicas' sessions hold a node in the janitor election (None: cannot ask ZK).
 
         The nodes are ephemeral, so a replica's node disappears exactly when ZooKeeper expires
         its session: this is how a test sees a session expire from outside the replica.
         """
-        client = KazooClient(hosts=self.ensemble.hosts, timeout=10)
+        client = KazooClient(hosts=self.observer_hosts, timeout=10)
         try:
             client.start(timeout=30)
             return len(client.get_children(f"/{self.chroot}{election_path('janitor')}"))
