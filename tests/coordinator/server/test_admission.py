@@ -44,6 +44,16 @@ class Messages:
         return raw
 
 
+class Context:
+    """What ``until_ended`` asks of a live call."""
+
+    def is_active(self) -> bool:
+        return True
+
+    def time_remaining(self) -> float:
+        return 60.0
+
+
 def handler_of(method: str, admitted: Admission, seen: list[tuple[Any, int, int]]) -> grpc.RpcMethodHandler:
     def behavior(request: Any, context: Any) -> str:
         seen.append((request, admitted.payloads.in_flight, admitted.control.in_flight))
@@ -59,7 +69,7 @@ def test_a_payload_call_holds_a_whole_message_before_reading_and_its_copies_afte
     handler = handler_of(REPORT, admitted, seen)
     assert handler.unary_unary is None and handler.request_deserializer is None  # raw bytes in
     messages = Messages(admitted, b"0123456789")
-    assert handler.stream_unary(messages, None) == "reply"
+    assert handler.stream_unary(messages, Context()) == "reply"
     assert messages.asked_with == [(HOLD, 0)]
     assert seen == [("0123456789", MESSAGE_COPIES * 10, 0)]
     assert admitted.payloads.in_flight == 0
@@ -69,7 +79,7 @@ def test_other_methods_hold_from_the_control_pool() -> None:
     admitted = admission()
     seen: list[tuple[Any, int, int]] = []
     messages = Messages(admitted, b"abc")
-    assert handler_of(RENEW, admitted, seen).stream_unary(messages, None) == "reply"
+    assert handler_of(RENEW, admitted, seen).stream_unary(messages, Context()) == "reply"
     assert messages.asked_with == [(0, HOLD)]
     assert seen == [("abc", 0, MESSAGE_COPIES * 3)]
     assert admitted.control.in_flight == 0
@@ -80,17 +90,17 @@ def test_a_call_without_room_is_refused_before_its_message_is_read() -> None:
     seen: list[tuple[Any, int, int]] = []
     messages = Messages(admitted, b"x")
     with admitted.payloads.hold(1, "another call"), pytest.raises(ResourceExhausted) as refused:
-        handler_of(REPORT, admitted, seen).stream_unary(messages, None)
+        handler_of(REPORT, admitted, seen).stream_unary(messages, Context())
     assert "ReportTaskSnapshot (a request message of up to 333 bytes) needs 1000" in str(refused.value)
     assert messages.asked_with == [] and seen == []
     # The control pool is apart: a lease renewal still gets in.
-    assert handler_of(RENEW, admitted, seen).stream_unary(Messages(admitted, b"r"), None) == "reply"
+    assert handler_of(RENEW, admitted, seen).stream_unary(Messages(admitted, b"r"), Context()) == "reply"
 
 
 def test_a_call_without_a_message_is_refused() -> None:
     admitted = admission()
     with pytest.raises(InvalidArgument, match="without a request message"):
-        handler_of(REPORT, admitted, []).stream_unary(Messages(admitted, None), None)
+        handler_of(REPORT, admitted, []).stream_unary(Messages(admitted, None), Context())
     assert admitted.payloads.in_flight == 0
 
 

@@ -2,8 +2,8 @@
 
 grpcio reads a unary call's request when a handler thread starts the call, as one message of up
 to the receive limit, and parses it before the handler runs: as many whole messages at once as
-there are handler threads, all outside any budget. So every unary method registered through
-``AdmittedRegistration`` becomes, on the server side, a client-streaming method over raw bytes
+there are handler threads, all outside any budget. So ``AdmissionInterceptor`` serves every unary
+method of the API and health as, on the server side, a client-streaming method over raw bytes
 (the wire is the same: one message, then the half-close). Its handler first holds
 ``message_hold`` (the receive limit, ``MESSAGE_COPIES`` times) from a budget, waiting for room like
 any holder and refused with RESOURCE_EXHAUSTED when none comes; only then asks gRPC for the
@@ -19,7 +19,7 @@ payloads to drain.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,12 @@ import grpc
 
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.kernel.payload_admission import MESSAGE_COPIES, PayloadBudget
+from snapcoord.coordinator.transport.interceptors import UNARY_ON_THE_WIRE
+from snapcoord.coordinator.transport.status import until_ended
 
+#: The services whose unary methods are admitted: the API and health (a probe's check is a few
+#: bytes, but a request of any size up to the receive limit would be read).
+ADMITTED_SERVICES = ("snapcoord.v1.", "grpc.health.v1.")
 #: Methods whose request carries checkpoint payloads inline: their messages count against the
 #: payload budget.
 PAYLOAD_METHODS = frozenset({"snapcoord.v1.SnapshotService/ReportTaskSnapshot"})
@@ -60,7 +65,7 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
 
     def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
         with budget.hold(admission.hold_bytes, what) as held:
-            raw = next(requests, None)
+            raw = next(until_ended(requests, context), None)
             if raw is None:
                 raise InvalidArgument(f"{method}: the call ended without a request message")
             held.shrink(MESSAGE_COPIES * len(raw))
@@ -68,39 +73,32 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
             del raw
             return unary(request, context)
 
+    setattr(behavior, UNARY_ON_THE_WIRE, True)  # its metrics say unary, as the method is
     return grpc.stream_unary_rpc_method_handler(behavior, None, handler.response_serializer)
 
 
-class _AdmittedGenericHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, inner: grpc.GenericRpcHandler, admission: Admission) -> None:
-        self._inner = inner
+class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Serves every unary method of ``ADMITTED_SERVICES`` through ``admit_handler``.
+
+    It sits inside the main interceptor, which then records and maps its refusals like any
+    other error (and labels the method ``unary``, ``UNARY_ON_THE_WIRE``), and outside the auth
+    interceptor, which gets the parsed request it decides on. ``admit`` gives it the budgets once
+    they exist (they are built with the services, after the server); until then calls pass.
+    """
+
+    def __init__(self) -> None:
+        self._admission: Admission | None = None
+
+    def admit(self, admission: Admission) -> None:
         self._admission = admission
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = self._inner.service(handler_call_details)
-        if handler is None:
-            return None
-        return admit_handler(str(handler_call_details.method).lstrip("/"), handler, self._admission)
-
-
-class AdmittedRegistration:
-    """Pass to ``add_*Servicer_to_server`` (or to another such stand-in) in place of the server:
-    registers every unary method with ``admit_handler``."""
-
-    def __init__(self, server: grpc.Server, admission: Admission) -> None:
-        self._server = server
-        self._admission = admission
-
-    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(
-            tuple(_AdmittedGenericHandler(h, self._admission) for h in handlers)
-        )
-
-    def add_registered_method_handlers(
-        self, service_name: str, method_handlers: Mapping[str, grpc.RpcMethodHandler]
-    ) -> None:
-        admitted = {
-            name: admit_handler(f"{service_name}/{name}", handler, self._admission)
-            for name, handler in method_handlers.items()
-        }
-        self._server.add_registered_method_handlers(service_name, admitted)
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        method = str(handler_call_details.method).lstrip("/")
+        if handler is None or self._admission is None or not method.startswith(ADMITTED_SERVICES):
+            return handler
+        return admit_handler(method, handler, self._admission)

@@ -38,7 +38,7 @@ from snapcoord.coordinator.observability.metrics import (
     start_exporter,
     track_usable,
 )
-from snapcoord.coordinator.server.admission import Admission, AdmittedRegistration
+from snapcoord.coordinator.server.admission import Admission, AdmissionInterceptor
 from snapcoord.coordinator.server.api_series import initialize_api_series
 from snapcoord.coordinator.server.concurrency_limit import concurrency_limit_probe
 from snapcoord.coordinator.server.health_listener import HealthListener
@@ -178,6 +178,7 @@ def build_server(
     grpc_metrics = GrpcServerMetrics(registry)
     initialize_api_series(grpc_metrics)  # rate-based alerts see a method's first error
     interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
+    admission_interceptor = AdmissionInterceptor()
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.
         auth_interceptor = new_auth_interceptor(config.security)
@@ -187,7 +188,9 @@ def build_server(
         raise
     server = grpc.server(
         executor,
-        interceptors=(interceptor, auth_interceptor),
+        # Admission between them: the main interceptor records its refusals, auth gets the
+        # parsed request (server.admission).
+        interceptors=(interceptor, admission_interceptor, auth_interceptor),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead, unless this is one of the
@@ -238,14 +241,15 @@ def build_server(
     if tracing is not None:
         services.janitor.trace_with(tracing.janitor_span)
     # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL.
-    # Each unary request message is held from a budget before gRPC receives it (admission).
+    # From here on, each unary request message is held from a budget before gRPC receives it.
     admission = Admission(
         services.payload_budget,
         PayloadBudget(bounds.control_pool_bytes, config.grpc.payload_budget_wait_ms / 1000),
         bounds.message_hold_bytes,
         bounds.receive_limit_bytes,
     )
-    api.add_servicers(GuardedRegistration(AdmittedRegistration(server, admission)), services)
+    admission_interceptor.admit(admission)
+    api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
         deps.metadata,
         api.SERVICE_NAMES,
@@ -253,9 +257,7 @@ def build_server(
         blob_services=BLOB_SERVICE_NAMES,
         blob_probe_interval_s=config.storage.blob_probe_interval_ms / 1000,
     )
-    health_pb2_grpc.add_HealthServicer_to_server(
-        store_health.servicer, AdmittedRegistration(server, admission)
-    )
+    health_pb2_grpc.add_HealthServicer_to_server(store_health.servicer, server)
     reflection.enable_reflection(server, ALL_SERVICE_NAMES)
     if listener is not None:
         listener.serve(store_health.servicer)
