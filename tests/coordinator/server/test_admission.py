@@ -107,3 +107,21 @@ def test_a_call_without_a_message_is_refused() -> None:
 def test_streaming_handlers_are_left_as_they_are() -> None:
     upload = grpc.stream_unary_rpc_method_handler(lambda it, ctx: None, bytes, bytes)
     assert admit_handler("snapcoord.v1.SnapshotService/UploadCheckpoint", upload, admission()) is upload
+
+
+def test_a_streamed_answer_holds_its_request_until_the_last_response() -> None:
+    admitted = admission()
+
+    def pieces(request: str, context: Any) -> Iterator[tuple[str, int]]:
+        for piece in request:
+            yield piece, admitted.control.in_flight
+
+    plain = grpc.unary_stream_rpc_method_handler(pieces, lambda b: b.decode(), None)
+    handler = admit_handler("snapcoord.v1.SnapshotService/ReadCheckpoint", plain, admitted)
+    assert handler.unary_stream is None and handler.request_deserializer is None
+    messages = Messages(admitted, b"ab")
+    answers = handler.stream_stream(messages, Context())
+    assert messages.asked_with == []  # nothing is read before the first answer is asked for
+    assert list(answers) == [("a", MESSAGE_COPIES * 2), ("b", MESSAGE_COPIES * 2)]
+    assert messages.asked_with == [(0, HOLD)]
+    assert admitted.control.in_flight == 0

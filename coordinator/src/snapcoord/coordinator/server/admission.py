@@ -1,10 +1,10 @@
 """Request messages held in a memory budget from before gRPC receives them.
 
-grpcio reads a unary call's request when a handler thread starts the call, as one message of up
-to the receive limit, and parses it before the handler runs: as many whole messages at once as
-there are handler threads, all outside any budget. So ``AdmissionInterceptor`` serves every unary
-method of the API and health as, on the server side, a client-streaming method over raw bytes
-(the wire is the same: one message, then the half-close). Its handler first holds
+grpcio reads a unary request when a handler thread starts the call, as one message of up to the
+receive limit, and parses it before the handler runs: as many whole messages at once as there
+are handler threads, all outside any budget. So ``AdmissionInterceptor`` serves every method of
+the API and health with a unary request as, on the server side, one with a request stream of raw
+bytes (the wire is the same: one message, then the half-close). Its handler first holds
 ``message_hold`` (the receive limit, ``MESSAGE_COPIES`` times) from a budget, waiting for room like
 any holder and refused with RESOURCE_EXHAUSTED when none comes; only then asks gRPC for the
 message, shrinks the hold to that message's copies, parses it and runs the servicer's method
@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from snapcoord.coordinator.errors import InvalidArgument
-from snapcoord.coordinator.kernel.payload_admission import MESSAGE_COPIES, PayloadBudget
+from snapcoord.coordinator.kernel.payload_admission import MESSAGE_COPIES, Held, PayloadBudget
 from snapcoord.coordinator.transport.interceptors import UNARY_ON_THE_WIRE
 from snapcoord.coordinator.transport.status import until_ended
 
@@ -54,27 +54,42 @@ class Admission:
 
 
 def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admission) -> grpc.RpcMethodHandler:
-    """``handler`` (unary-unary with a deserializer) as a client-streaming handler that holds its
-    message's memory before receiving it; any other handler as it is."""
+    """``handler``, with a unary request and a deserializer, as the same handler over a raw
+    request stream that holds its message's memory before receiving it; any other handler (a
+    streamed request, a non-blocking behaviour) as it is."""
     deserialize = handler.request_deserializer
-    unary = handler.unary_unary
-    if unary is None or deserialize is None:
+    if deserialize is None or handler.request_streaming:
         return handler
     budget = admission.budget_for(method)
     what = f"{method.rsplit('/', 1)[-1]} (a request message of up to {admission.receive_limit_bytes} bytes)"
 
-    def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        with budget.hold(admission.hold_bytes, what) as held:
-            raw = next(until_ended(requests, context), None)
-            if raw is None:
-                raise InvalidArgument(f"{method}: the call ended without a request message")
-            held.shrink(MESSAGE_COPIES * len(raw))
-            request = deserialize(raw)
-            del raw
-            return unary(request, context)
+    def receive(requests: Iterator[bytes], context: grpc.ServicerContext, held: Held) -> Any:
+        raw = next(until_ended(requests, context), None)
+        if raw is None:
+            raise InvalidArgument(f"{method}: the call ended without a request message")
+        held.shrink(MESSAGE_COPIES * len(raw))
+        return deserialize(raw)
 
-    setattr(behavior, UNARY_ON_THE_WIRE, True)  # its metrics say unary, as the method is
-    return grpc.stream_unary_rpc_method_handler(behavior, None, handler.response_serializer)
+    unary = handler.unary_unary
+    if unary is not None:
+
+        def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+            with budget.hold(admission.hold_bytes, what) as held:
+                return unary(receive(requests, context, held), context)
+
+        setattr(behavior, UNARY_ON_THE_WIRE, True)  # its metrics say unary, as the method is
+        return grpc.stream_unary_rpc_method_handler(behavior, None, handler.response_serializer)
+    streamed = handler.unary_stream
+    if getattr(streamed, "experimental_non_blocking", False):
+        return handler
+
+    def streaming(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        # A generator: gRPC reads the request when it asks for the first response, under the hold.
+        with budget.hold(admission.hold_bytes, what) as held:
+            yield from streamed(receive(requests, context, held), context)
+
+    setattr(streaming, UNARY_ON_THE_WIRE, True)  # its metrics say server_stream
+    return grpc.stream_stream_rpc_method_handler(streaming, None, handler.response_serializer)
 
 
 class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
