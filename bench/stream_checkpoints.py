@@ -71,7 +71,7 @@ def main() -> None:
             in_process_coordinator(
                 f"zk://{zk.hosts}/bench-{run_id}",
                 f"s3://{s3.bucket}/bench-{run_id}",
-                snapshot_max_report_size=size_flag,
+                max_inline_payload=size_flag,
                 snapshot_max_inline_read="1MiB",
             ) as port,
             CoordinatorClient(f"127.0.0.1:{port}", timeout_s=600) as client,

@@ -40,6 +40,7 @@ from snapcoord.client import CoordinatorClient, NotFound, Offset, SnapshotRef, T
 from snapcoord.coordinator import api
 from snapcoord.coordinator.config import options, settings
 from snapcoord.coordinator.observability.logging_setup import serving_message
+from snapcoord.coordinator.server.memory_bounds import check_memory_bounds, memory_bounds
 from snapcoord.coordinator.transport.health import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,6 +188,11 @@ def test_memory_limit_covers_the_payload_budget_and_headroom(manifests: list[dic
     resources = container(manifests)["resources"]
     limit = quantity_bytes(resources["limits"]["memory"])
     assert limit >= budget + headroom, (limit, budget, headroom)
+    # The headroom is the coordinator's own derivation from these settings (memory_bounds).
+    bounds = memory_bounds(cfg)
+    assert headroom == bounds.headroom_bytes, (headroom, bounds.lines())
+    assert limit >= bounds.worst_case_bytes, bounds.lines()
+    check_memory_bounds(cfg)
     # Set here, not left at the default (1 GiB, more than the limit leaves room for).
     assert budget < settings.load({}, {}).grpc.payload_budget_bytes
     assert quantity_bytes(resources["requests"]["memory"]) <= limit

@@ -254,7 +254,8 @@ def test_results_are_frozen_dataclasses(client: CoordinatorClient, uid: str) -> 
 def test_large_checkpoints_and_the_receive_limit(
     client: CoordinatorClient, coordinator: InProcessCoordinator, uid: str
 ) -> None:
-    payload = bytes(range(256)) * (5 * 4096)  # 5 MiB: beyond gRPC's 4 MiB default receive limit
+    # 4 MiB, the coordinator's inline cap: with its framing, beyond gRPC's 4 MiB default receive limit
+    payload = bytes(range(256)) * (4 * 4096)
     client.create_snapshot(uid, ["t"])
     client.report_task_snapshot(uid, 1, TaskSnapshot("t", checkpoints={"big": payload}))
     assert client.get_snapshot(uid, 1, include_checkpoints=True).tasks[0].checkpoints["big"] == payload

@@ -236,8 +236,17 @@ def test_check_config_prints_each_setting_where_it_came_from_and_no_secret(tmp_p
     }
     result = run_cli("check-config", "--config", str(config), "--port", "6000", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line.split(None, 1)[1] for line in result.stdout.splitlines()[1:]}
+    settings_part, memory_part = result.stdout.split("# memory, derived", 1)
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in settings_part.splitlines()[1:]}
     assert set(rows) == {opt.flag for opt in OPTIONS}
+    # Then the derived memory bounds, ending with the worst case (default budget, 256 calls).
+    derived = memory_part.splitlines()[1:]
+    assert derived[0] == "#   receive limit (--max-inline-payload + envelope): 8388608 bytes (8.0 MiB)"
+    worst = 128 * 2**20 + 2**30 + 2 * 3 * 8 * 2**20 + 256 * 4 * 2**20
+    assert (
+        derived[-2]
+        == f"#   worst case per process (payload budget + headroom): {worst} bytes ({worst / 2**20:.1f} MiB)"
+    )
     assert rows["--port"] == "6000  (flag)"
     assert rows["--shutdown-grace"] == "30s  (environment SNAPCOORD_SHUTDOWN_GRACE)"
     assert rows["--max-workers"] == "8  (file)"
@@ -258,6 +267,11 @@ def test_check_config_prints_each_setting_where_it_came_from_and_no_secret(tmp_p
         ("port: 1\nport: 2\n", "line 2: port is given twice"),
         ("payload-budget: [1GiB]\n", "payload-budget must be a single value"),
         ("payload-budget: 1G\n", "invalid payload-budget: '1G' in "),
+        # One request message at the receive limit (4 MiB + 4 MiB envelope, 3 copies) never fits.
+        (
+            "payload-budget: 16MiB\n",
+            "--payload-budget (16777216 bytes) is less than one request message at the receive limit",
+        ),
     ],
 )
 @pytest.mark.process

@@ -35,7 +35,8 @@ def wire_chunks(
 @pytest.fixture
 def coordinator(stores: Stores) -> Iterator[InProcessCoordinator]:
     deps = Deps(metadata=stores.metadata, blobs=stores.blobs)
-    with serve_in_process(deps, snapshot_max_inline_read="3MiB") as coord:
+    # A 5 MiB report inline: over the default 4 MiB cap.
+    with serve_in_process(deps, snapshot_max_inline_read="3MiB", max_inline_payload="8MiB") as coord:
         yield coord
 
 

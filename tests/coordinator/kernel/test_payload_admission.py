@@ -1,7 +1,8 @@
 """The server-wide budget of payload bytes in flight: calls that do not fit wait for room,
 then get RESOURCE_EXHAUSTED (reason OVERLOADED); a call larger than the budget is refused at once;
-the registry holds a report's and a GetSnapshot's payload bytes from it, and a streamed read's
-pieces in memory (the one sent and those read ahead)."""
+a hold shrinks to what its call still needs; the registry holds a GetSnapshot's payload bytes
+from it, and a streamed read's pieces in memory (the one sent and those read ahead). (A report's
+payloads are held with its request message: tests/coordinator/server/test_admission.py.)"""
 
 from __future__ import annotations
 
@@ -60,12 +61,25 @@ def test_a_call_that_never_fits_in_time_is_refused_with_resource_exhausted() -> 
         pass
 
 
+def test_a_hold_shrinks_to_what_its_call_still_needs() -> None:
+    budget = PayloadBudget(100, wait_s=0)
+    with budget.hold(90, "receipt") as held:
+        held.shrink(30)
+        assert budget.in_flight == 30
+        with budget.hold(70, "another"):  # the 60 given back are free at once
+            assert budget.in_flight == 100
+        held.shrink(40)  # a shrink never grows a hold
+        assert budget.in_flight == 30
+    assert budget.in_flight == 0
+
+
 def registry_with(stores: Stores, budget: PayloadBudget) -> SnapshotRegistry:
     return SnapshotRegistry(
         stores.metadata,
         stores.blobs,
         SystemClock(),
-        SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
+        # Payloads in the blob store; a 5 MiB report inline.
+        SnapshotPolicy(inline_checkpoint_max_bytes=0, max_report_bytes=8 * CHUNK_BYTES),
         CoordinatorMetrics(new_registry()),
         payload_budget=budget,
     )
@@ -75,9 +89,6 @@ def test_the_registry_holds_payload_bytes_from_the_budget(stores: Stores) -> Non
     budget = PayloadBudget(1000, wait_s=0)
     snapshots = registry_with(stores, budget)
     g = snapshots.create("app", ["a", "b"], 0, 0, {}).record.generation
-    with pytest.raises(ResourceExhausted, match="ReportTaskSnapshot of task 'a' needs 1001"):
-        snapshots.report("app", g, "a", (), {"s": b"x" * 1001})
-    assert snapshots.get("app", g, include_checkpoints=False).snapshot.tasks == ()  # untouched
     snapshots.report("app", g, "a", (), {"s": b"x" * 600})
     snapshots.report("app", g, "b", (), {"s": b"y" * 300})
     assert len(snapshots.get("app", g, include_checkpoints=True).payloads) == 2  # 900 fits

@@ -22,13 +22,12 @@ PAYLOAD = 64 * MiB
 
 
 def test_concurrent_streamed_reads_keep_the_server_rss_bounded(tmp_path: Path) -> None:
-    with CoordinatorProcess(tmp_path / "coord", args=["--snapshot-max-report-size", "80MiB"]) as coord:
+    with CoordinatorProcess(tmp_path / "coord") as coord:
         with CoordinatorClient(coord.target, timeout_s=300) as client:
             for i in range(CLIENTS):  # one at a time: this test measures the reads
                 g = client.create_snapshot(f"app{i}", ["t"]).generation
-                payload = bytes([i]) * PAYLOAD
-                client.report_task_snapshot(f"app{i}", g, TaskSnapshot("t", (), {"state": payload}))
-                del payload
+                up = client.upload_checkpoint(f"app{i}", g, "t", "state", bytes([i]) * PAYLOAD)
+                client.report_task_snapshot(f"app{i}", g, TaskSnapshot("t", uploads={"state": up.upload_id}))
         received: dict[int, int] = {}
 
         def read(i: int) -> None:

@@ -104,9 +104,11 @@ def _resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> setti
         flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
         resolved = settings.resolve(flags, os.environ, file)
         # Limits that fit no ZooKeeper request are a config error too, told before anything starts.
+        from snapcoord.coordinator.server.memory_bounds import check_memory_bounds
         from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
 
         check_lease_requests_fit(resolved.config)
+        check_memory_bounds(resolved.config)
     except (settings.ConfigError, config_file.ConfigFileError) as e:
         parser.error(str(e))  # exits 2 with usage
     return resolved
@@ -129,6 +131,12 @@ def _check_config(resolved: settings.Resolved) -> int:
         origin = {"environment": f"environment {envs[setting.name]}"}.get(setting.origin, setting.origin)
         value = setting.shown if setting.shown else "(none)"  # an optional file left unset
         print(f"{flags[setting.name]:<{width}}  {value}  ({origin})")
+    from snapcoord.coordinator.server.memory_bounds import memory_bounds
+    from snapcoord.coordinator.server.processes import process_count
+
+    print("# memory, derived (docs/operations/memory.md):")
+    for line in memory_bounds(resolved.config, process_count(resolved.config)).lines():
+        print(f"#   {line}")
     for warning in _warnings(resolved.config):
         print(f"snapcoord check-config: warning: {warning}", file=sys.stderr)
     return 0

@@ -41,6 +41,10 @@ class Services:
     backlog: BacklogRegistry
     #: Always built, so tests and tools can ``run_once``; started only if the config enables it.
     janitor: Janitor
+    #: Payload bytes in memory across the server's calls (``--payload-budget``): the snapshot
+    #: registry's reads and uploads hold from it, and so does every request message as gRPC
+    #: receives it (``server.admission``).
+    payload_budget: PayloadBudget
 
     @classmethod
     def build(cls, config: Config, deps: Deps, metrics: CoordinatorMetrics) -> Services:
@@ -58,17 +62,18 @@ class Services:
             kernel=kernel,
         )
         metrics.payload_budget_limit.set(config.grpc.payload_budget_bytes)
+        payload_budget = PayloadBudget(
+            config.grpc.payload_budget_bytes,
+            config.grpc.payload_budget_wait_ms / 1000,
+            on_change=metrics.payload_budget_in_use.set,
+        )
         snapshots = SnapshotRegistry(
             deps.metadata,
             deps.blobs,
             deps.clock,
             config.snapshots,
             metrics,
-            payload_budget=PayloadBudget(
-                config.grpc.payload_budget_bytes,
-                config.grpc.payload_budget_wait_ms / 1000,
-                on_change=metrics.payload_budget_in_use.set,
-            ),
+            payload_budget=payload_budget,
             kernel=kernel,
         )
         leases = LeaseRegistry(
@@ -128,4 +133,5 @@ class Services:
             leases=leases,
             backlog=backlog,
             janitor=janitor,
+            payload_budget=payload_budget,
         )

@@ -465,6 +465,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SIZE",
     ),
     Option(
+        "max_inline_payload",
+        "most checkpoint bytes one ReportTaskSnapshot carries inline; larger payloads stream with "
+        "UploadCheckpoint. gRPC refuses a request message over this plus a 4 MiB envelope before "
+        "buffering it (B, KiB, MiB, GiB)",
+        _as_size(SnapshotPolicy.max_report_bytes, "MiB"),
+        _size_parser(1, 1024**3),
+        to="snapshots.max_report_bytes",
+        metavar="SIZE",
+    ),
+    Option(
         "payload_budget_wait",
         "how long a call waits for room in --payload-budget before RESOURCE_EXHAUSTED",
         "10s",
@@ -624,14 +634,6 @@ OPTIONS: tuple[Option, ...] = (
         _int_parser(1, 20_000, "an integer 1-20000"),
         to="snapshots.max_tasks",
         metavar="N",
-    ),
-    Option(
-        "snapshot_max_report_size",
-        "most checkpoint bytes in one ReportTaskSnapshot (B, KiB, MiB, GiB)",
-        _as_size(SnapshotPolicy.max_report_bytes, "MiB"),
-        _size_parser(1, 1024**3),
-        to="snapshots.max_report_bytes",
-        metavar="SIZE",
     ),
     Option(
         "snapshot_inline_checkpoint_max_bytes",

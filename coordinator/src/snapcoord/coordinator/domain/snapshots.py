@@ -60,8 +60,9 @@ class SnapshotPolicy:
     max_tasks: int = 5_000
     #: Most committed offsets in one task report (fixed: no option).
     max_offsets_per_task: int = 10_000
-    #: Most checkpoint bytes in one ReportTaskSnapshot; also sizes the gRPC message limit.
-    max_report_bytes: int = 64 * 1024 * 1024
+    #: Most checkpoint bytes one ReportTaskSnapshot carries inline (``--max-inline-payload``); larger
+    #: payloads stream with UploadCheckpoint. It sizes gRPC's receive limit (``memory_bounds``).
+    max_report_bytes: int = 4 * 1024 * 1024
     #: Retention for apps without a SetRetentionPolicy override.
     default_keep_last_completed: int = 3
     default_completed_ttl_ms: int = 7 * 24 * 3_600_000
@@ -282,7 +283,12 @@ def validate_report(
             )
     if total > policy.max_report_bytes:
         raise InvalidArgument(
-            f"task.checkpoints hold {total} bytes; the limit per report is {policy.max_report_bytes}"
+            f"task.checkpoints hold {total} bytes inline; the limit per report is "
+            f"{policy.max_report_bytes} (--max-inline-payload): stream larger payloads with "
+            "UploadCheckpoint (CoordinatorClient.upload_checkpoint) and name them in "
+            "task.uploaded_checkpoints",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "task.checkpoints", "limit": policy.max_report_bytes, "size": total},
         )
     return items
 

@@ -6,9 +6,10 @@ done. A call that does not fit waits, at most ``wait_s``, for others to finish, 
 RESOURCE_EXHAUSTED (reason OVERLOADED) instead of growing the process without bound. One call
 larger than the whole budget is refused at once: no amount of waiting would admit it.
 
-What it bounds: the payload bytes the handlers hold across concurrent calls. gRPC itself has
-already received a report's message when the handler runs; ``--max-concurrent-rpcs`` and the
-message size limit bound that part.
+What it bounds: the payload bytes the handlers hold across concurrent calls, and the request
+messages gRPC receives for them: ``server.admission`` holds a message's worth (at the receive
+limit, ``memory_bounds``) before gRPC reads it and shrinks the hold to the message's size once
+it has it (``Held.shrink``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,26 @@ import time
 from collections.abc import Callable, Iterator
 
 from snapcoord.coordinator.errors import Reason, ResourceExhausted
+
+MiB = 1024 * 1024
+#: Room in a request message beside its inline payload: identifiers, offsets, task sets, backlog
+#: partitions at their configured limits (the largest, 10,000 partitions with 200-character stream
+#: names, is about 2.2 MB).
+MESSAGE_ENVELOPE_BYTES = 4 * MiB
+#: Copies of a received message that may be in memory at once: gRPC's buffer while it hands the
+#: bytes to Python, the bytes, and the parsed message's own copy of its payload fields.
+MESSAGE_COPIES = 3
+
+
+def receive_limit(max_inline_payload: int) -> int:
+    """gRPC's limit on one request message: the inline payload cap and the envelope. A larger
+    message is refused by gRPC (RESOURCE_EXHAUSTED) before it is buffered."""
+    return max_inline_payload + MESSAGE_ENVELOPE_BYTES
+
+
+def message_hold(max_inline_payload: int) -> int:
+    """What a call holds from the budget while gRPC receives one of its request messages."""
+    return MESSAGE_COPIES * receive_limit(max_inline_payload)
 
 
 class PayloadBudget:
@@ -43,10 +64,11 @@ class PayloadBudget:
             return self._used
 
     @contextlib.contextmanager
-    def hold(self, nbytes: int, what: str) -> Iterator[None]:
-        """Hold ``nbytes`` of the budget for the block (waiting up to ``wait_s`` for room)."""
+    def hold(self, nbytes: int, what: str) -> Iterator[Held]:
+        """Hold ``nbytes`` of the budget for the block (waiting up to ``wait_s`` for room); the
+        ``Held`` it yields may give part of it back early."""
         if nbytes <= 0:
-            yield
+            yield Held(self, 0)
             return
         if nbytes > self.max_bytes:
             raise self._refusal(nbytes, what, f"more than the whole budget of {self.max_bytes} bytes")
@@ -64,13 +86,20 @@ class PayloadBudget:
                 self._cond.wait(left)
             self._used += nbytes
             self._on_change(self._used)
+        held = Held(self, nbytes)
         try:
-            yield
+            yield held
         finally:
-            with self._cond:
-                self._used -= nbytes
-                self._on_change(self._used)
-                self._cond.notify_all()
+            self._give_back(held.nbytes)
+            held.nbytes = 0
+
+    def _give_back(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._cond:
+            self._used -= nbytes
+            self._on_change(self._used)
+            self._cond.notify_all()
 
     def _refusal(self, nbytes: int, what: str, why: str) -> ResourceExhausted:
         return ResourceExhausted(
@@ -78,3 +107,19 @@ class PayloadBudget:
             reason=Reason.OVERLOADED,
             metadata={"limit": self.max_bytes, "requested": nbytes},
         )
+
+
+class Held:
+    """The bytes one ``PayloadBudget.hold`` block holds now."""
+
+    def __init__(self, budget: PayloadBudget, nbytes: int) -> None:
+        self._budget = budget
+        self.nbytes = nbytes
+
+    def shrink(self, nbytes: int) -> None:
+        """Hold only ``nbytes`` from now on (no-op when that is not less): the rest goes back to
+        the budget at once, for calls that wait."""
+        given = self.nbytes - max(nbytes, 0)
+        if given > 0:
+            self.nbytes -= given
+            self._budget._give_back(given)

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from snapcoord.coordinator import __version__, api
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
 from snapcoord.coordinator.config.settings import Config, GrpcConfig, hostport
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.observability import build_info, logging_setup
 from snapcoord.coordinator.observability.metrics import (
     CoordinatorMetrics,
@@ -37,9 +38,15 @@ from snapcoord.coordinator.observability.metrics import (
     start_exporter,
     track_usable,
 )
+from snapcoord.coordinator.server.admission import Admission, AdmissionInterceptor
 from snapcoord.coordinator.server.api_series import initialize_api_series
 from snapcoord.coordinator.server.concurrency_limit import concurrency_limit_probe
 from snapcoord.coordinator.server.health_listener import HealthListener
+from snapcoord.coordinator.server.memory_bounds import (
+    RECEIVE_WINDOW_BYTES,
+    check_memory_bounds,
+    memory_bounds,
+)
 from snapcoord.coordinator.server.processes import process_count, serve_processes
 from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
 from snapcoord.coordinator.services import Deps, Services
@@ -131,10 +138,6 @@ class CoordinatorServer:
             self.health_listener.server.stop(None)
 
 
-#: What one client stream may have in flight towards the server beyond what its handler took.
-RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024
-
-
 def keepalive_options(grpc_config: GrpcConfig) -> tuple[tuple[str, int], ...]:
     """The server's keepalive policy: which client pings it accepts before GOAWAY too_many_pings.
 
@@ -170,10 +173,12 @@ def build_server(
     if tracing is not None:
         traced_metadata = tracing.trace_metadata(deps.metadata)
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
+    bounds = memory_bounds(config)
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
     grpc_metrics = GrpcServerMetrics(registry)
     initialize_api_series(grpc_metrics)  # rate-based alerts see a method's first error
     interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
+    admission_interceptor = AdmissionInterceptor()
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.
         auth_interceptor = new_auth_interceptor(config.security)
@@ -183,15 +188,18 @@ def build_server(
         raise
     server = grpc.server(
         executor,
-        interceptors=(interceptor, auth_interceptor),
+        # Admission between them: the main interceptor records its refusals, auth gets the
+        # parsed request (server.admission).
+        interceptors=(interceptor, admission_interceptor, auth_interceptor),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead, unless this is one of the
         # --processes sharing the port on purpose.
         options=(
             ("grpc.so_reuseport", 1 if config.grpc.reuse_port else 0),
-            # A report may carry --snapshot-max-report-size of checkpoints; leave room for the rest.
-            ("grpc.max_receive_message_length", config.snapshots.max_report_bytes + 4 * 1024 * 1024),
+            # --max-inline-payload and the envelope: a larger message is refused before it is
+            # buffered (memory_bounds).
+            ("grpc.max_receive_message_length", bounds.receive_limit_bytes),
             ("grpc.max_send_message_length", -1),
             # A fixed receive window per stream: with BDP probing, gRPC grows it while a client
             # streams an upload faster than the handler writes it to S3, and buffers that much
@@ -233,6 +241,14 @@ def build_server(
     if tracing is not None:
         services.janitor.trace_with(tracing.janitor_span)
     # Malformed request bytes: INVALID_ARGUMENT naming the RPC, not grpcio's INTERNAL.
+    # From here on, each unary request message is held from a budget before gRPC receives it.
+    admission = Admission(
+        services.payload_budget,
+        PayloadBudget(bounds.control_pool_bytes, config.grpc.payload_budget_wait_ms / 1000),
+        bounds.message_hold_bytes,
+        bounds.receive_limit_bytes,
+    )
+    admission_interceptor.admit(admission)
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
         deps.metadata,
@@ -260,6 +276,7 @@ def run(config: Config, *, out: TextIO = sys.stdout) -> int:
     object with that ``message`` and the addresses as keys ``grpc``, ``metrics``, ``health``.
     """
     check_lease_requests_fit(config)
+    check_memory_bounds(config)
     count = process_count(config)
     config = replace(config, grpc=replace(config.grpc, processes=count))  # auto resolved from here on
     if count > 1:

@@ -56,7 +56,7 @@ from snapcoord.coordinator.errors import (
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
 from snapcoord.coordinator.kernel.decision import Commit, Decision, ReadNode, Reads
-from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
+from snapcoord.coordinator.kernel.payload_admission import PayloadBudget, message_hold
 from snapcoord.coordinator.kernel.record_copies import RecordCache
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots import decide, pins
@@ -341,7 +341,9 @@ class SnapshotRegistry:
         unique = uuid.uuid4().hex
         key = checkpoint_key(app_id, generation, task_id, unique)
         target = intents.UploadInfo(app_id, generation, task_id, store)
-        held = self._blobs.stream_buffer_bytes + MAX_UPLOAD_CHUNK_BYTES
+        # One message may be as large as gRPC's receive limit (a piece over the chunk size is
+        # refused only once it is received): the hold covers such a message, not a chunk.
+        held = self._blobs.stream_buffer_bytes + message_hold(self._policy.max_report_bytes)
         now = self._clock.now_ms()
         index = self._kernel.intents
         first: list[Mapping[str, Node | None]] = []  # the first check's reads, if made already
@@ -528,21 +530,21 @@ class SnapshotRegistry:
             # Without uploads, the report sized above is the one stored: encoded once.
             encoded=None if uploaded else encoded,
         )
-        size = sum(len(p) for p in payloads.values())
-        with self._budget.hold(size, f"ReportTaskSnapshot of task {task_id!r}"):
-            outcome = self._kernel.run(
-                "snapshot_report",
-                {"app_id": app_id, "generation": generation},
-                request.reads(),
-                lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
-                # The keys of the payloads bound for the blob store are made above: their intent
-                # rides with the first reads.
-                announce=tuple(payloads),
-                # The task's node is absent on a first report, and the commit's Create checks it.
-                defer=[request.task_read()],
-                # Every task of the snapshot may win a round before this one.
-                contenders=self._policy.max_tasks,
-            )
+        # The payloads are the request's own bytes: the call holds them from the payload budget
+        # from before gRPC received its message until it returns (``server.admission``).
+        outcome = self._kernel.run(
+            "snapshot_report",
+            {"app_id": app_id, "generation": generation},
+            request.reads(),
+            lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
+            # The keys of the payloads bound for the blob store are made above: their intent
+            # rides with the first reads.
+            announce=tuple(payloads),
+            # The task's node is absent on a first report, and the commit's Create checks it.
+            defer=[request.task_read()],
+            # Every task of the snapshot may win a round before this one.
+            contenders=self._policy.max_tasks,
+        )
         if outcome.changed:
             self._metrics.snapshots_completed.inc()
             header = outcome.snapshot.record

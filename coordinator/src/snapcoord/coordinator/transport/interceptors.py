@@ -79,8 +79,15 @@ def rpc_type_label(request_streaming: bool, response_streaming: bool) -> str:
     return "server_stream" if response_streaming else "unary"
 
 
+#: Set on a request-streaming behaviour that serves a method with a unary request
+#: (``server.admission`` reads its one request itself): its series keep the method's own type.
+UNARY_ON_THE_WIRE = "snapcoord_unary_on_the_wire"
+
+
 def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
-    return rpc_type_label(handler.request_streaming, handler.response_streaming)
+    behavior = handler.stream_unary or handler.stream_stream
+    unary_request = getattr(behavior, UNARY_ON_THE_WIRE, False)
+    return rpc_type_label(handler.request_streaming and not unary_request, handler.response_streaming)
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
