@@ -21,7 +21,13 @@ ROOT = Path(__file__).resolve().parents[3]
 #: The docs' example of a refused variable.
 MISSPELT_ON_PURPOSE = frozenset({"SNAPCOORD_METADTA"})
 #: Tests whose names are refused on purpose.
-REFUSAL_TESTS = frozenset({"tests/coordinator/config/test_environment.py", "tests/coordinator/test_cli.py"})
+REFUSAL_TESTS = frozenset(
+    {
+        "tests/coordinator/config/test_environment.py",
+        "tests/coordinator/config/test_renamed.py",
+        "tests/coordinator/test_cli.py",
+    }
+)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from snapcoord.coordinator.config.options import OPTIONS
+from snapcoord.coordinator.config.options import OPTIONS, renamed_env
 
 PREFIX = "SNAPCOORD_"
 #: The variable naming the config file (``snapcoord serve --config``).
@@ -59,6 +59,9 @@ def unknown_variable(environ: Mapping[str, str]) -> str | None:
     for name in sorted(environ):
         if not name.startswith(PREFIX) or name in known or _is_service_link(name, environ[name]):
             continue
+        renamed = renamed_env(name)
+        if renamed is not None:
+            return renamed.message(f"environment variable {name}", PREFIX + renamed.new.upper())
         suffixes = {k.removeprefix(PREFIX): k for k in known}
         # Compared without the prefix every name shares, which would make any two look alike.
         close = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)

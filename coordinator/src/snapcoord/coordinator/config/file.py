@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from snapcoord.coordinator.config.options import OPTIONS
+from snapcoord.coordinator.config.options import OPTIONS, RENAMED
 
 
 class ConfigFileError(ValueError):
@@ -66,6 +66,11 @@ def parse(text: str, *, source: str) -> ConfigFile:
             raise ConfigFileError(f"config file {source}, line {_line(key_node)}: a key must be a name")
         key = key_node.value
         at = f"config file {source}, line {_line(key_node)}"
+        renamed = RENAMED.get(key.replace("-", "_"))
+        if key not in keys and renamed is not None:
+            raise ConfigFileError(
+                f"{at}: " + renamed.message(f"key {key!r}", repr(renamed.new.replace("_", "-")))
+            )
         if key not in keys:
             close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]}?" if close else ""

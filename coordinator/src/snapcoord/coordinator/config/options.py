@@ -802,8 +802,49 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Renamed:
+    """A setting that no longer exists under its old name. Given under that name (flag, variable or
+    file key) it stops the start with a message naming the new one, rather than "unknown"."""
+
+    old: str
+    new: str
+    version: str
+    note: str
+
+    def message(self, given: str, replacement: str) -> str:
+        return f"{given} was renamed to {replacement} in snapcoord {self.version}: {self.note}"
+
+
+#: Old option name -> its rename.
+RENAMED: dict[str, Renamed] = {
+    r.old: r
+    for r in (
+        Renamed(
+            "snapshot_max_report_size",
+            "max_inline_payload",
+            "0.3.0",
+            "it now caps the checkpoint bytes one ReportTaskSnapshot carries inline (default 4MiB); larger "
+            "checkpoints stream with UploadCheckpoint",
+        ),
+    )
+}
+
+
+def renamed_env(name: str) -> Renamed | None:
+    """The rename of environment variable ``name`` (``SNAPCOORD_<OLD>``), if it is an old name."""
+    return RENAMED.get(name.removeprefix("SNAPCOORD_").lower()) if name.startswith("SNAPCOORD_") else None
+
+
+class _RenamedFlag(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        r = RENAMED[self.dest.removeprefix("renamed__")]
+        parser.error(r.message("--" + r.old.replace("_", "-"), "--" + r.new.replace("_", "-")))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per option to ``parser``; values stay raw strings (validated in ``load``)."""
+    """Add one flag per option to ``parser``; values stay raw strings (validated in ``load``). An
+    old flag (``RENAMED``) is accepted by the parser only to be refused naming its new name."""
     for opt in OPTIONS:
         parser.add_argument(
             opt.flag,
@@ -811,6 +852,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             metavar=opt.metavar,
             help=f"{opt.help} (env {opt.env}; default {opt.shown_default})",
+        )
+    for old in RENAMED:
+        parser.add_argument(
+            "--" + old.replace("_", "-"),
+            dest="renamed__" + old,
+            action=_RenamedFlag,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
         )
 
 
