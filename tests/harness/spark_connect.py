@@ -42,7 +42,8 @@ def pyspark_home() -> Path:
 
 
 class SparkConnectServer:
-    """``spark-submit --class SparkConnectServer`` on ``127.0.0.1:<free port>``, ``local[cores,4]`` (task retries as on a cluster)."""
+    """``spark-submit --class SparkConnectServer`` on ``127.0.0.1:<free port>``, ``local[cores,4]``
+    (a failed task is retried, as on a cluster)."""
 
     def __init__(
         self,

@@ -119,9 +119,13 @@ _Event = _StateChanged | _NodeChanged | None
 class _Attempts:
     """What the attempts of one operation share: the deadline and whether a write is in doubt."""
 
-    def __init__(self, client: Any, deadline_s: float) -> None:
+    def __init__(
+        self, client: Any, deadline_s: float, cut_for_s: Callable[[], float], patience_s: float
+    ) -> None:
         self._client = client
         self._stop_at = time.monotonic() + deadline_s
+        self._cut_for_s = cut_for_s
+        self._patience_s = patience_s
         #: True once a write was sent and its reply lost: it may have been applied.
         self.in_doubt = False
 
@@ -129,9 +133,7 @@ class _Attempts:
         """Send one request (``start`` returns kazoo's async result) and wait for its reply."""
         if self._client.client_state == KeeperState.CLOSED:
             raise kz.ConnectionClosedError("the client was stopped")  # not retried
-        if not self._client.connected:
-            # Not sent, so not in doubt. kazoo would queue it until the reconnection.
-            raise kz.ConnectionLoss("not connected to ZooKeeper")
+        self._not_connected()
         remaining = self._stop_at - time.monotonic()
         if remaining <= 0:
             raise kz.OperationTimeoutError("retry deadline reached")  # not sent either
@@ -146,14 +148,27 @@ class _Attempts:
             self.in_doubt = self.in_doubt or write
             raise kz.OperationTimeoutError("no reply before the retry deadline") from e
 
+    def _not_connected(self) -> None:
+        """Raise unless connected: ``ConnectionLoss`` (retried) while the connection may come back
+        soon, ``RetryFailedError`` (not retried) once it has been gone for the patience. A replica
+        cut from ZooKeeper so answers UNAVAILABLE within its session timeout (kazoo notices a
+        silent cut after two thirds of it), not after the whole retry deadline, and a call never
+        waits out a retry deadline on a connection known to be gone."""
+        if self._client.connected:
+            return
+        cut_for = self._cut_for_s()
+        if cut_for >= self._patience_s:
+            raise RetryFailedError(f"not connected to ZooKeeper for {cut_for:.1f} s")
+        # Not sent, so not in doubt. kazoo would queue it until the reconnection.
+        raise kz.ConnectionLoss("not connected to ZooKeeper")
+
     def wait_all(self, starts: Sequence[Callable[[], Any]], *, write: bool = False) -> list[Any]:
         """Send several requests at once and wait for every reply, in order. A ``NoNodeError`` is
         returned in its slot (a missing node is an answer); any other error is raised. ``write``:
         the first request writes, so a lost reply leaves the attempt in doubt."""
         if self._client.client_state == KeeperState.CLOSED:
             raise kz.ConnectionClosedError("the client was stopped")
-        if not self._client.connected:
-            raise kz.ConnectionLoss("not connected to ZooKeeper")
+        self._not_connected()
         pending = [start() for start in starts]
         replies: list[Any] = []
         for result in pending:
@@ -315,6 +330,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         #: Told when the store closes, so that their run() returns (also under _watch_lock).
         self._elections: weakref.WeakSet[ZooKeeperElection] = weakref.WeakSet()
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        #: When kazoo last left CONNECTED (monotonic), None while connected; set by its listener.
+        self._disconnected_at: float | None = None
         self._client.add_listener(self._on_kazoo_state)
         self._connect(options.zk_connect_timeout_ms / 1000)
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"snapcoord-zk:{uri}", daemon=True)
@@ -727,7 +744,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         """Run ``attempt`` under the retry policy and translate kazoo's errors at this edge."""
         if self._closed:
             raise StoreUnavailable(f"{what}: metadata store {self.uri} is closed")
-        attempts = _Attempts(self._client, self._deadline_s)
+        attempts = _Attempts(self._client, self._deadline_s, self._cut_for_s, self._session_timeout_s / 4)
         try:
             result: T = self._retry.copy()(attempt, attempts)
             return result
@@ -775,8 +792,17 @@ class ZooKeeperMetadataStore(MetadataStore):
         )
 
     def _on_kazoo_state(self, state: str) -> None:
-        """kazoo's connection thread: must not block, so only queue the change."""
+        """kazoo's connection thread: must not block, so only note the time and queue the change."""
+        if state == KazooState.CONNECTED:
+            self._disconnected_at = None
+        elif self._disconnected_at is None:
+            self._disconnected_at = time.monotonic()
         self._events.put(_StateChanged(state))
+
+    def _cut_for_s(self) -> float:
+        """Seconds since the connection went (SUSPENDED or LOST), 0 while connected."""
+        since = self._disconnected_at
+        return 0.0 if since is None else time.monotonic() - since
 
     def _on_zk_watch(self, event: WatchedEvent) -> None:
         """kazoo's callback thread: only queue the change."""
