@@ -60,12 +60,21 @@ def no_retry(target: str) -> Client:
     return Client(target, timeout_s=20, retry=RetryPolicy(max_attempts=1))
 
 
-def completed_pair(client: Client, app: str) -> None:
-    """Generations 1 and 2 of ``app`` COMPLETED: retention (keep the last one) wants 1 gone."""
-    for i in (1, 2):
-        snap = client.create_snapshot(app, ["t0"])
-        assert snap.generation == i
-        client.report_task_snapshot(app, i, TaskSnapshot("t0", (Offset("topic", 0, i),), {}))
+def complete(client: Client, app: str, generation: int) -> None:
+    snap = client.create_snapshot(app, ["t0"])
+    assert snap.generation == generation
+    client.report_task_snapshot(app, generation, TaskSnapshot("t0", (Offset("topic", 0, generation),), {}))
+
+
+def pinned_pair(client: Client, app: str, lease_id: str, duration_ms: int) -> float:
+    """Generation 1 of ``app`` COMPLETED and leased by ``lease_id``, then generation 2 COMPLETED, so
+    that retention (keep the last one) wants 1 gone once unpinned; returns when the lease was asked."""
+    complete(client, app, 1)
+    asked = time.time()
+    acquired = client.acquire_snapshots(lease_id, [SnapshotRef(app, 1)], duration_ms=duration_ms)
+    assert acquired.unavailable == ()
+    complete(client, app, 2)
+    return asked
 
 
 def exists(fn: Callable[[], object]) -> bool:
@@ -142,7 +151,7 @@ def test_beyond_the_margin_without_the_check_a_pinned_snapshot_goes_while_its_le
     zk_uri: str, s3_uri: str, skewed: str
 ) -> None:
     """The finding: a margin of 1 s and a replica 6 s off. Either its janitor (ahead) finds a lease
-    expired that its holder was just told is alive, or the leases it serves (behind) expire, by the
+    expired that its holder was just told is alive for 4 s, or the leases it serves (behind) expire, by the
     honest janitor's clock, before the duration their holder was given: both times retention
     deletes the pinned snapshot while the lease's holder still counts on it."""
     janitor_offset, server_offset = SKEWS[skewed]
@@ -151,10 +160,8 @@ def test_beyond_the_margin_without_the_check_a_pinned_snapshot_goes_while_its_le
         in_process(zk_uri, s3_uri, janitor_offset, check_clock=False) as (_, janitor),
     ):
         client = Client(serving, timeout_s=20)
-        completed_pair(client, "app")
-        asked = time.time()
-        client.acquire_snapshots("lease", [SnapshotRef("app", 1)], duration_ms=10_000)
-        believed_until = asked + 10.0
+        # 4 s: the skewed replica's view ends it at once (6 s off, 1 s margin), its holder's 4 s later.
+        believed_until = pinned_pair(client, "app", "lease", 4_000) + 4.0
 
         def pass_and_check() -> bool:
             janitor.services.janitor.run_once()
@@ -177,12 +184,12 @@ def test_beyond_the_margin_the_check_refuses_what_would_lose_the_pin(
         in_process(zk_uri, s3_uri, janitor_offset, check_clock=True) as (janitor_target, janitor),
     ):
         client = no_retry(serving)
-        completed_pair(no_retry(janitor_target) if server_offset else client, "app")  # on the honest one
         if server_offset:
+            complete(no_retry(janitor_target), "app", 1)  # through the honest one
             with pytest.raises(client_errors.Unavailable, match=r"clock skew.*behind ZooKeeper"):
                 client.acquire_snapshots("lease", [SnapshotRef("app", 1)], duration_ms=10_000)
             return
-        client.acquire_snapshots("lease", [SnapshotRef("app", 1)], duration_ms=10_000)
+        pinned_pair(client, "app", "lease", 10_000)
         for _ in range(3):
             done = janitor.services.janitor.run_once()
             assert "lease-expiry" not in done and "snapshot-retention" not in done, done
@@ -237,9 +244,7 @@ def within_margin(pair: SkewedPair, via: Replica, name: str) -> None:
     it, the TTL record outlives its TTL less the margin, and the lease renews no more once gone."""
     client = Client(via.target, timeout_s=20)
     readers = [Client(r.target, timeout_s=20) for r in (pair.honest, pair.skewed)]
-    completed_pair(client, name)
-    asked = time.time()
-    client.acquire_snapshots(name, [SnapshotRef(name, 1)], duration_ms=LEASE_MS)
+    pinned_pair(client, name, name, LEASE_MS)
     for _ in range(2):
         asked = time.time()
         client.renew_lease(name, duration_ms=LEASE_MS)
