@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -86,9 +87,16 @@ class Cluster:
     """``replicas`` coordinators on a fresh 3-node ensemble, blobs under ``blobs_uri``."""
 
     def __init__(
-        self, workdir: Path, blobs_uri: str, *, replicas: int = 3, chroot: str = "snapcoord"
+        self,
+        workdir: Path,
+        blobs_uri: str,
+        *,
+        replicas: int = 3,
+        chroot: str = "snapcoord",
+        command: Sequence[str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.command = command  # in place of ``snapcoord`` (harness.coordinator.CoordinatorProcess)
         self.ensemble = ZooKeeperEnsemble(self.workdir / "zk")
         self.blobs_uri = blobs_uri
         self.chroot = chroot
@@ -108,7 +116,8 @@ class Cluster:
         # A fresh workdir per process: CoordinatorProcess reads the first serving line of its stdout
         # file, and a restart in the same workdir would append to the old one.
         self._spawned += 1
-        return Replica(self.workdir / f"replica{i}-{self._spawned}", args=args, start_timeout_s=120)
+        workdir = self.workdir / f"replica{i}-{self._spawned}"
+        return Replica(workdir, args=args, start_timeout_s=120, command=self.command)
 
     @property
     def target(self) -> str:

@@ -75,8 +75,11 @@ class CoordinatorProcess:
         host: str = "127.0.0.1",
         start_timeout_s: float = 60.0,
         health_credentials: grpc.ChannelCredentials | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        #: What runs in place of ``snapcoord`` (e.g. a coordinator with a planted bug), or None.
+        self.command = list(command) if command is not None else None
         #: For a coordinator serving TLS: the channel credentials of ``health()``.
         self.health_credentials = health_credentials
         self.stdout_path = self.workdir / "snapcoord.stdout"
@@ -124,7 +127,7 @@ class CoordinatorProcess:
     def start(self) -> CoordinatorProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [
-            *snapcoord_command(),
+            *(self.command or snapcoord_command()),
             "serve",
             "--host",
             self.host,

@@ -223,12 +223,19 @@ class SnapshotRegistry:
 
     def _get(self, app_id: str, generation: int, include_checkpoints: bool) -> SnapshotPayloads:
         header = self._read(app_id, generation) if generation > 0 else None
-        if header is None:
-            raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
-        # A completed snapshot lists every task that reported: their nodes are read in one round
-        # (no listing first); otherwise the listing says which did.
-        done = header.record.state is State.COMPLETED
-        reports = self._read_reports(app_id, generation, header.record.task_ids if done else None)
+        while True:
+            if header is None:
+                raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
+            # A completed snapshot lists every task that reported: their nodes are read in one round
+            # (no listing first); otherwise the listing says which did.
+            done = header.record.state is State.COMPLETED
+            reports, again = self._read_reports(app_id, generation, header.record.task_ids if done else None)
+            # The header is read again after the reports (in the same round): the answer is one
+            # moment's only if it did not change in between (the last report completes it in the
+            # commit that adds its node; a deletion marks it before removing nodes). Else again.
+            if again is not None and again.version == header.version:
+                break
+            header = again
         payloads: dict[tuple[str, str], bytes] = {}
         if include_checkpoints:
             size = sum(ref.size for report in reports for ref in report.checkpoints)
@@ -695,15 +702,18 @@ class SnapshotRegistry:
 
     def _read_reports(
         self, app_id: str, generation: int, task_ids: Sequence[str] | None = None
-    ) -> list[TaskReport]:
-        """The task reports in task id order; of ``task_ids`` when given (no listing)."""
+    ) -> tuple[list[TaskReport], decide.Stored | None]:
+        """The task reports in task id order (of ``task_ids`` when given: no listing), and the
+        header read after them in the same round (reads of one session are served in order)."""
         names = (
             sorted(task_ids)
             if task_ids is not None
             else self._metadata.children(tasks_path(app_id, generation))
         )
-        nodes = self._metadata.get_many([task_path(app_id, generation, t) for t in names])
-        return [decode_task_report(node.data) for node in nodes.values() if node is not None]
+        header = gen_path(app_id, generation)
+        nodes = self._metadata.get_many([*(task_path(app_id, generation, t) for t in names), header])
+        again = decide.stored(nodes.pop(header))
+        return [decode_task_report(node.data) for node in nodes.values() if node is not None], again
 
     def _load_current(self, app_id: str) -> Snapshot:
         """The app's current header, seeing every write committed before the call: the sync, the
