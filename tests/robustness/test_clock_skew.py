@@ -23,10 +23,11 @@ from harness.clock import SkewedClock, skewed_env
 from harness.cluster import Replica
 from harness.coordinator import coordinator_config
 from harness.process import wait_until
+from robustness.checker import check
+from robustness.history import History
+from robustness.workload import Workload, final_reader
 from snapcoord.client import (
-    CoordinatorClient as Client,
-)
-from snapcoord.client import (
+    CoordinatorClient,
     Offset,
     RetryPolicy,
     SnapshotRef,
@@ -56,17 +57,17 @@ FLAGS = (
 _OFFSET_RE = re.compile(r"^snapcoord_clock_offset_seconds\s+(\S+)$", re.MULTILINE)
 
 
-def no_retry(target: str) -> Client:
-    return Client(target, timeout_s=20, retry=RetryPolicy(max_attempts=1))
+def no_retry(target: str) -> CoordinatorClient:
+    return CoordinatorClient(target, timeout_s=20, retry=RetryPolicy(max_attempts=1))
 
 
-def complete(client: Client, app: str, generation: int) -> None:
+def complete(client: CoordinatorClient, app: str, generation: int) -> None:
     snap = client.create_snapshot(app, ["t0"])
     assert snap.generation == generation
     client.report_task_snapshot(app, generation, TaskSnapshot("t0", (Offset("topic", 0, generation),), {}))
 
 
-def pinned_pair(client: Client, app: str, lease_id: str, duration_ms: int) -> float:
+def pinned_pair(client: CoordinatorClient, app: str, lease_id: str, duration_ms: int) -> float:
     """Generation 1 of ``app`` COMPLETED and leased by ``lease_id``, then generation 2 COMPLETED, so
     that retention (keep the last one) wants 1 gone once unpinned; returns when the lease was asked."""
     complete(client, app, 1)
@@ -159,7 +160,7 @@ def test_beyond_the_margin_without_the_check_a_pinned_snapshot_goes_while_its_le
         in_process(zk_uri, s3_uri, server_offset, check_clock=False) as (serving, _),
         in_process(zk_uri, s3_uri, janitor_offset, check_clock=False) as (_, janitor),
     ):
-        client = Client(serving, timeout_s=20)
+        client = CoordinatorClient(serving, timeout_s=20)
         # 4 s: the skewed replica's view ends it at once (6 s off, 1 s margin), its holder's 4 s later.
         believed_until = pinned_pair(client, "app", "lease", 4_000) + 4.0
 
@@ -213,11 +214,13 @@ class SkewedPair:
         self.honest = self._new(skewed=False)
         self.skewed = self._new(skewed=True)
 
-    def _new(self, *, skewed: bool) -> Replica:
+    def _new(self, *, skewed: bool, port: int | None = None) -> Replica:
         self._started += 1
         name = f"{'skewed' if skewed else 'honest'}-{self._started}"
         env = skewed_env(self.clock) if skewed else {}
-        return Replica(self.workdir / name, args=self.args, env=env, start_timeout_s=120)
+        # The old port for a restart, so that a running workload finds the replica again.
+        args = [*self.args, "--port", str(port)] if port else self.args
+        return Replica(self.workdir / name, args=args, env=env, start_timeout_s=120)
 
     def lead_with(self, which: str) -> None:
         """Make ``which`` ("honest" or "skewed") the janitor leader: restart the other one while
@@ -229,7 +232,7 @@ class SkewedPair:
         old = getattr(self, other)
         old.terminate()
         wait_until(leader.is_janitor_leader, timeout=60, what=f"the {which} replica to lead the janitor")
-        setattr(self, other, self._new(skewed=other == "skewed"))
+        setattr(self, other, self._new(skewed=other == "skewed", port=old.grpc_port))
         getattr(self, other).start()
 
     def stop(self) -> None:
@@ -242,8 +245,8 @@ def within_margin(pair: SkewedPair, via: Replica, name: str) -> None:
     """Leases acquired and renewed and a TTL record registered through ``via``, expired by whichever
     replica leads the janitor: the pinned snapshot outlives the lease's duration as its holder counts
     it, the TTL record outlives its TTL less the margin, and the lease renews no more once gone."""
-    client = Client(via.target, timeout_s=20)
-    readers = [Client(r.target, timeout_s=20) for r in (pair.honest, pair.skewed)]
+    client = CoordinatorClient(via.target, timeout_s=20)
+    readers = [CoordinatorClient(r.target, timeout_s=20) for r in (pair.honest, pair.skewed)]
     pinned_pair(client, name, name, LEASE_MS)
     for _ in range(2):
         asked = time.time()
@@ -272,7 +275,7 @@ def within_margin(pair: SkewedPair, via: Replica, name: str) -> None:
     assert record.last_present >= ttl_floor, "inconclusive: a poll gap hid when the TTL record went"
 
 
-def refused_for_skew(client: Client) -> bool:
+def refused_for_skew(client: CoordinatorClient) -> bool:
     try:
         client.renew_lease("probe", duration_ms=LEASE_MS)
     except client_errors.Unavailable as e:
@@ -294,17 +297,25 @@ def test_a_skewed_replica_keeps_every_pin_within_the_margin_and_refuses_beyond_i
         assert abs(measured + WITHIN_S) < 0.5, f"the skewed replica measured {measured}s, not {-WITHIN_S}s"
         assert abs(offset_s(pair.honest) or 0.0) < 0.5
 
-        # Ahead, and its janitor expires what the honest replica leased and registered.
-        pair.lead_with("skewed")
-        within_margin(pair, pair.honest, "ahead")
-        # Behind, serving the leases and the TTL record; the honest replica's janitor expires them.
-        pair.clock.set(-WITHIN_S)
-        pair.lead_with("honest")
-        within_margin(pair, pair.skewed, "behind")
+        # A random workload over both replicas all along, checked against the model at the end.
+        history = History()
+        targets = [pair.honest.target, pair.skewed.target]
+        workload = Workload(targets, history, threads=2, keys=2, seed=7, prefix="skew", retention=True)
+        with workload:
+            # Ahead, and its janitor expires what the honest replica leased and registered.
+            pair.lead_with("skewed")
+            within_margin(pair, pair.honest, "ahead")
+            # Behind, serving the leases and the TTL record; the honest replica's janitor expires them.
+            pair.clock.set(-WITHIN_S)
+            pair.lead_with("honest")
+            within_margin(pair, pair.skewed, "behind")
+        assert not workload.errors, workload.errors
+        report = check(history, final_reader([pair.honest.target, pair.skewed.target]), margin_s=MARGIN_S)
+        assert report.ok, report
 
         # Beyond half the margin from ZooKeeper's clock: refused, then served again once back.
         skewed = no_retry(pair.skewed.target)
-        client = Client(pair.skewed.target, timeout_s=20)
+        client = CoordinatorClient(pair.skewed.target, timeout_s=20)
         client.acquire_snapshots("probe", [], duration_ms=60_000)
         pair.clock.set(BEYOND_S)
         moved = time.monotonic()
@@ -316,7 +327,9 @@ def test_a_skewed_replica_keeps_every_pin_within_the_margin_and_refuses_beyond_i
             skewed.acquire_snapshots("beyond", [], duration_ms=LEASE_MS)
         assert abs(offset_s(pair.skewed) + BEYOND_S) < 0.5  # type: ignore[operator]
         assert "clock skew: this replica's clock runs" in pair.skewed.stderr_text()
-        Client(pair.honest.target, timeout_s=20).renew_lease("probe", duration_ms=60_000)  # unaffected
+        CoordinatorClient(pair.honest.target, timeout_s=20).renew_lease(
+            "probe", duration_ms=60_000
+        )  # unaffected
         pair.clock.set(0)
         back = time.monotonic()
         wait_until(lambda: not refused_for_skew(skewed), timeout=60, what="the skewed replica to serve again")
