@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from harness.coordinator import coordinator_config, embedded_deps
 from snapcoord.coordinator import errors
 from snapcoord.coordinator.domain.clock import (
     ClockGuard,
@@ -13,6 +16,8 @@ from snapcoord.coordinator.domain.clock import (
     clock_usable,
     skew_refusal,
 )
+from snapcoord.coordinator.server.app import build_server
+from snapcoord.coordinator.storage.zookeeper.clock import clock_probe
 
 MARGIN_MS = 2_000  # --max-clock-skew 2s: each replica may be 1 s from ZooKeeper's clock
 
@@ -55,3 +60,15 @@ def test_the_guarded_clock_refuses_while_skewed_and_serves_again_once_back() -> 
     assert guard.record(ClockReading(-2_900, 2)) == (False, False)
     assert guard.record(ClockReading(-10, 2)) == (True, False)
     assert clock.now_ms() == 5 and guard.refusal() is None
+
+
+def test_the_embedded_store_has_no_clock_check(tmp_path: Path) -> None:
+    """One process, one clock: nothing to compare, nothing refused."""
+    with embedded_deps(tmp_path) as deps:
+        assert clock_probe(deps.metadata, deps.clock) is None
+        server, _ = build_server(coordinator_config(), deps)
+        try:
+            assert server.clock_check is None
+            assert not isinstance(server.services.deps.clock, GuardedClock)
+        finally:
+            server.shutdown(0)

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 #: Where each replica keeps its ephemeral probe node (under the store's chroot).
 CLOCK_PATH = "/clock"
+#: How long one reading may wait (a suspended session queues requests until it reconnects).
+TIMEOUT_S = 5.0
 
 
 class ZooKeeperClockProbe:
@@ -40,16 +42,17 @@ class ZooKeeperClockProbe:
         self.path = f"{CLOCK_PATH}/{socket.gethostname()}:{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def read(self) -> ClockReading:
-        """One reading; raises kazoo's errors when ZooKeeper cannot be reached."""
+        """One reading; raises kazoo's errors (or its handler's timeout) when ZooKeeper cannot be
+        reached in time."""
         try:
             return self._write()
         except NoNodeError:  # first reading, or the session that owned the node expired
-            self._client.create(self.path, b"", ephemeral=True, makepath=True)
+            self._client.create_async(self.path, b"", ephemeral=True, makepath=True).get(timeout=TIMEOUT_S)
             return self._write()
 
     def _write(self) -> ClockReading:
         before = self._clock.now_ms()
-        stat = self._client.set(self.path, b"")
+        stat = self._client.set_async(self.path, b"").get(timeout=TIMEOUT_S)
         after = self._clock.now_ms()
         return ClockReading(
             offset_ms=stat.mtime - (before + after) / 2, uncertainty_ms=(after - before) / 2 + 1
