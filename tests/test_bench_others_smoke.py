@@ -41,7 +41,7 @@ SPARK = [
 ]
 
 #: Benchmarks that have their smoke test elsewhere.
-ELSEWHERE = {"hot_rpcs", "upload_checkpoint", "soak"}
+ELSEWHERE = {"hot_rpcs", "upload_checkpoint", "soak", "random_faults"}
 
 #: Modules of ``bench/`` that are not benchmarks: shared plumbing, and the delay proxy that
 #: ``latency`` starts.

@@ -177,13 +177,18 @@ class Cluster:
         )
         return f"{nodes}; {replicas}; logs under {self.workdir}"
 
+    @property
+    def observer_hosts(self) -> str:
+        """Where this process reaches the ensemble (a kazoo hosts string)."""
+        return self.ensemble.hosts
+
     def janitor_contenders(self) -> int | None:
         """How many replicas' sessions hold a node in the janitor election (None: cannot ask ZK).
 
         The nodes are ephemeral, so a replica's node disappears exactly when ZooKeeper expires
         its session: this is how a test sees a session expire from outside the replica.
         """
-        client = KazooClient(hosts=self.ensemble.hosts, timeout=10)
+        client = KazooClient(hosts=self.observer_hosts, timeout=10)
         try:
             client.start(timeout=30)
             return len(client.get_children(f"/{self.chroot}{election_path('janitor')}"))

@@ -76,10 +76,13 @@ class CoordinatorProcess:
         start_timeout_s: float = 60.0,
         health_credentials: grpc.ChannelCredentials | None = None,
         command: Sequence[str] | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.workdir = Path(workdir)
         #: What runs in place of ``snapcoord`` (e.g. a coordinator with a planted bug), or None.
         self.command = list(command) if command is not None else None
+        #: Runs the coordinator through another command (``ip netns exec NS``, which execs it).
+        self.command_prefix = list(command_prefix)
         #: For a coordinator serving TLS: the channel credentials of ``health()``.
         self.health_credentials = health_credentials
         self.stdout_path = self.workdir / "snapcoord.stdout"
@@ -150,7 +153,11 @@ class CoordinatorProcess:
         shell = ["/bin/sh", "-c", 'exec "$@" 2>>"$_SNAPCOORD_HARNESS_STDERR"', "snapcoord"]
         started = time.monotonic()
         self._proc = ManagedProcess(
-            [*shell, *argv], log_path=self.stdout_path, cwd=self.workdir, env=env, name="snapcoord"
+            [*self.command_prefix, *shell, *argv],
+            log_path=self.stdout_path,
+            cwd=self.workdir,
+            env=env,
+            name="snapcoord",
         )
         try:
             line = wait_until(

@@ -43,7 +43,7 @@ class EnsembleNode:
 
     @property
     def hosts(self) -> str:
-        return f"{LOOPBACK}:{self.client_port}"
+        return f"{self.ensemble.address(self)}:{self.client_port}"
 
     @property
     def running(self) -> bool:
@@ -79,6 +79,7 @@ class EnsembleNode:
             _MAIN_CLASS,
             str(self.config_path),
         ]
+        argv = self.ensemble.command(self, argv)
         self._proc = ManagedProcess(argv, log_path=self.log_path, cwd=self.workdir, name=f"zk{self.myid}")
         return self
 
@@ -107,7 +108,7 @@ class EnsembleNode:
         if not self.running:
             return None
         try:
-            reply = four_letter_word(LOOPBACK, self.client_port, "srvr", timeout=2.0)
+            reply = four_letter_word(*self.ensemble.probe_address(self), "srvr", timeout=2.0)
         except OSError:
             return None
         for line in reply.splitlines():
@@ -118,7 +119,7 @@ class EnsembleNode:
     def mntr(self) -> dict[str, str]:
         """The ``mntr`` key/value pairs ({} when the node does not answer)."""
         try:
-            reply = four_letter_word(LOOPBACK, self.client_port, "mntr", timeout=2.0)
+            reply = four_letter_word(*self.ensemble.probe_address(self), "mntr", timeout=2.0)
         except OSError:
             return {}
         pairs = (line.split("\t", 1) for line in reply.splitlines() if "\t" in line)
@@ -165,8 +166,21 @@ class ZooKeeperEnsemble:
     def uri(self, chroot: str) -> str:
         return f"zk://{self.hosts}/{chroot.strip('/')}"
 
+    # -- where nodes run: hooks for an ensemble whose nodes live elsewhere (network namespaces) -------
+    def address(self, node: EnsembleNode) -> str:
+        """The address ``node`` binds and its peers and clients reach it at."""
+        return LOOPBACK
+
+    def command(self, node: EnsembleNode, argv: list[str]) -> list[str]:
+        """The command that runs ``node``'s server ``argv``."""
+        return argv
+
+    def probe_address(self, node: EnsembleNode) -> tuple[str, int]:
+        """Where this process reaches ``node``'s client port (four-letter words)."""
+        return LOOPBACK, node.client_port
+
     def config(self, node: EnsembleNode) -> str:
-        servers = [f"server.{n.myid}={LOOPBACK}:{n.quorum_port}:{n.election_port}" for n in self.nodes]
+        servers = [f"server.{n.myid}={self.address(n)}:{n.quorum_port}:{n.election_port}" for n in self.nodes]
         return "\n".join(
             [
                 f"tickTime={self.tick_time_ms}",
@@ -176,7 +190,7 @@ class ZooKeeperEnsemble:
                 "maxSessionTimeout=60000",
                 f"dataDir={node.data_dir}",
                 f"clientPort={node.client_port}",
-                f"clientPortAddress={LOOPBACK}",
+                f"clientPortAddress={self.address(node)}",
                 "admin.enableServer=false",
                 "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons",
                 "maxClientCnxns=0",

@@ -9,6 +9,7 @@ import stat
 import sysconfig
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,9 @@ class SeaweedS3Server:
         secret_key: str | None = None,
         base_port: int | None = None,
         start_timeout_s: float = 90.0,
+        host: str = LOOPBACK,
+        command_prefix: Sequence[str] = (),
+        client_url: str | None = None,
     ) -> None:
         if len(bucket) < 3:
             raise ValueError("SeaweedFS needs bucket names of at least 3 characters")
@@ -87,6 +91,11 @@ class SeaweedS3Server:
         self.access_key = access_key or f"snapcoordtest{secrets.token_hex(4)}"
         self.secret_key = secret_key or secrets.token_urlsafe(24)
         self.start_timeout_s = start_timeout_s
+        #: The address weed binds and advertises; ``command_prefix`` runs it elsewhere (a network
+        #: namespace), and ``client_url`` is then where this process reaches its S3 port.
+        self.host = host
+        self.command_prefix = list(command_prefix)
+        self.client_url = client_url
         self._base_fixed = base_port is not None
         self._base: int | None = base_port
         self._proc: ManagedProcess | None = None
@@ -105,7 +114,7 @@ class SeaweedS3Server:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -139,7 +148,7 @@ class SeaweedS3Server:
         cfg.update(config)
         return boto3.session.Session().client(
             "s3",
-            endpoint_url=self.endpoint_url,
+            endpoint_url=self.client_url or self.endpoint_url,
             region_name=REGION,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key if secret_key is None else secret_key,
@@ -180,11 +189,12 @@ class SeaweedS3Server:
             raise PortInUseError(f"SeaweedFS ports {busy} are taken by another process")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
+            *self.command_prefix,
             str(weed),
             "mini",
             f"-dir={self.data_dir}",
-            f"-ip={LOOPBACK}",
-            f"-ip.bind={LOOPBACK}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             f"-s3.port={base}",
             f"-master.port={base + 1}",
             f"-volume.port={base + 2}",
@@ -297,7 +307,7 @@ class SeaweedS3Server:
 
     def _start_error(self, what: str) -> ServerStartError:
         return ServerStartError(
-            f"SeaweedFS (weed mini) on {LOOPBACK}:{self._base} {what}.\n"
+            f"SeaweedFS (weed mini) on {self.host}:{self._base} {what}.\n"
             f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
         )
 

@@ -42,7 +42,7 @@ def pyspark_home() -> Path:
 
 
 class SparkConnectServer:
-    """``spark-submit --class SparkConnectServer`` on ``127.0.0.1:<free port>``, ``local[cores]``."""
+    """``spark-submit --class SparkConnectServer`` on ``127.0.0.1:<free port>``, ``local[cores,4]`` (task retries as on a cluster)."""
 
     def __init__(
         self,
@@ -111,7 +111,7 @@ class SparkConnectServer:
         argv = [
             str(home / "bin" / "spark-submit"),
             "--master",
-            f"local[{self.cores}]",
+            f"local[{self.cores},4]",
             "--driver-memory",
             self.driver_memory,
             "--name",

@@ -45,8 +45,16 @@ def test_a_planted_bug_is_caught(cluster: Cluster, bug: str) -> None:
     replica.start()
     try:
         history = History()
+        # Three threads keep short leases of their own: a renewal past expiry needs a few tries.
         workload = Workload(
-            [replica.target], history, threads=6, keys=2, seed=SEED, prefix="pl", retention=True
+            [replica.target],
+            history,
+            threads=8,
+            keys=2,
+            seed=SEED,
+            prefix="pl",
+            retention=True,
+            slow_leases=3,
         )
         with workload:
             time.sleep(PLANTED_SECONDS)  # the length of the load, not a wait for a condition
@@ -55,4 +63,8 @@ def test_a_planted_bug_is_caught(cluster: Cluster, bug: str) -> None:
     finally:
         replica.kill()
     expected = BUGS[bug][1]
-    assert expected in report.kinds(), f"seed {SEED}: {bug} not caught as {expected}\n{report}"
+    if expected not in report.kinds():
+        history.dump(replica.workdir / "history.jsonl")  # for a look at what the run did
+    assert expected in report.kinds(), (
+        f"seed {SEED}: {bug} not caught as {expected} ({replica.workdir})\n{report}"
+    )

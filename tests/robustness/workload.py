@@ -68,6 +68,9 @@ class WorkloadConfig:
     #: Pause after each operation (keeps the load a fair share of a small machine).
     pause_s: float = 0.01
     retention: bool = False
+    #: Threads that keep a shortest lease of their own and let it expire (threads 1..N; none
+    #: unless there are at least two more threads for the rest).
+    slow_leases: int = 2
 
 
 def offsets_value(offsets: Sequence[Offset]) -> str:
@@ -121,9 +124,14 @@ class _Knowledge:
         return max(1, top - rng.choice((0, 0, 0, 0, 1, 2)) + rng.choice((0, 0, 0, 0, 0, 0, 0, 0, 1)))
 
     def some_completed(self, rng: random.Random, n: int) -> list[tuple[str, int]]:
+        """Up to ``n`` of the newest completed snapshots seen (three per app): the ones deletes
+        and retention go for, so that leases and deletions meet."""
         with self.lock:
             pool = sorted(self.completed)
-        return rng.sample(pool, min(n, len(pool)))
+        newest = [
+            ref for ref in pool if sum(1 for other in pool if other[0] == ref[0] and other[1] > ref[1]) < 3
+        ]
+        return rng.sample(newest, min(n, len(newest)))
 
 
 class Workload:
@@ -139,6 +147,7 @@ class Workload:
         seed: int = 0,
         prefix: str = "w",
         retention: bool = False,
+        slow_leases: int = 2,
         config: WorkloadConfig | None = None,
     ) -> None:
         if not targets:
@@ -146,7 +155,7 @@ class Workload:
         self.targets = list(targets)
         self.history = history
         self.config = config or WorkloadConfig(
-            threads=threads, keys=keys, seed=seed, prefix=prefix, retention=retention
+            threads=threads, keys=keys, seed=seed, prefix=prefix, retention=retention, slow_leases=slow_leases
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -231,7 +240,8 @@ class Workload:
 
     def _slow_lease_threads(self) -> range:
         """The threads that keep a lease of their own and let it expire (with 4 threads or more)."""
-        return range(1, 3) if self.config.threads >= 4 else range(0)
+        n = self.config.slow_leases
+        return range(1, 1 + n) if self.config.threads >= n + 2 else range(0)
 
     def _slow_lease(self, client: CoordinatorClient, process: str, rng: random.Random, lid: str) -> None:
         """Acquire ``lid`` for the shortest duration, wait around its expiry, then renew or read it:
@@ -246,8 +256,10 @@ class Workload:
 
         args = {"duration_ms": duration, "snapshots": sorted([a, g] for a, g in refs)}
         self._call(process, "acquire", key, args, acquire)
-        for _ in range(2):
-            if self._stop.wait(rng.choice((0.2, 0.5, 1.2, 2.2, 2.5, 3.0)) * duration / 1000):
+        for _ in range(rng.choice((1, 1, 2))):
+            # Before expiry, around it, and past expiry plus the margin but before the janitor's
+            # pass removes the lease (about expiry + --max-clock-skew + one cleanup interval).
+            if self._stop.wait(rng.choice((0.3, 1.1, 2.2, 2.4, 2.6)) * duration / 1000):
                 return
             if rng.random() < 0.6:
                 fn = functools.partial(_renew, client, lid, duration)

@@ -68,8 +68,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory, sshd: SshServer) -> Iterator
     builder = SparkSession.builder
     for key, value in sshd.spark_conf().items():
         builder = builder.config(key, value)
+    # local[2,4]: a failed task is tried up to 4 times, as spark.task.maxFailures does on a cluster
+    # (local mode otherwise fails the job at once). Hadoop's SFTPFileSystem.mkdirs is check-then-
+    # create, so two tasks creating the same staging directory race and one attempt fails; on a
+    # cluster its retry succeeds, and so it must here.
     session = (
-        builder.master("local[2]")
+        builder.master("local[2,4]")
         .appName("snapcoord-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

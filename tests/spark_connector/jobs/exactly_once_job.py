@@ -158,7 +158,8 @@ def main() -> int:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        # Task retries as on a cluster (spark.task.maxFailures 4): see the tests' Spark session.
+        SparkSession.builder.master("local[2,4]")
         .appName("snapcoord-exactly-once-job")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

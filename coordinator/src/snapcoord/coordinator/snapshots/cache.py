@@ -34,6 +34,12 @@ class CurrentSnapshotCache:
     an app is being snapshotted, every report changes its header, and dropping the entry on each
     would make cached reads slower than consistent ones. A reload that fails, or a reconnect
     after which events may have been missed, drops the entry; the next read loads it again.
+
+    Entries are only as fresh as the watches that feed them, and no watch fires while the store
+    is disconnected: a partition can last for hours while other replicas move the app on. So the
+    moment the store stops being usable every entry is dropped, and no entry is served while it
+    is unusable: a read then goes to the store, which answers or fails (UNAVAILABLE), never old
+    data.
     """
 
     def __init__(self, metadata: MetadataStore, present: Present, guess: Guess, *, max_apps: int) -> None:
@@ -46,8 +52,28 @@ class CurrentSnapshotCache:
         self._due: OrderedDict[str, _CacheEntry] = OrderedDict()  # entries to reload, in order
         self._wake = threading.Condition(self._lock)
         self._refresher: threading.Thread | None = None
+        metadata.add_state_listener(self._on_usable)
+
+    def _on_usable(self, usable: bool) -> None:
+        """The store's state listener: unusable drops every entry (their watches went silent)."""
+        if not usable:
+            self.clear()
+
+    def clear(self) -> None:
+        """Drop every entry and cancel its watches; the next read of each app loads it again."""
+        with self._lock:
+            entries = list(self._entries.values())
+            for entry in entries:
+                entry.valid = False
+            self._entries.clear()
+            self._due.clear()
+        for entry in entries:
+            entry.cancel()
 
     def get(self, app_id: str) -> Snapshot:
+        if not self._metadata.is_usable():
+            # Before the state listener has run (it runs on the store's event thread).
+            self.clear()
         with self._lock:
             entry = self._entries.get(app_id)
             if entry is not None and entry.snapshot is not None:
