@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from snapcoord.coordinator.errors import SnapcoordError, StoreUnavailable
+from snapcoord.coordinator.errors import SnapcoordError, Unavailable
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.election import Election, Leadership
 
@@ -136,7 +136,7 @@ class Janitor:
         self._last_run[step.name] = time.monotonic()
         try:
             removed = step.run()
-        except StoreUnavailable as e:
+        except Unavailable as e:  # the store unreachable, or this replica's clock refused for skew
             self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
             _log.warning("janitor: %s interrupted: %s", step.name, e)
             span.set(OUTCOME_ATTRIBUTE, "interrupted")

@@ -225,6 +225,12 @@ class CoordinatorMetrics:
             multiprocess_mode="livemin",
             registry=registry,
         )
+        self.clock_offset = Gauge(
+            "snapcoord_clock_offset_seconds",
+            "How far this replica's clock runs behind ZooKeeper's (negative: ahead), by the clock check.",
+            multiprocess_mode="livemostrecent",
+            registry=registry,
+        )
         self.payload_budget_limit = Gauge(
             "snapcoord_payload_budget_limit_bytes",
             "Checkpoint payload bytes the process may hold in memory at once (--payload-budget).",

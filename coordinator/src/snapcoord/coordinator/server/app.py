@@ -28,6 +28,8 @@ from prometheus_client import CollectorRegistry
 from snapcoord.coordinator import __version__, api
 from snapcoord.coordinator.auth.setup import grpc_credentials, new_auth_interceptor
 from snapcoord.coordinator.config.settings import Config, GrpcConfig, hostport
+from snapcoord.coordinator.domain.clock import ClockGuard, GuardedClock
+from snapcoord.coordinator.kernel.clock_check import ClockCheck
 from snapcoord.coordinator.kernel.payload_admission import PayloadBudget
 from snapcoord.coordinator.observability import build_info, logging_setup
 from snapcoord.coordinator.observability.metrics import (
@@ -52,6 +54,7 @@ from snapcoord.coordinator.server.worst_requests import check_lease_requests_fit
 from snapcoord.coordinator.services import Deps, Services
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
+from snapcoord.coordinator.storage.zookeeper.clock import clock_probe
 from snapcoord.coordinator.transport import reflection
 from snapcoord.coordinator.transport.health import StoreHealth
 from snapcoord.coordinator.transport.interceptors import ServerInterceptor
@@ -87,6 +90,7 @@ class CoordinatorServer:
         services: Services,
         run_janitor: bool,
         health_listener: HealthListener | None = None,
+        clock_check: ClockCheck | None = None,
     ) -> None:
         self.grpc = server
         #: The plaintext health-only listener (``--health-port``), or None.
@@ -98,6 +102,8 @@ class CoordinatorServer:
         #: The metrics of this server only (see ``metrics``); serve it with ``start_exporter``.
         self.registry = registry
         self._executor = executor
+        #: Measures this replica's clock against the store's (None on a store of its own).
+        self.clock_check = clock_check
 
     @property
     def health_port(self) -> int | None:
@@ -106,6 +112,9 @@ class CoordinatorServer:
     def start(self) -> None:
         if self.health_listener is not None:
             self.health_listener.start()
+        if self.clock_check is not None:
+            self.clock_check.run_once()  # the first verdict before the first call
+            self.clock_check.start()
         self.grpc.start()
         if self._run_janitor:
             self.services.janitor.start()
@@ -124,6 +133,8 @@ class CoordinatorServer:
             _log.info("ended %d health watch stream(s)", ended)
         stopped.wait()
         self.services.producers.close()  # no call is left to use its pooled intents
+        if self.clock_check is not None:
+            self.clock_check.stop()
         # Only now: probes on the health port saw NOT_SERVING all through the drain.
         if self.health_listener is not None:
             self.health_listener.stop()
@@ -162,14 +173,18 @@ def build_server(
     *,
     registry: CollectorRegistry | None = None,
     tracing: Tracing | None = None,
+    check_clock: bool = True,
 ) -> tuple[CoordinatorServer, int]:
     """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port.
 
     With ``tracing``, every RPC gets a span and the stores are wrapped so that their calls are
-    child spans of it (the backends themselves know nothing of tracing).
+    child spans of it (the backends themselves know nothing of tracing). On a shared (ZooKeeper)
+    store the server checks its clock against the store's and refuses the calls that compute
+    expiries while it is off (``check_clock=False`` only for tests showing what that prevents).
     """
     registry = registry if registry is not None else new_registry()
     build_info.register(registry, config.metrics.revision)
+    raw_metadata = deps.metadata
     if tracing is not None:
         traced_metadata = tracing.trace_metadata(deps.metadata)
         deps = replace(deps, metadata=traced_metadata, blobs=tracing.trace_blobs(deps.blobs))
@@ -236,6 +251,12 @@ def build_server(
             raise
     # Wired after the binds, so that a failed bind leaves no listener registered on the store.
     metrics = CoordinatorMetrics(registry)
+    clock_check = None
+    read_clock = clock_probe(raw_metadata, deps.clock) if check_clock else None
+    if read_clock is not None:  # other replicas share the store: expiries need agreeing clocks
+        guard = ClockGuard(config.leases.max_clock_skew_ms)
+        clock_check = ClockCheck(read_clock, guard, metrics)
+        deps = replace(deps, clock=GuardedClock(deps.clock, guard))
     services = Services.build(config, deps, metrics)
     track_usable(metrics.metadata_store_usable, deps.metadata)
     if tracing is not None:
@@ -262,7 +283,15 @@ def build_server(
     if listener is not None:
         listener.serve(store_health.servicer)
     coordinator = CoordinatorServer(
-        server, executor, store_health, registry, interceptor, services, config.janitor.enabled, listener
+        server,
+        executor,
+        store_health,
+        registry,
+        interceptor,
+        services,
+        config.janitor.enabled,
+        listener,
+        clock_check,
     )
     return coordinator, port
 
