@@ -15,7 +15,7 @@ from snapcoord.coordinator.domain.producer_codec import (
     encode_producer_record,
 )
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 RECORD = ProducerRecord(
@@ -75,5 +75,5 @@ def test_version_1_stays_readable_with_fields_added_later() -> None:
     ],
 )
 def test_unreadable_records_fail_loudly(data: bytes, message: str) -> None:
-    with pytest.raises(Internal, match=message):
+    with pytest.raises(CorruptRecord, match=message):
         decode_producer_record(data)

@@ -8,10 +8,9 @@ every release reads. A record with its offsets inline is version 2 (``registrati
 
 from __future__ import annotations
 
-from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, dump, load, malformed
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.errors import Internal
 
 #: A record pointing at its payload object.
 PRODUCER_RECORD_VERSION = 1
@@ -73,8 +72,8 @@ def decode_producer_record(data: bytes) -> ProducerRecord:
             inline=_offsets_of(doc["offsets"]),
             inline_registration=str(doc["registration_id"]),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise Internal(f"stored producer record is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("producer record", e, data) from e
 
 
 def encode_producer_offsets(producer_id: str, offsets: tuple[Offset, ...]) -> bytes:
@@ -91,5 +90,5 @@ def decode_producer_offsets(data: bytes) -> tuple[str, tuple[Offset, ...]]:
     doc = load(data, "producer offsets payload", PRODUCER_OFFSETS_VERSION)
     try:
         return str(doc["producer_id"]), _offsets_of(doc["offsets"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise Internal(f"stored producer offsets payload is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("producer offsets payload", e, data) from e
