@@ -220,6 +220,14 @@ def test_a_garbled_producer_payload_object(env: Env) -> None:
             producer_pb2.RegisterProducerOffsetsRequest(producer_id=name, offsets=offsets(3)), timeout=30
         )
     key = payload_key(env, "p2")
+    # Still valid JSON for the same producer, one offset changed: the record's SHA-256 tells.
+    original = env.stores.blobs.get(key)
+    env.corrupt_object(key, lambda data: data.replace(b'"offset":10', b'"offset":99'))
+    assert env.stores.blobs.get(key) != original
+    info = data_loss(
+        lambda: stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id="p2"))
+    )
+    assert info == {"kind": "producer_offsets_payload", "path": key}
     env.corrupt_object(key, truncated)
     info = data_loss(
         lambda: stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id="p2"))
@@ -294,6 +302,27 @@ def test_a_corrupt_snapshot_header_is_skipped_by_lists_and_retention(
     assert len(env.objects("snapshots/app/3/")) == 1  # generation 3's checkpoint stays with it
     assert len(env.objects("snapshots/")) == 3
     assert env.counted("snapshot_record") >= 2
+
+
+def test_a_corrupt_current_header(env: Env) -> None:
+    """The app's current snapshot cannot be read nor followed by a new one (CreateSnapshot reads
+    it): DATA_LOSS naming it, as corruption.md says; another app is not affected."""
+    stub = snapshot_pb2_grpc.SnapshotServiceStub(env.channel)
+    make_snapshots(stub, "app", 2)
+    make_snapshots(stub, "other", 1)
+    env.corrupt(gen_path("app", 2), truncated)
+    located = {"kind": "snapshot_record", "path": gen_path("app", 2)}
+    current = snapshot_pb2.GetCurrentSnapshotRequest(app_id="app", consistent=True)
+    assert data_loss(lambda: stub.GetCurrentSnapshot(current)) == located
+    create = snapshot_pb2.CreateSnapshotRequest(app_id="app", task_ids=["t"])
+    assert data_loss(lambda: stub.CreateSnapshot(create)) == located
+    with env.replica() as channel:  # no copy of the header in memory: the watch-fed path reads it
+        other = snapshot_pb2_grpc.SnapshotServiceStub(channel)
+        cached = snapshot_pb2.GetCurrentSnapshotRequest(app_id="app")
+        assert data_loss(lambda: other.GetCurrentSnapshot(cached))["kind"] == "snapshot_record"
+        assert (
+            other.GetCurrentSnapshot(snapshot_pb2.GetCurrentSnapshotRequest(app_id="other")).generation == 1
+        )
 
 
 def test_a_corrupt_task_report_keeps_its_checkpoint_object(

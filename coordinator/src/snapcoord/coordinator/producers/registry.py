@@ -7,6 +7,7 @@ The rules of each change are in ``decide``, the paths in ``layout``, the janitor
 from __future__ import annotations
 
 import bisect
+import hashlib
 import uuid
 from collections.abc import Iterable
 
@@ -143,7 +144,7 @@ class ProducerRegistry:
             return decide.Register(record, ttl, None), {}
         payload = encode_producer_offsets(producer_id, items)
         intent = self._intents.take()  # from here on, the kernel call owns it (and withdraws it)
-        record = new_record(producer_id, now, ttl, intent.key)
+        record = new_record(producer_id, now, ttl, intent.key, hashlib.sha256(payload).hexdigest())
         return decide.Register(record, ttl, payload), {intent.path: frozenset({intent.key})}
 
     def _present(self, outcome: decide.Registered, items: tuple[Offset, ...]) -> Registration:
@@ -276,6 +277,13 @@ class ProducerRegistry:
                 path=record.object_key,
             ) from None
         with at(record.object_key):
+            digest = hashlib.sha256(payload).hexdigest() if record.payload_sha256 else ""
+            if digest != record.payload_sha256:
+                raise corrupt(
+                    "producer offsets payload",
+                    f"has SHA-256 {digest}, its record says {record.payload_sha256}",
+                    payload,
+                )
             payload_id, offsets = decode_producer_offsets(payload)
             if payload_id != record.producer_id:
                 raise corrupt("producer offsets payload", f"names producer_id {payload_id!r}", payload)
