@@ -415,6 +415,35 @@ def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pyte
     assert env.counted("lease") >= 2
 
 
+def test_a_corrupt_pin_index_keeps_its_snapshot(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    snapshots = snapshot_pb2_grpc.SnapshotServiceStub(env.channel)
+    leases = lease_pb2_grpc.LeaseServiceStub(env.channel)
+    make_snapshots(snapshots, "app", 3)
+    snapshots.SetRetentionPolicy(
+        snapshot_pb2.SetRetentionPolicyRequest(app_id="app", keep_last_completed=1), timeout=30
+    )
+    leases.AcquireSnapshots(
+        lease_pb2.AcquireSnapshotsRequest(
+            lease_id="l1", duration_ms=60_000, snapshots=[common_pb2.SnapshotRef(app_id="app", generation=1)]
+        ),
+        timeout=30,
+    )
+    env.corrupt("/snapshots/pins/app@1", garbled)
+    delete = snapshot_pb2.DeleteSnapshotRequest(app_id="app", generation=1)
+    assert data_loss(lambda: snapshots.DeleteSnapshot(delete)) == {
+        "kind": "pin_index",
+        "path": "/snapshots/pins/app@1",
+    }
+    assert snapshots.GetSnapshot(snapshot_pb2.GetSnapshotRequest(app_id="app", generation=1)).generation == 1
+    caplog.set_level(logging.WARNING, logger=CORRUPTION_LOG)
+    env.clock.advance(HOUR_MS)  # the lease is long expired: only its unreadable pin index holds 1
+    env.janitor_pass()
+    env.janitor_pass()
+    assert generations(snapshots, "app") == [1, 3]
+    assert "snapshot retention: skipping the corrupt pin_index at /snapshots/pins/app@1" in caplog.text
+    assert len(env.objects("snapshots/app/1/")) == 1
+
+
 # --- backlog ----------------------------------------------------------------------------------------
 
 
@@ -422,18 +451,22 @@ def test_a_corrupt_backlog_job_record_and_boundaries_object(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
     stub = backlog_pb2_grpc.BacklogServiceStub(env.channel)
-    for job_id in ("j1", "j2", "j3"):
+    for job_id in ("j1", "j2", "j3", "j4"):
         stub.MarkBacklog(backlog_pb2.MarkBacklogRequest(job_id=job_id, boundaries=offsets(3)), timeout=30)
     (j1_object,) = env.objects("backlog/j1/")
     (j3_object,) = env.objects("backlog/j3/")
     env.corrupt("/backlog/jobs/j1", truncated)
     env.corrupt_object(j3_object, mistyped)
+    (shard,) = [n for n in env.stores.metadata.children("/backlog/jobs/j4") if n.startswith("s-")]
+    env.corrupt(f"/backlog/jobs/j4/{shard}", newer)
     with env.replica() as channel:  # the marking replica answers from its copies (still right)
         other = backlog_pb2_grpc.BacklogServiceStub(channel)
         info = data_loss(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j1")))
         assert info == {"kind": "backlog_job_record", "path": "/backlog/jobs/j1"}
         info = data_loss(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j3")))
         assert info == {"kind": "backlog_boundaries_payload", "path": j3_object}
+        info = data_loss(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j4")))
+        assert info == {"kind": "backlog_progress_shard", "path": f"/backlog/jobs/j4/{shard}"}
         status = other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j2"), timeout=30)
         assert status.processing_backlog and len(status.partitions) == 3
     caplog.set_level(logging.WARNING, logger=CORRUPTION_LOG)

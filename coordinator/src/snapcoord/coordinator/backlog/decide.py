@@ -64,7 +64,8 @@ def stored_job(job_id: str, node: Node | None) -> StoredJob | None:
 def stored_shard(record: JobRecord, shard: int, node: Node | None) -> StoredShard:
     if node is None:
         raise MarkGone  # nodes of a mark go only with its record
-    return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
+    with at(shard_path(record.job_id, record.mark_id, shard)):
+        return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
 
 
 def not_marked(job_id: str) -> str:
