@@ -379,15 +379,17 @@ def test_a_garbled_checkpoint_object_is_refused_not_served(env: Env, how: str) -
 # --- leases and pins ------------------------------------------------------------------------------
 
 
-def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+def pinned_snapshots(env: Env, leases: dict[str, int]) -> snapshot_pb2_grpc.SnapshotServiceStub:
+    """Three completed generations of "app" keeping the last one, and ``leases`` (lease id ->
+    the generation it pins, for a minute)."""
     snapshots = snapshot_pb2_grpc.SnapshotServiceStub(env.channel)
-    leases = lease_pb2_grpc.LeaseServiceStub(env.channel)
     make_snapshots(snapshots, "app", 3)
     snapshots.SetRetentionPolicy(
         snapshot_pb2.SetRetentionPolicyRequest(app_id="app", keep_last_completed=1), timeout=30
     )
-    for lease_id, generation in (("l1", 1), ("l2", 2)):
-        leases.AcquireSnapshots(
+    stub = lease_pb2_grpc.LeaseServiceStub(env.channel)
+    for lease_id, generation in leases.items():
+        stub.AcquireSnapshots(
             lease_pb2.AcquireSnapshotsRequest(
                 lease_id=lease_id,
                 duration_ms=60_000,
@@ -395,6 +397,12 @@ def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pyte
             ),
             timeout=30,
         )
+    return snapshots
+
+
+def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    snapshots = pinned_snapshots(env, {"l1": 1, "l2": 2})
+    leases = lease_pb2_grpc.LeaseServiceStub(env.channel)
     env.corrupt("/leases/records/l1", newer)
     info = data_loss(lambda: leases.GetLease(lease_pb2.GetLeaseRequest(lease_id="l1")))
     assert info == {"kind": "lease", "path": "/leases/records/l1"}
@@ -416,18 +424,7 @@ def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pyte
 
 
 def test_a_corrupt_pin_index_keeps_its_snapshot(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    snapshots = snapshot_pb2_grpc.SnapshotServiceStub(env.channel)
-    leases = lease_pb2_grpc.LeaseServiceStub(env.channel)
-    make_snapshots(snapshots, "app", 3)
-    snapshots.SetRetentionPolicy(
-        snapshot_pb2.SetRetentionPolicyRequest(app_id="app", keep_last_completed=1), timeout=30
-    )
-    leases.AcquireSnapshots(
-        lease_pb2.AcquireSnapshotsRequest(
-            lease_id="l1", duration_ms=60_000, snapshots=[common_pb2.SnapshotRef(app_id="app", generation=1)]
-        ),
-        timeout=30,
-    )
+    snapshots = pinned_snapshots(env, {"l1": 1})
     env.corrupt("/snapshots/pins/app@1", garbled)
     delete = snapshot_pb2.DeleteSnapshotRequest(app_id="app", generation=1)
     assert data_loss(lambda: snapshots.DeleteSnapshot(delete)) == {
