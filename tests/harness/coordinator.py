@@ -375,6 +375,8 @@ class ProbeService:
             cls = getattr(errors, name.removeprefix("errors."))
             if cls is errors.TransactionFailed:
                 raise errors.TransactionFailed(f"raised {name}", index=0, cause=errors.NodeExistsError("n"))
+            if cls is errors.CorruptRecord:
+                raise errors.CorruptRecord(f"raised {name}", kind="lease")
             raise cls(f"raised {name}")
         raise getattr(builtins, name)(f"raised {name}")
 

@@ -24,7 +24,7 @@ from snapcoord.coordinator.domain.backlog import (
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.errors import CorruptRecord, NotFound
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.decision import Commit, Decision, Done, More, ReadChildren, Reads
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, SetData
@@ -112,8 +112,8 @@ def test_mark(
     assert decide.mark(request_, reads, pending, NOW) == expected
 
 
-def test_a_record_under_another_job_id_is_internal() -> None:
-    with pytest.raises(Internal):
+def test_a_record_under_another_job_id_is_corrupt() -> None:
+    with pytest.raises(CorruptRecord, match=r"names job_id .other."):
         decide.mark(MARK, Reads({JOB: node(encode_job_record(JobRecord("other", "m", 1, 2, 0)))}), None, NOW)
 
 

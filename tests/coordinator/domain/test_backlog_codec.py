@@ -30,7 +30,7 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_shard,
 )
 from snapcoord.coordinator.domain.offsets import Offset, validate_offsets
-from snapcoord.coordinator.errors import Internal, InvalidArgument
+from snapcoord.coordinator.errors import CorruptRecord, InvalidArgument
 
 GOLDEN = Path(__file__).parent / "golden"
 MARK = "0f8e7a6b5c4d4e3f9a1b2c3d4e5f6a7b"
@@ -149,7 +149,7 @@ def test_version_1_stays_readable_with_fields_added_later() -> None:
 )
 def test_unreadable_documents_fail_loudly(decode: object, data: bytes, message: str) -> None:
     assert callable(decode)
-    with pytest.raises(Internal, match=message):
+    with pytest.raises(CorruptRecord, match=message):
         decode(data)
 
 

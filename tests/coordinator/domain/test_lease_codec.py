@@ -15,7 +15,7 @@ from snapcoord.coordinator.domain.leases import (
     encode_lease,
     encode_pins,
 )
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
 
 A, B = SnapshotRef("a", 1), SnapshotRef("b", 2)
 
@@ -58,7 +58,7 @@ def test_holders_changed_after_encoding_do_not_change_what_the_bytes_decode_to()
 @pytest.mark.parametrize("data", [b'{"version":1}', b'{"version":1,"leases":[1]}', b"nope"])
 def test_a_malformed_pin_index_fails_every_time(data: bytes) -> None:
     for _ in range(2):  # a failure is not memoised as anything
-        with pytest.raises(Internal):
+        with pytest.raises(CorruptRecord):
             decode_pins(data)
 
 

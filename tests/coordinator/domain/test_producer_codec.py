@@ -3,6 +3,7 @@ every golden file (each format version ever written) stays readable."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from snapcoord.coordinator.domain.producer_codec import (
     encode_producer_record,
 )
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 RECORD = ProducerRecord(
@@ -39,6 +40,16 @@ def test_producer_record_v1_bytes_are_pinned() -> None:
     golden = (GOLDEN / "producer_record_v1.json").read_bytes()
     assert encode_producer_record(RECORD) == golden
     assert decode_producer_record(golden) == RECORD
+
+
+def test_a_v1_record_carries_its_payload_digest_and_reads_without_one() -> None:
+    """The digest is one more field of version 1: a reader that predates it reads only the fields
+    it knows, and a record written before it (the golden file) reads with an empty digest."""
+    with_digest = replace(RECORD, payload_sha256="ab" * 32)
+    data = encode_producer_record(with_digest)
+    assert b'"version":1' in data and b'"payload_sha256":"' + b"ab" * 32 + b'"' in data
+    assert decode_producer_record(data) == with_digest
+    assert decode_producer_record((GOLDEN / "producer_record_v1.json").read_bytes()).payload_sha256 == ""
 
 
 def test_producer_record_v2_with_inline_offsets_bytes_are_pinned() -> None:
@@ -75,5 +86,5 @@ def test_version_1_stays_readable_with_fields_added_later() -> None:
     ],
 )
 def test_unreadable_records_fail_loudly(data: bytes, message: str) -> None:
-    with pytest.raises(Internal, match=message):
+    with pytest.raises(CorruptRecord, match=message):
         decode_producer_record(data)

@@ -28,7 +28,7 @@ from snapcoord.coordinator.domain.snapshots import (
     report_digest,
     retention_victims,
 )
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 C, A, R = State.COMPLETED, State.ABORTED, State.CREATED
@@ -117,7 +117,7 @@ def test_task_report_v2_with_an_inline_checkpoint_bytes_are_pinned() -> None:
     ],
 )
 def test_a_malformed_inline_checkpoint_fails_loudly(data: bytes) -> None:
-    with pytest.raises(Internal, match="stored task report is malformed"):
+    with pytest.raises(CorruptRecord, match="stored task report is malformed"):
         decode_task_report(data)
 
 
@@ -171,7 +171,7 @@ def test_a_memoised_header_decodes_to_what_its_bytes_say() -> None:
     other = plain_dump(replace(LARGE, reported=31, state=State.ABORTED))
     assert decode_snapshot(other) == replace(LARGE, reported=31, state=State.ABORTED)
     assert decode_snapshot(other) == replace(LARGE, reported=31, state=State.ABORTED)
-    with pytest.raises(Internal, match="newer"):
+    with pytest.raises(CorruptRecord, match="newer"):
         decode_snapshot(written.replace(b'"version":1}', b'"version":9}'))
     # An unsorted label order is stored sorted: what is read back is the sorted record.
     unsorted = replace(LARGE, labels=(("z", "1"), ("a", "2")))
@@ -217,6 +217,6 @@ def test_the_report_counter_round_trips_and_reads_the_empty_node_as_zero() -> No
         (b"not json", "not JSON"),
     ],
 )
-def test_a_damaged_report_counter_is_an_internal_error(data: bytes, match: str) -> None:
-    with pytest.raises(Internal, match=match):
+def test_a_damaged_report_counter_is_a_corrupt_record(data: bytes, match: str) -> None:
+    with pytest.raises(CorruptRecord, match=match):
         decode_reported(data)

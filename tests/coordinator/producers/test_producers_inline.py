@@ -20,7 +20,7 @@ from snapcoord.coordinator.domain.producer_codec import inline_offsets_bytes
 from snapcoord.coordinator.domain.producers import ProducerPolicy, Registration
 from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
-    Internal,
+    CorruptRecord,
     InvalidArgument,
     NotFound,
     StoreUnavailable,
@@ -347,7 +347,8 @@ def test_an_inline_record_is_refused_clearly_by_a_reader_of_the_earlier_format(
     producers.register("sink", A, 0)
     node = stores.metadata.get(record_path("sink"))
     assert node is not None
-    with pytest.raises(Internal, match=r"format version 2, newer than this snapcoord reads \(1\): upgrade"):
+    newer = r"format version 2, newer than this snapcoord reads \(1\): upgrade"
+    with pytest.raises(CorruptRecord, match=newer):
         load(node.data, "producer record", 1)
 
 

@@ -13,7 +13,7 @@ from snapcoord.coordinator.domain.documents import load
 from snapcoord.coordinator.domain.leases import encode_pins
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
-from snapcoord.coordinator.errors import CommitOutcomeUnknown, Internal
+from snapcoord.coordinator.errors import CommitOutcomeUnknown, CorruptRecord
 from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.layout import task_path
@@ -155,7 +155,8 @@ def test_an_inline_report_is_refused_clearly_by_a_reader_of_the_earlier_format(
     g = complete(snapshots, "app", {"state": b"x"})
     node = stores.metadata.get(task_path("app", g, "q1"))
     assert node is not None
-    with pytest.raises(Internal, match=r"format version 2, newer than this snapcoord reads \(1\): upgrade"):
+    newer = r"format version 2, newer than this snapcoord reads \(1\): upgrade"
+    with pytest.raises(CorruptRecord, match=newer):
         load(node.data, "task report", 1)
 
 

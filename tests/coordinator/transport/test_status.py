@@ -38,6 +38,8 @@ EXPECTED: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Unauthenticated: C.UNAUTHENTICATED,
     errors.PermissionDenied: C.PERMISSION_DENIED,
     errors.Internal: C.INTERNAL,
+    errors.DataLoss: C.DATA_LOSS,
+    errors.CorruptRecord: C.DATA_LOSS,
     errors.NodeExistsError: C.ALREADY_EXISTS,
     errors.NoNodeError: C.NOT_FOUND,
     errors.BadVersionError: C.ABORTED,
@@ -53,6 +55,8 @@ def make(cls: type[errors.SnapcoordError], message: str) -> errors.SnapcoordErro
     """An instance of ``cls`` (TransactionFailed needs its extra arguments)."""
     if cls is errors.TransactionFailed:
         return errors.TransactionFailed(message, index=1, cause=errors.BadVersionError("v"))
+    if cls is errors.CorruptRecord:
+        return errors.CorruptRecord(message, kind="lease")
     return cls(message)
 
 
@@ -127,7 +131,8 @@ def test_details_repeat_code_and_message_and_carry_the_default_reason(
         assert info.reason == exc.cause.reason == Reason.CONTENDED
     else:
         assert info.reason == cls.default_reason
-    assert dict(info.metadata) == {}
+    # A corrupt record always names its kind (and its path, once the reader knows it).
+    assert dict(info.metadata) == ({"kind": "lease"} if cls is errors.CorruptRecord else {})
 
 
 def test_a_raise_sites_reason_and_metadata_travel_as_strings() -> None:

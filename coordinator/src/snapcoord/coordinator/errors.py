@@ -58,6 +58,10 @@ class Reason(StrEnum):
     #: The caller is known but its role or id scopes do not cover the call; metadata: principal,
     #: method, and the id kind and id that were refused (when an id was).
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    #: A stored record (a ZooKeeper node or an S3 payload object) cannot be decoded: truncated,
+    #: garbled, of the wrong shape, or of a format version newer than this coordinator reads.
+    #: Metadata: kind (what the record is), path (its node path or object key, when known).
+    CORRUPT_RECORD = "CORRUPT_RECORD"
 
 
 class SnapcoordError(Exception):
@@ -135,6 +139,39 @@ class PermissionDenied(SnapcoordError):
     """The caller is authenticated but its role or scopes do not allow the call."""
 
     default_reason = Reason.PERMISSION_DENIED
+
+
+class DataLoss(SnapcoordError):
+    """Stored data the operation needs is unreadable; retrying will not help until it is repaired."""
+
+    default_reason = Reason.CORRUPT_RECORD
+
+
+class CorruptRecord(DataLoss):
+    """One stored record cannot be decoded (docs/operations/corruption.md says how to repair it).
+
+    Decoders raise it naming the ``kind`` of record and keeping the undecodable bytes (``data``,
+    never sent or logged: it lets the code that read several nodes tell which one it was); the
+    code that read the record adds its ``path`` (``at``), so the caller and the log name exactly
+    what to inspect. Only that record's operations fail: its neighbours read, and the janitor
+    goes on past it.
+    """
+
+    def __init__(self, message: str, *, kind: str, path: str = "", data: bytes = b"") -> None:
+        metadata = {"kind": kind, "path": path} if path else {"kind": kind}
+        super().__init__(f"{message} (at {path})" if path else message, metadata=metadata)
+        self.kind = kind
+        self.path = path
+        self.detail = message
+        self.data = data
+
+    def at(self, path: str) -> CorruptRecord:
+        """This error located at ``path`` (a node path or object key); itself when it has one."""
+        if self.path:
+            return self
+        located = CorruptRecord(self.detail, kind=self.kind, path=path, data=self.data)
+        located.__cause__ = self.__cause__
+        return located
 
 
 class Internal(SnapcoordError):

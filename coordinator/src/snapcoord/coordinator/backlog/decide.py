@@ -27,8 +27,10 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_job_record,
     encode_shard,
 )
-from snapcoord.coordinator.errors import Internal, NotFound
+from snapcoord.coordinator.domain.documents import corrupt
+from snapcoord.coordinator.errors import NotFound
 from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
 from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
 
@@ -52,16 +54,18 @@ class StoredShard:
 def stored_job(job_id: str, node: Node | None) -> StoredJob | None:
     if node is None:
         return None
-    record = decode_job_record(node.data)
-    if record.job_id != job_id:
-        raise Internal(f"the backlog record at {job_path(job_id)} names job_id {record.job_id!r}")
+    with at(job_path(job_id)):
+        record = decode_job_record(node.data)
+        if record.job_id != job_id:
+            raise corrupt("backlog job record", f"names job_id {record.job_id!r}", node.data)
     return StoredJob(record, node.version)
 
 
 def stored_shard(record: JobRecord, shard: int, node: Node | None) -> StoredShard:
     if node is None:
         raise MarkGone  # nodes of a mark go only with its record
-    return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
+    with at(shard_path(record.job_id, record.mark_id, shard)):
+        return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
 
 
 def not_marked(job_id: str) -> str:

@@ -7,6 +7,7 @@ from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -42,12 +43,12 @@ class BacklogJanitor:
         older than ``grace_ms`` (younger ones may belong to a mark still in flight)."""
 
         def referenced_by(job_id: str) -> set[str]:
-            current = stored_job(job_id, self._metadata.get(job_path(job_id)))
+            with at(job_path(job_id)):
+                current = stored_job(job_id, self._metadata.get(job_path(job_id)))
             return {current.record.object_key} if current else set()
 
-        # Objects a live intent announces are the intent sweep's (they may be in flight); read
-        # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
-        announced = self._kernel.intents.announced_keys()
+        # Objects a live intent announces are the intent sweep's (they may be in flight); the
+        # intents are read before the listing (``sweep_unreferenced`` says why).
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -55,7 +56,8 @@ class BacklogJanitor:
             limit=limit,
             owner_of=job_of_object,
             referenced_by=referenced_by,
-            announced=announced,
+            announced=self._kernel.intents.announced_keys,
+            corrupt=lambda e: skipped(self._metrics, e, "backlog orphan sweep"),
         )
         if deleted:
             self._metrics.orphans_deleted.labels("backlog").inc(deleted)

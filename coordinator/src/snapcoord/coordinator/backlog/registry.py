@@ -40,10 +40,12 @@ from snapcoord.coordinator.domain.backlog import (
 )
 from snapcoord.coordinator.domain.backlog_codec import decode_boundaries, encode_boundaries
 from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.documents import corrupt
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.errors import BlobNotFound, Internal
+from snapcoord.coordinator.errors import BlobNotFound, CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
+from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import ReadChildren, ReadNode, Reads
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -229,7 +231,7 @@ class BacklogRegistry:
         if cached is not None:
             return cached
         try:
-            boundaries = decode_boundaries(self._blobs.get(record.object_key))
+            payload = self._blobs.get(record.object_key)
         except BlobNotFound:
             # Deletes remove the record first, so a missing object means the mark is gone too by
             # now, unless the invariant broke. Synced: a server that has not applied the delete
@@ -238,15 +240,19 @@ class BacklogRegistry:
             after = decide.stored_job(record.job_id, self._metadata.synced_get_many(path, [path])[path])
             if after is None or after.record.mark_id != record.mark_id:
                 raise MarkGone from None
-            raise Internal(
-                f"the backlog boundaries {record.object_key} of job_id {record.job_id!r} are missing"
+            raise CorruptRecord(
+                f"the backlog boundaries payload of job_id {record.job_id!r} is missing",
+                kind="backlog_boundaries_payload",
+                path=record.object_key,
             ) from None
-        if (boundaries.job_id, boundaries.mark_id, len(boundaries.items)) != (
-            record.job_id,
-            record.mark_id,
-            record.partition_count,
-        ):
-            raise Internal(f"the backlog boundaries {record.object_key} do not match their job record")
+        with at(record.object_key):
+            boundaries = decode_boundaries(payload)
+            if (boundaries.job_id, boundaries.mark_id, len(boundaries.items)) != (
+                record.job_id,
+                record.mark_id,
+                record.partition_count,
+            ):
+                raise corrupt("backlog boundaries payload", "does not match its job record", payload)
         self._cache.remember(boundaries)
         return boundaries
 

@@ -14,19 +14,14 @@ import itertools
 from typing import Any
 
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord, ShardProgress
-from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, corrupt, dump, load, malformed
 from snapcoord.coordinator.domain.offsets import Offset
-from snapcoord.coordinator.errors import Internal
 
 JOB_RECORD_VERSION = 1
 BOUNDARIES_VERSION = 1
 SHARD_VERSION = 1
 
 _INT_OR_NULL = {int, type(None)}
-
-
-def _malformed(what: str, e: Exception) -> Internal:
-    return Internal(f"stored {what} is malformed: {e!r}")
 
 
 def encode_job_record(record: JobRecord) -> bytes:
@@ -52,10 +47,10 @@ def decode_job_record(data: bytes) -> JobRecord:
             shard_size=int(doc["shard_size"]),
             marked_at_ms=int(doc["marked_at_ms"]),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise _malformed("backlog job record", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("backlog job record", e, data) from e
     if record.partition_count < 1 or record.shard_size < 1:
-        raise Internal(f"stored backlog job record of {record.job_id!r} has no partitions or shards")
+        raise corrupt("backlog job record", f"of {record.job_id!r} has no partitions or shards", data)
     return record
 
 
@@ -89,14 +84,16 @@ def decode_boundaries(data: bytes) -> Boundaries:
                 )
             items.extend(Offset(stream, int(p), int(b)) for p, b in zip(partitions, offsets, strict=True))
         boundaries = Boundaries(job_id=str(doc["job_id"]), mark_id=str(doc["mark_id"]), items=tuple(items))
-    except (KeyError, TypeError, ValueError) as e:
-        raise _malformed("backlog boundaries payload", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("backlog boundaries payload", e, data) from e
     # Progress is stored by index in this order: a payload out of order would credit positions to
     # the wrong partitions, so refuse it rather than misread it.
     keys = [(o.stream, o.partition) for o in boundaries.items]
     if any(a >= b for a, b in itertools.pairwise(keys)):
-        raise Internal(
-            f"stored backlog boundaries of {boundaries.job_id!r} are not in (stream, partition) order"
+        raise corrupt(
+            "backlog boundaries payload",
+            f"of {boundaries.job_id!r} is not in (stream, partition) order",
+            data,
         )
     return boundaries
 
@@ -123,8 +120,8 @@ def decode_shard(data: bytes, size: int) -> ShardProgress:
         if type(stored) is not list or not set(map(type, stored)) <= _INT_OR_NULL:
             stored = [None if p is None else int(p) for p in stored]
         finished_by = {int(k): str(v) for k, v in doc["finished_by"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _malformed("backlog progress shard", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("backlog progress shard", e, data) from e
     if len(stored) > size or any(not 0 <= k < size for k in finished_by):
-        raise Internal(f"stored backlog progress shard holds more than its {size} partitions")
+        raise corrupt("backlog progress shard", f"holds more than its {size} partitions", data)
     return ShardProgress(positions=tuple(stored) + (None,) * (size - len(stored)), finished_by=finished_by)

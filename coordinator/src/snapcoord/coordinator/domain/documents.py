@@ -12,7 +12,46 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
+
+#: What reading a decoded document of the wrong shape raises: a missing key, a string where a
+#: list belongs, a number too large for an int (JSON's ``1e999`` is infinity)...
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
+#: Every ``kind`` a ``CorruptRecord`` names: the label values of
+#: ``snapcoord_corrupt_records_total`` (each exported from the start, at 0).
+RECORD_KINDS = (
+    "producer_record",
+    "producer_offsets_payload",
+    "snapshot_app_record",
+    "snapshot_record",
+    "snapshot_report_counter",
+    "task_report",
+    "checkpoint_payload",
+    "retention_policy",
+    "lease",
+    "pin_index",
+    "backlog_job_record",
+    "backlog_boundaries_payload",
+    "backlog_progress_shard",
+    "upload_intent",
+)
+
+
+def kind_of(what: str) -> str:
+    """The ``kind`` a ``CorruptRecord`` names (a metric label): ``what`` in snake case."""
+    return what.replace(" ", "_")
+
+
+def corrupt(what: str, detail: str, data: bytes) -> CorruptRecord:
+    """The error of the stored ``what`` in ``data`` that cannot be read (``detail`` says why)."""
+    return CorruptRecord(f"stored {what} {detail}", kind=kind_of(what), data=data)
+
+
+def malformed(what: str, e: BaseException, data: bytes) -> CorruptRecord:
+    """The error of a stored ``what`` whose document has the wrong shape (``e`` says where)."""
+    return corrupt(what, f"is malformed: {e!r}", data)
 
 
 def dump(doc: dict[str, Any]) -> bytes:
@@ -22,18 +61,21 @@ def dump(doc: dict[str, Any]) -> bytes:
 
 
 def load(data: bytes, what: str, supported: int) -> dict[str, Any]:
-    """The document stored in ``data``, refused with ``Internal`` (naming ``what``) when it is not
-    a JSON object with a version, or when its version is newer than ``supported``."""
+    """The document stored in ``data``, refused with ``CorruptRecord`` (naming ``what``) when it is
+    not a JSON object with a version (truncated, garbled, nested too deep to parse), or when its
+    version is newer than ``supported``."""
     try:
         doc = json.loads(data)
-    except ValueError as e:
-        raise Internal(f"stored {what} is not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise corrupt(what, f"is not JSON: {e}", data) from e
     if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
-        raise Internal(f"stored {what} has no version field")
+        raise corrupt(what, "has no version field", data)
     version = doc["version"]
     if version > supported:
-        raise Internal(
-            f"stored {what} has format version {version}, newer than this snapcoord reads ({supported}): "
-            "upgrade this coordinator"
+        raise corrupt(
+            what,
+            f"has format version {version}, newer than this snapcoord reads ({supported}): "
+            "upgrade this coordinator",
+            data,
         )
     return doc

@@ -12,10 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, dump, load, malformed
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.lru import Lru
-from snapcoord.coordinator.errors import Internal, InvalidArgument
+from snapcoord.coordinator.errors import InvalidArgument
 
 LEASE_VERSION = 1
 PINS_VERSION = 1
@@ -154,8 +154,8 @@ def _decode_lease(data: bytes) -> Lease:
             snapshots=tuple(SnapshotRef(str(a), int(g)) for a, g in doc["snapshots"]),
             incarnation=str(doc.get("incarnation", "")),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise Internal(f"stored lease is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("lease", e, data) from e
 
 
 #: Lease ids as ``require_id`` admits them: JSON strings that need no escaping.
@@ -190,5 +190,5 @@ def _decode_pins(data: bytes) -> dict[str, int]:
     doc = load(data, "pin index", PINS_VERSION)
     try:
         return {str(k): int(v) for k, v in doc["leases"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise Internal(f"stored pin index is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("pin index", e, data) from e

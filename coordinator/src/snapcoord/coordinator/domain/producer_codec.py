@@ -2,16 +2,17 @@
 as versioned JSON documents (``documents``).
 
 A record whose offsets are in the blob store is written as version 1 (``object_key``), the format
-every release reads. A record with its offsets inline is version 2 (``registration_id`` and
+every release reads; it also holds the payload's SHA-256 (``payload_sha256``), which readers
+check, and which releases that predate it ignore (they read only the fields they know), so the
+record stays version 1. A record with its offsets inline is version 2 (``registration_id`` and
 ``offsets`` instead of ``object_key``): a release that reads only version 1 refuses it with
 "newer than this snapcoord reads" (``documents.load``) instead of misreading it."""
 
 from __future__ import annotations
 
-from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, dump, load, malformed
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerRecord
-from snapcoord.coordinator.errors import Internal
 
 #: A record pointing at its payload object.
 PRODUCER_RECORD_VERSION = 1
@@ -44,7 +45,8 @@ def encode_producer_record(record: ProducerRecord) -> bytes:
         "expires_at_ms": record.expires_at_ms,
     }
     if record.inline is None:
-        return dump({"version": PRODUCER_RECORD_VERSION, "object_key": record.object_key, **common})
+        digest = {"payload_sha256": record.payload_sha256} if record.payload_sha256 else {}
+        return dump({"version": PRODUCER_RECORD_VERSION, "object_key": record.object_key, **common, **digest})
     return dump(
         {
             "version": INLINE_PRODUCER_RECORD_VERSION,
@@ -64,6 +66,7 @@ def decode_producer_record(data: bytes) -> ProducerRecord:
                 object_key=str(doc["object_key"]),
                 created_at_ms=int(doc["created_at_ms"]),
                 expires_at_ms=int(doc["expires_at_ms"]),
+                payload_sha256=str(doc.get("payload_sha256", "")),
             )
         return ProducerRecord(
             producer_id=str(doc["producer_id"]),
@@ -73,8 +76,8 @@ def decode_producer_record(data: bytes) -> ProducerRecord:
             inline=_offsets_of(doc["offsets"]),
             inline_registration=str(doc["registration_id"]),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise Internal(f"stored producer record is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("producer record", e, data) from e
 
 
 def encode_producer_offsets(producer_id: str, offsets: tuple[Offset, ...]) -> bytes:
@@ -91,5 +94,5 @@ def decode_producer_offsets(data: bytes) -> tuple[str, tuple[Offset, ...]]:
     doc = load(data, "producer offsets payload", PRODUCER_OFFSETS_VERSION)
     try:
         return str(doc["producer_id"]), _offsets_of(doc["offsets"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise Internal(f"stored producer offsets payload is malformed: {e!r}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("producer offsets payload", e, data) from e

@@ -54,6 +54,9 @@ class ProducerRecord:
     inline: tuple[Offset, ...] | None = None
     #: The registration's UUID for an inline record (one in the blob store is named by its key).
     inline_registration: str = ""
+    #: SHA-256 (hex) of the payload object, checked when it is read; empty in records written
+    #: before it was recorded (their payloads are read unchecked) and in inline ones.
+    payload_sha256: str = ""
 
     def is_expired(self, now_ms: int) -> bool:
         return now_ms >= self.expires_at_ms
@@ -115,14 +118,18 @@ def resolve_ttl(ttl_ms: int, policy: ProducerPolicy) -> int:
     return ttl_ms
 
 
-def new_record(producer_id: str, now_ms: int, ttl_ms: int, object_key: str) -> ProducerRecord:
+def new_record(
+    producer_id: str, now_ms: int, ttl_ms: int, object_key: str, payload_sha256: str = ""
+) -> ProducerRecord:
     """A record for a new registration; ``object_key`` is fresh (UUID-named, never reused): the
-    registry takes it from its intent pool (``producers/<uuid>.json``)."""
+    registry takes it from its intent pool (``producers/<uuid>.json``). ``payload_sha256``: the
+    digest of the payload put there, which every read of it checks."""
     return ProducerRecord(
         producer_id=producer_id,
         object_key=object_key,
         created_at_ms=now_ms,
         expires_at_ms=now_ms + ttl_ms,
+        payload_sha256=payload_sha256,
     )
 
 

@@ -15,11 +15,12 @@ a report writes a few bytes, not the task set again.
 from __future__ import annotations
 
 import base64
-import binascii
+import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from snapcoord.coordinator.domain.documents import dump, load
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, dump, load, malformed
 from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshots import (
@@ -29,7 +30,7 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     TaskReport,
 )
-from snapcoord.coordinator.errors import Internal
+from snapcoord.coordinator.errors import CorruptRecord
 
 APP_VERSION = 1
 SNAPSHOT_VERSION = 1
@@ -43,10 +44,6 @@ INLINE_TASK_REPORT_VERSION = 2
 RETENTION_VERSION = 1
 
 
-def _malformed(what: str, e: Exception) -> Internal:
-    return Internal(f"stored {what} is malformed: {e!r}")
-
-
 def encode_app(current_generation: int) -> bytes:
     return dump({"version": APP_VERSION, "current_generation": current_generation})
 
@@ -55,8 +52,8 @@ def decode_app(data: bytes) -> int:
     doc = load(data, "snapshot app record", APP_VERSION)
     try:
         return int(doc["current_generation"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise _malformed("snapshot app record", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("snapshot app record", e, data) from e
 
 
 def encode_reported(count: int) -> bytes:
@@ -72,10 +69,10 @@ def decode_reported(data: bytes) -> int:
     doc = load(data, "snapshot report counter", REPORTED_VERSION)
     try:
         count = int(doc["reported"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise _malformed("snapshot report counter", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("snapshot report counter", e, data) from e
     if count < 0:
-        raise _malformed("snapshot report counter", ValueError(f"negative count {count}"))
+        raise malformed("snapshot report counter", ValueError(f"negative count {count}"), data)
     return count
 
 
@@ -176,8 +173,8 @@ def _decode_snapshot(data: bytes) -> SnapshotRecord:
             labels=tuple(sorted((str(k), str(v)) for k, v in doc["labels"].items())),
             abort_reason=str(doc["abort_reason"]),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _malformed("snapshot record", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("snapshot record", e, data) from e
 
 
 def _checkpoint_doc(c: CheckpointRef) -> dict[str, Any]:
@@ -217,8 +214,8 @@ def decode_task_report(data: bytes) -> TaskReport:
             checkpoints=tuple(_checkpoint_of(str(k), v) for k, v in sorted(doc["checkpoints"].items())),
             digest=str(doc["digest"]),
         )
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as e:
-        raise _malformed("task report", e) from e
+    except SHAPE_ERRORS as e:  # binascii.Error (bad base64) is a ValueError
+        raise malformed("task report", e, data) from e
 
 
 def encode_retention(policy: RetentionPolicy) -> bytes:
@@ -235,5 +232,48 @@ def decode_retention(data: bytes) -> RetentionPolicy:
     doc = load(data, "retention policy", RETENTION_VERSION)
     try:
         return RetentionPolicy(int(doc["keep_last_completed"]), int(doc["completed_ttl_ms"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise _malformed("retention policy", e) from e
+    except SHAPE_ERRORS as e:
+        raise malformed("retention policy", e, data) from e
+
+
+#: The ``kind`` of a checkpoint payload that is missing or does not match its report.
+CHECKPOINT_PAYLOAD = "checkpoint_payload"
+
+
+def _payload_mismatch(ref: CheckpointRef, size: int, sha256: str) -> CorruptRecord | None:
+    if size != ref.size:
+        detail = f"holds {size} bytes, its report says {ref.size}"
+    elif sha256 != ref.sha256:
+        detail = f"has SHA-256 {sha256}, its report says {ref.sha256}"
+    else:
+        return None
+    where = ref.object_key or "inline"
+    return CorruptRecord(
+        f"checkpoint payload of store {ref.store!r} ({where}) {detail}",
+        kind=CHECKPOINT_PAYLOAD,
+        path=ref.object_key,
+    )
+
+
+def checked_payload(ref: CheckpointRef, data: bytes) -> bytes:
+    """``data``, the payload of ``ref``, once its size and SHA-256 match the report's: a
+    truncated or garbled object is refused, never served."""
+    error = _payload_mismatch(ref, len(data), hashlib.sha256(data).hexdigest())
+    if error is not None:
+        raise error
+    return data
+
+
+def checked_pieces(ref: CheckpointRef, pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """The pieces of ``ref``'s payload as they come, checked like ``checked_payload`` when the last
+    has passed: a stream of a truncated or garbled object ends with ``CorruptRecord`` instead of
+    completing (the caller's own check of size and hash would refuse it too)."""
+    digest = hashlib.sha256()
+    size = 0
+    for piece in pieces:
+        digest.update(piece)
+        size += len(piece)
+        yield piece
+    error = _payload_mismatch(ref, size, digest.hexdigest())
+    if error is not None:
+        raise error

@@ -32,6 +32,7 @@ from typing import Any, TypeVar, overload
 from snapcoord.coordinator.errors import (
     Aborted,
     CommitOutcomeUnknown,
+    CorruptRecord,
     NodeExistsError,
     NoNodeError,
     Reason,
@@ -40,6 +41,7 @@ from snapcoord.coordinator.errors import (
     TransactionFailed,
 )
 from snapcoord.coordinator.kernel import intents
+from snapcoord.coordinator.kernel.corruption import locate
 from snapcoord.coordinator.kernel.decision import (
     Commit,
     Decide,
@@ -459,6 +461,8 @@ class CommitKernel:
         while True:
             try:
                 decision = decide(reads, pending)
+            except CorruptRecord as e:  # name the node among the reads: the caller's log and status do
+                raise locate(e, reads.nodes) from e.__cause__
             except SnapcoordError as e:
                 if synced[0] or not may_be_stale(e):
                     raise

@@ -33,13 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from snapcoord.coordinator.domain.documents import SHAPE_ERRORS, load, malformed
 from snapcoord.coordinator.errors import (
     BadVersionError,
-    Internal,
+    CorruptRecord,
     NoNodeError,
     StoreUnavailable,
     TransactionFailed,
 )
+from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.expiry_index import ExpiryIndex, bucket_of
 from snapcoord.coordinator.storage.metadata import Create, Delete
 
@@ -104,10 +106,8 @@ def encode(intent: Intent) -> bytes:
 
 
 def decode(data: bytes) -> Intent:
+    doc = load(data, "upload intent", INTENT_VERSION)
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or int(doc["version"]) > INTENT_VERSION:
-            raise ValueError(f"unsupported intent {doc!r:.80}")
         u = doc.get("upload")
         upload = (
             UploadInfo(
@@ -122,8 +122,8 @@ def decode(data: bytes) -> Intent:
             else None
         )
         return Intent(tuple(str(k) for k in doc["keys"]), int(doc["created_ms"]), upload, bool(doc["swept"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise Internal(f"stored upload intent is malformed: {e}") from e
+    except SHAPE_ERRORS as e:
+        raise malformed("upload intent", e, data) from e
 
 
 def new_name(now_ms: int) -> tuple[str, str]:
@@ -263,13 +263,16 @@ class IntentIndex:
 
     def announced_keys(self) -> frozenset[str]:
         """Every object key a live intent announces (for the listing sweep of objects written
-        before intents existed, which must spare them: they are not committed yet)."""
+        before intents existed, which must spare them: they are not committed yet).
+        ``CorruptRecord`` (naming its path) when an intent cannot be decoded: any object may then
+        be one it announces."""
         keys: set[str] = set()
         for bucket in self._metadata.children(ROOT):
             paths = [f"{ROOT}/{bucket}/{name}" for name in self._metadata.children(f"{ROOT}/{bucket}")]
-            for node in self._metadata.get_many(paths).values():
+            for path, node in self._metadata.get_many(paths).items():
                 if node is not None:
-                    keys.update(decode(node.data).keys)
+                    with at(path):
+                        keys.update(decode(node.data).keys)
         return frozenset(keys)
 
     def sweep(
@@ -279,10 +282,13 @@ class IntentIndex:
         grace_ms: int,
         limit: int,
         keep: Callable[[Intent], bool] = lambda intent: False,
+        corrupt: Callable[[CorruptRecord], None] | None = None,
     ) -> int:
         """Delete the objects of up to ``limit`` intents older than ``grace_ms`` (claim, delete the
         objects, delete the intent); ``keep(intent)`` spares an intent (an upload whose snapshot
-        may still be reported). Returns how many intents went."""
+        may still be reported). An intent that cannot be decoded is told to ``corrupt`` (with its
+        path) and left, objects and all (which objects it names is unknown); without ``corrupt``
+        the error is raised. Returns how many intents went."""
         cutoff = now_ms - grace_ms
         swept = 0
         # Buckets before the cutoff's minute hold only intents older than the cutoff; the cutoff's
@@ -293,7 +299,14 @@ class IntentIndex:
             node = self._metadata.get(path)
             if node is None:
                 continue
-            intent = decode(node.data)
+            try:
+                with at(path):
+                    intent = decode(node.data)
+            except CorruptRecord as e:
+                if corrupt is None:
+                    raise
+                corrupt(e)
+                continue
             version = node.version
             if not intent.swept:
                 if intent.created_ms >= cutoff or keep(intent):

@@ -23,7 +23,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from snapcoord.coordinator.errors import SnapcoordError, Unavailable
+from snapcoord.coordinator.errors import CorruptRecord, SnapcoordError, Unavailable
+from snapcoord.coordinator.kernel.corruption import skipped
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.election import Election, Leadership
 
@@ -140,6 +141,14 @@ class Janitor:
             self._metrics.janitor_passes.labels(step.name, "interrupted").inc()
             _log.warning("janitor: %s interrupted: %s", step.name, e)
             span.set(OUTCOME_ATTRIBUTE, "interrupted")
+            span.failed(e)
+            return None
+        except CorruptRecord as e:
+            # A record the step could not go past (the steps skip the records they can): the
+            # record is at fault, not the code, so a WARNING naming it, no traceback.
+            self._metrics.janitor_passes.labels(step.name, "error").inc()
+            skipped(self._metrics, e, f"janitor: {step.name}")
+            span.set(OUTCOME_ATTRIBUTE, "error")
             span.failed(e)
             return None
         except SnapcoordError as e:

@@ -29,6 +29,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from snapcoord.coordinator.domain.documents import RECORD_KINDS
+
 _log = logging.getLogger(__name__)
 
 # Buckets from go-grpc-prometheus (prometheus.DefBuckets): 5 ms to 10 s, enough to tell a ZK
@@ -175,6 +177,14 @@ class CoordinatorMetrics:
             ("kind",),
             registry=registry,
         )
+        self.corrupt_records = Counter(
+            "snapcoord_corrupt_records",
+            "Stored records that could not be decoded, skipped by a janitor pass or a list call.",
+            ("kind",),
+            registry=registry,
+        )
+        for kind in RECORD_KINDS:  # every kind from the start, so that rate() sees the first one
+            self.corrupt_records.labels(kind)
         self.commit_conflicts = Counter(
             "snapcoord_commit_conflicts",
             "Commits that lost a compare-and-set to a concurrent change and were decided again.",

@@ -7,7 +7,9 @@ import logging
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.producer_codec import decode_producer_record
 from snapcoord.coordinator.domain.producers import parse_index_entry, producer_of_object
+from snapcoord.coordinator.errors import CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.decision import ReadNode
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
@@ -52,12 +54,17 @@ class ProducerJanitor:
                 _log.warning("ignoring a foreign node %s in the producer expiry index", path)
                 continue
             producer_id, registration = parsed
-            outcome = self._kernel.run(
-                "producer_expire",
-                {"producer_id": producer_id},
-                [ReadNode(record_path(producer_id))],
-                lambda reads, pending: decide.expire(producer_id, registration, reads, pending, now),  # noqa: B023
-            )
+            try:
+                outcome = self._kernel.run(
+                    "producer_expire",
+                    {"producer_id": producer_id},
+                    [ReadNode(record_path(producer_id))],
+                    lambda reads, pending: decide.expire(producer_id, registration, reads, pending, now),  # noqa: B023
+                )
+            except CorruptRecord as e:
+                # Its entry stays due: counted and logged on every pass until someone repairs it.
+                skipped(self._metrics, e, "producer expiry", record_path(producer_id))
+                continue
             if outcome == "stale":
                 # An index entry without its record cannot arise (they change in one transaction),
                 # except from a bug or a hand edit; drop it so it does not stay due forever.
@@ -75,11 +82,11 @@ class ProducerJanitor:
 
         def referenced_by(producer_id: str) -> set[str]:
             node = self._metadata.get(record_path(producer_id))
-            return set(decode_producer_record(node.data).objects) if node is not None else set()
+            with at(record_path(producer_id)):
+                return set(decode_producer_record(node.data).objects) if node is not None else set()
 
-        # Objects a live intent announces are the intent sweep's (they may be in flight); read
-        # before the listing, as ``SnapshotJanitor.sweep_orphans`` explains.
-        announced = self._kernel.intents.announced_keys()
+        # Objects a live intent announces are the intent sweep's (they may be in flight); the
+        # intents are read before the listing (``sweep_unreferenced`` says why).
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -87,7 +94,8 @@ class ProducerJanitor:
             limit=limit,
             owner_of=producer_of_object,
             referenced_by=referenced_by,
-            announced=announced,
+            announced=self._kernel.intents.announced_keys,
+            corrupt=lambda e: skipped(self._metrics, e, "producer orphan sweep"),
         )
         if deleted:
             self._metrics.orphans_deleted.labels("producer").inc(deleted)

@@ -7,10 +7,12 @@ The rules of each change are in ``decide``, the paths in ``layout``, the janitor
 from __future__ import annotations
 
 import bisect
+import hashlib
 import uuid
 from collections.abc import Iterable
 
 from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.domain.documents import corrupt
 from snapcoord.coordinator.domain.ids import require_id
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_name_token, encode_name_token
@@ -28,8 +30,9 @@ from snapcoord.coordinator.domain.producers import (
     new_record,
     validate_registration,
 )
-from snapcoord.coordinator.errors import BlobNotFound, Internal, InvalidArgument, NotFound, Reason
+from snapcoord.coordinator.errors import BlobNotFound, CorruptRecord, InvalidArgument, NotFound, Reason
 from snapcoord.coordinator.kernel.commit import CommitKernel, Reread, synced_retry
+from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.decision import ReadNode, Reads
 from snapcoord.coordinator.kernel.intent_pool import IntentPool
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
@@ -141,7 +144,7 @@ class ProducerRegistry:
             return decide.Register(record, ttl, None), {}
         payload = encode_producer_offsets(producer_id, items)
         intent = self._intents.take()  # from here on, the kernel call owns it (and withdraws it)
-        record = new_record(producer_id, now, ttl, intent.key)
+        record = new_record(producer_id, now, ttl, intent.key, hashlib.sha256(payload).hexdigest())
         return decide.Register(record, ttl, payload), {intent.path: frozenset({intent.key})}
 
     def _present(self, outcome: decide.Registered, items: tuple[Offset, ...]) -> Registration:
@@ -213,13 +216,17 @@ class ProducerRegistry:
             nodes = self._metadata.get_many([record_path(n) for n in batch])
             for name in batch:
                 i += 1
-                current = decide.stored(nodes[record_path(name)])
-                if current is None or current.record.is_expired(now):
-                    continue
                 try:
+                    with at(record_path(name)):
+                        current = decide.stored(nodes[record_path(name)])
+                    if current is None or current.record.is_expired(now):
+                        continue
                     snapshot, size_bytes = self._snapshot_sized(current.record)
                 except NotFound:
                     continue  # deleted while we paged
+                except CorruptRecord as e:  # its neighbours are listed; the log and metric name it
+                    skipped(self._metrics, e, "ListProducerOffsets")
+                    continue
                 page.append(snapshot)
                 used += size_bytes
                 if used >= self._list_page_bytes:
@@ -239,7 +246,8 @@ class ProducerRegistry:
     # --- internals ------------------------------------------------------------------------------
 
     def _read(self, producer_id: str) -> ProducerRecord | None:
-        current = decide.stored(self._metadata.get(record_path(producer_id)))
+        with at(record_path(producer_id)):
+            current = decide.stored(self._metadata.get(record_path(producer_id)))
         return current.record if current is not None else None
 
     def _snapshot(self, record: ProducerRecord) -> ProducerSnapshot:
@@ -263,9 +271,21 @@ class ProducerRegistry:
             current = decide.stored(self._metadata.synced_get_many(path, [path])[path])
             if current is None or current.record.object_key != record.object_key:
                 raise NotFound(f"producer_id {record.producer_id!r} was deleted meanwhile") from None
-            raise Internal(
-                f"the payload {record.object_key} of producer_id {record.producer_id!r} is missing"
+            raise CorruptRecord(
+                f"the payload of producer_id {record.producer_id!r} is missing",
+                kind="producer_offsets_payload",
+                path=record.object_key,
             ) from None
-        _, offsets = decode_producer_offsets(payload)
+        with at(record.object_key):
+            digest = hashlib.sha256(payload).hexdigest() if record.payload_sha256 else ""
+            if digest != record.payload_sha256:
+                raise corrupt(
+                    "producer offsets payload",
+                    f"has SHA-256 {digest}, its record says {record.payload_sha256}",
+                    payload,
+                )
+            payload_id, offsets = decode_producer_offsets(payload)
+            if payload_id != record.producer_id:
+                raise corrupt("producer offsets payload", f"names producer_id {payload_id!r}", payload)
         snapshot = ProducerSnapshot(record.producer_id, offsets, record.created_at_ms, record.expires_at_ms)
         return snapshot, len(payload)

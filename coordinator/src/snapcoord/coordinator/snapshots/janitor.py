@@ -17,8 +17,15 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     retention_victims,
 )
-from snapcoord.coordinator.errors import Aborted, FailedPrecondition, NodeExistsError, SnapcoordError
+from snapcoord.coordinator.errors import (
+    Aborted,
+    CorruptRecord,
+    FailedPrecondition,
+    NodeExistsError,
+    SnapcoordError,
+)
 from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.corruption import at, locate, skipped
 from snapcoord.coordinator.kernel.intents import Intent
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
@@ -36,8 +43,9 @@ from snapcoord.coordinator.snapshots.layout import (
     retention_path,
     task_path,
 )
+from snapcoord.coordinator.snapshots.pins import Records
 from snapcoord.coordinator.storage.blobs import BlobStore
-from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.metadata import MetadataStore, Node
 
 _log = logging.getLogger(__name__)
 
@@ -75,21 +83,21 @@ class SnapshotJanitor:
             if aborted >= limit:
                 break
             parsed = parse_ref(name)
-            node = (
-                self._metadata.get(gen_path(parsed[0], int(parsed[1])))
-                if parsed and parsed[1].isdigit()
-                else None
-            )
-            header = decide.stored(node)
-            if header is None or header.record.state is not State.CREATED:
-                deadlines.remove(path)  # cannot happen (they change together); do not keep it due
-                continue
-            if now < header.record.deadline_ms:
-                continue
+            header_path = gen_path(parsed[0], int(parsed[1])) if parsed and parsed[1].isdigit() else ""
             try:
+                with at(header_path):
+                    header = decide.stored(self._metadata.get(header_path) if header_path else None)
+                if header is None or header.record.state is not State.CREATED:
+                    deadlines.remove(path)  # cannot happen (they change together); do not keep it due
+                    continue
+                if now < header.record.deadline_ms:
+                    continue
                 self._abort(header.record.app_id, header.record.generation, TIMEOUT_REASON)
             except FailedPrecondition:
                 continue  # completed meanwhile: its deadline entry went with the completion
+            except CorruptRecord as e:  # its deadline entry stays due: counted on every pass
+                skipped(self._metrics, e, "snapshot timeouts")
+                continue
             aborted += 1
         return aborted
 
@@ -112,6 +120,10 @@ class SnapshotJanitor:
                 app_id = parsed[0]
                 try:
                     done, finished = self._evaluate_app(app_id, now, limit - deleted, scheduled)
+                except CorruptRecord as e:  # its retention policy: the trigger stays, counted every pass
+                    skipped(self._metrics, e, "snapshot retention")
+                    evaluated[app_id] = False
+                    continue
                 except SnapcoordError as e:
                     _log.warning("retention of app %s failed; the next pass retries: %s", app_id, e)
                     evaluated[app_id] = False
@@ -129,13 +141,12 @@ class SnapshotJanitor:
 
         def referenced_by(owner: tuple[str, int, str]) -> frozenset[str]:
             node = self._metadata.get(task_path(*owner))
-            report = decode_task_report(node.data) if node is not None else None
+            with at(task_path(*owner)):
+                report = decode_task_report(node.data) if node is not None else None
             return frozenset(report.object_keys) if report else frozenset()
 
-        # Read before the listing: an object older than the grace had its intent made before it
-        # was put, so an intent not seen here was retired before the listing (committed: the
-        # reference check after it sees the report; or given up, the object with it).
-        announced = self._kernel.intents.announced_keys()
+        # Objects a live intent announces are the intent sweep's (they may be in flight); the
+        # intents are read before the listing (``sweep_unreferenced`` says why).
         deleted = sweep_unreferenced(
             self._blobs,
             OBJECT_PREFIX,
@@ -143,7 +154,8 @@ class SnapshotJanitor:
             limit=limit,
             owner_of=owner_of_checkpoint,
             referenced_by=referenced_by,
-            announced=announced,
+            announced=self._kernel.intents.announced_keys,
+            corrupt=lambda e: skipped(self._metrics, e, "snapshot orphan sweep"),
         )
         if deleted:
             self._metrics.orphans_deleted.labels("snapshot").inc(deleted)
@@ -160,12 +172,21 @@ class SnapshotJanitor:
                 return False  # a call's own payloads: past the grace, its commit never landed
             target = (intent.upload.app_id, intent.upload.generation)
             if target not in headers:
-                header = decide.stored(self._metadata.get(gen_path(*target)))
-                headers[target] = header is not None and header.record.state is State.CREATED
+                try:
+                    with at(gen_path(*target)):
+                        header = decide.stored(self._metadata.get(gen_path(*target)))
+                except CorruptRecord as e:  # it may be CREATED: keep what a report may still name
+                    skipped(self._metrics, e, "orphan intent sweep")
+                    headers[target] = True
+                else:
+                    headers[target] = header is not None and header.record.state is State.CREATED
             return headers[target]
 
+        def corrupt(error: CorruptRecord) -> None:
+            skipped(self._metrics, error, "orphan intent sweep")
+
         swept = self._kernel.intents.sweep(
-            self._blobs, self._clock.now_ms(), grace_ms, limit, keep=reportable
+            self._blobs, self._clock.now_ms(), grace_ms, limit, keep=reportable, corrupt=corrupt
         )
         if swept:
             self._metrics.orphans_deleted.labels("intent").inc(swept)
@@ -176,13 +197,22 @@ class SnapshotJanitor:
         was all), finish the app's half-done deletions, and schedule its next evaluation for when
         the next survivor's TTL ends (adding the triggers it writes to ``scheduled``)."""
         node = self._metadata.get(retention_path(app_id))
-        retention = (decode_retention(node.data) if node else DEFAULT_RETENTION).effective(self._policy)
+        with at(retention_path(app_id)):  # unreadable: no evaluation (its rules are unknown)
+            retention = (decode_retention(node.data) if node else DEFAULT_RETENTION).effective(self._policy)
         generations = [int(n) for n in self._metadata.children(gens_path(app_id)) if n.isdigit()]
         headers = self._metadata.get_many([gen_path(app_id, g) for g in generations])  # read together
         records = {}
         deleting = []
         for g in generations:
-            item = decide.stored_any(headers[gen_path(app_id, g)])
+            # A header that cannot be decoded is left out, never deleted: the others are judged
+            # without it, which keeps as many or more of them (one fewer completed snapshot to
+            # count, and a newest completed one that is no newer).
+            try:
+                with at(gen_path(app_id, g)):
+                    item = decide.stored_any(headers[gen_path(app_id, g)])
+            except CorruptRecord as e:
+                skipped(self._metrics, e, "snapshot retention")
+                continue
             if item is None:
                 continue
             if item.record.state is State.DELETING:
@@ -191,12 +221,11 @@ class SnapshotJanitor:
                 records[g] = item.record
         ended = [g for g, r in records.items() if r.is_ended]
         pin_nodes = self._metadata.get_many([pins.pin_path(app_id, g) for g in ended])
-        skew = self._policy.max_clock_skew_ms
         # Holders listed as expired may have renewed since they pinned: their records tell.
         pin_of = {g: pin_nodes[pins.pin_path(app_id, g)] for g in ended}
-        confirm = sorted({p for g in ended for p in pins.to_confirm(pin_of[g], now, skew)})
+        confirm = sorted({p for g in ended for p in self._to_confirm(app_id, g, pin_of[g], now)})
         holders = self._metadata.get_many(confirm)
-        pinned = [g for g in ended if pins.pinned(app_id, g, pin_of[g], holders, now, skew)]
+        pinned = [g for g in ended if self._pinned(app_id, g, pin_of[g], holders, now)]
         retained = [Retained(g, r.state, r.ended_at_ms, r.ttl_ms) for g, r in records.items()]
         victims = sorted([*deleting, *retention_victims(retained, retention, now, pinned)])
         # Retention never deletes the newest completed snapshot: each deletion checks that it is
@@ -208,6 +237,8 @@ class SnapshotJanitor:
                 deleted += self._delete(app_id, generation, 0 if generation in deleting else newest)
             except (FailedPrecondition, Aborted):
                 continue  # pinned or changed meanwhile: the next evaluation decides again
+            except CorruptRecord as e:  # a record the deletion reads: the snapshot stays
+                skipped(self._metrics, e, "snapshot retention")
         # The next time one of the survivors can expire, look at the app again.
         for generation, record in records.items():
             if generation in victims or not record.is_ended:
@@ -216,6 +247,29 @@ class SnapshotJanitor:
             if due > now:
                 scheduled.add(self._schedule(due, ref(app_id, generation)))
         return deleted, len(victims) <= limit
+
+    def _to_confirm(self, app_id: str, generation: int, pin: Node | None, now: int) -> list[str]:
+        """``pins.to_confirm``; none for an unreadable pin index (``_pinned`` keeps its snapshot)."""
+        try:
+            with at(pins.pin_path(app_id, generation)):
+                return pins.to_confirm(pin, now, self._policy.max_clock_skew_ms)
+        except CorruptRecord:
+            return []  # counted once, by ``_pinned``
+
+    def _pinned(self, app_id: str, generation: int, pin: Node | None, holders: Records, now: int) -> bool:
+        """``pins.pinned``; True when the pin index or a holder's lease record cannot be decoded:
+        a snapshot that may be pinned is never deleted."""
+        try:
+            with at(pins.pin_path(app_id, generation)):
+                pins.holders(pin)
+        except CorruptRecord as e:
+            skipped(self._metrics, e, "snapshot retention")
+            return True
+        try:
+            return pins.pinned(app_id, generation, pin, holders, now, self._policy.max_clock_skew_ms)
+        except CorruptRecord as e:
+            skipped(self._metrics, locate(e, holders), "snapshot retention")
+            return True
 
     def _schedule(self, due_ms: int, name: str) -> str:
         path = retention_entry(due_ms, name)

@@ -22,6 +22,9 @@ from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.paging import decode_generation_token, encode_generation_token
 from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.domain.snapshot_codec import (
+    CHECKPOINT_PAYLOAD,
+    checked_payload,
+    checked_pieces,
     decode_task_report,
     encode_snapshot,
     encode_task_report,
@@ -47,7 +50,7 @@ from snapcoord.coordinator.errors import (
     Aborted,
     BadVersionError,
     BlobNotFound,
-    Internal,
+    CorruptRecord,
     InvalidArgument,
     NoNodeError,
     NotFound,
@@ -55,6 +58,7 @@ from snapcoord.coordinator.errors import (
 )
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.decision import Commit, Decision, ReadNode, Reads
 from snapcoord.coordinator.kernel.payload_admission import PayloadBudget, message_hold
 from snapcoord.coordinator.kernel.record_copies import RecordCache
@@ -78,7 +82,15 @@ from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
 _log = logging.getLogger(__name__)
 
+
 #: GetSnapshot's payload reads of all calls share these threads (a call's reads run together).
+def missing_checkpoint(ref: CheckpointRef) -> CorruptRecord:
+    """The error of a checkpoint object its report names that is not in the blob store."""
+    return CorruptRecord(
+        f"checkpoint payload of store {ref.store!r} is missing", kind=CHECKPOINT_PAYLOAD, path=ref.object_key
+    )
+
+
 _READS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="payload-read")
 
 DEFAULT_PAGE_SIZE = 50
@@ -251,26 +263,26 @@ class SnapshotRegistry:
                         "size": size,
                     },
                 )
-            wanted: list[tuple[tuple[str, str], str]] = []
+            wanted: list[tuple[tuple[str, str], CheckpointRef]] = []
             for report in reports:
                 for ref in report.checkpoints:
                     if ref.inline is not None:
-                        payloads[(report.task_id, ref.store)] = ref.inline
+                        payloads[(report.task_id, ref.store)] = checked_payload(ref, ref.inline)
                     else:
-                        wanted.append(((report.task_id, ref.store), ref.object_key))
+                        wanted.append(((report.task_id, ref.store), ref))
             with self._budget.hold(size, f"GetSnapshot of app {app_id!r} generation {generation}"):
                 # Every payload is fetched at once (the raw bound gets them one by one).
-                futures = [_READS.submit(self._blobs.get, key) for _, key in wanted]
+                futures = [_READS.submit(self._blobs.get, ref.object_key) for _, ref in wanted]
                 concurrent.futures.wait(futures)
-                for (slot, key), future in zip(wanted, futures, strict=True):
+                for (slot, ref), future in zip(wanted, futures, strict=True):
                     try:
-                        payloads[slot] = future.result()
+                        payloads[slot] = checked_payload(ref, future.result())
                     except BlobNotFound:
                         if self._read(app_id, generation) is None:
                             raise NotFound(
                                 f"app {app_id!r} generation {generation} was deleted meanwhile"
                             ) from None
-                        raise Internal(f"checkpoint payload {key} is missing") from None
+                        raise missing_checkpoint(ref) from None
         return SnapshotPayloads(Snapshot(header.record, tuple(reports)), payloads)
 
     def read_checkpoint(
@@ -293,32 +305,34 @@ class SnapshotRegistry:
         if generation <= 0 or self._read(app_id, generation) is None:
             raise NotFound(f"app {app_id!r} has no snapshot at generation {generation}")
         node = self._metadata.get(task_path(app_id, generation, task_id))
-        report = decode_task_report(node.data) if node is not None else None
+        with at(task_path(app_id, generation, task_id)):
+            report = decode_task_report(node.data) if node is not None else None
         if report is None:
             raise NotFound(f"task {task_id!r} has not reported for app {app_id!r} generation {generation}")
         ref = next((c for c in report.checkpoints if c.store == store), None)
         if ref is None:
             raise NotFound(f"task {task_id!r} has no checkpoint for store {quote_prefix(store)}")
         if ref.inline is not None:
-            data = ref.inline
+            data = checked_payload(ref, ref.inline)
             return ref, (data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
         try:
             pieces = self._blobs.get_stream(ref.object_key, CHUNK_BYTES)
         except BlobNotFound:
             if self._read(app_id, generation) is None:
                 raise NotFound(f"app {app_id!r} generation {generation} was deleted meanwhile") from None
-            raise Internal(f"checkpoint payload {ref.object_key} is missing") from None
+            raise missing_checkpoint(ref) from None
         # A payload of one piece has nothing to read ahead: no helper thread for it.
         ahead = READ_AHEAD_PIECES if ref.size > CHUNK_BYTES else 0
-        return ref, self._budgeted(pieces, ahead, f"ReadCheckpoint of {ref.object_key}")
+        return ref, self._budgeted(pieces, ahead, f"ReadCheckpoint of {ref.object_key}", ref)
 
     def _budgeted(
-        self, pieces: Generator[bytes, None, None], ahead: int, what: str
+        self, pieces: Generator[bytes, None, None], ahead: int, what: str, ref: CheckpointRef
     ) -> Generator[bytes, None, None]:
         """``pieces``, ``ahead`` of them read ahead (``read_ahead``), holding from the payload budget
-        the pieces that may be in memory at once: the one the caller has and those read ahead."""
+        the pieces that may be in memory at once: the one the caller has and those read ahead.
+        Checked against ``ref`` as they pass (``checked_pieces``)."""
         with contextlib.closing(pieces), self._budget.hold((ahead + 1) * CHUNK_BYTES, what):
-            yield from read_ahead(pieces, ahead, "read-ahead") if ahead else pieces
+            yield from checked_pieces(ref, read_ahead(pieces, ahead, "read-ahead") if ahead else pieces)
 
     def upload(
         self, app_id: str, generation: int, task_id: str, store: str, pieces: Iterable[bytes]
@@ -450,7 +464,12 @@ class SnapshotRegistry:
             nodes = self._metadata.get_many([gen_path(app_id, g) for g in batch])
             for generation in batch:
                 i += 1
-                header = decide.stored(nodes[gen_path(app_id, generation)])
+                try:
+                    with at(gen_path(app_id, generation)):
+                        header = decide.stored(nodes[gen_path(app_id, generation)])
+                except CorruptRecord as e:  # its neighbours are listed; the log and metric name it
+                    skipped(self._metrics, e, "ListSnapshots")
+                    continue
                 if header is not None:
                     page.append(Snapshot(header.record, ()))
         return page, (encode_generation_token(names[i - 1]) if i < len(names) else "")
@@ -700,7 +719,8 @@ class SnapshotRegistry:
         return len(encode_snapshot(largest))
 
     def _read(self, app_id: str, generation: int) -> decide.Stored | None:
-        return decide.stored(self._metadata.get(gen_path(app_id, generation)))
+        with at(gen_path(app_id, generation)):
+            return decide.stored(self._metadata.get(gen_path(app_id, generation)))
 
     def _read_reports(
         self, app_id: str, generation: int, task_ids: Sequence[str] | None = None
@@ -714,8 +734,14 @@ class SnapshotRegistry:
         )
         header = gen_path(app_id, generation)
         nodes = self._metadata.get_many([*(task_path(app_id, generation, t) for t in names), header])
-        again = decide.stored(nodes.pop(header))
-        return [decode_task_report(node.data) for node in nodes.values() if node is not None], again
+        with at(header):
+            again = decide.stored(nodes.pop(header))
+        reports = []
+        for path, node in nodes.items():
+            if node is not None:
+                with at(path):
+                    reports.append(decode_task_report(node.data))
+        return reports, again
 
     def _load_current(self, app_id: str) -> Snapshot:
         """The app's current header, seeing every write committed before the call: the sync, the
@@ -725,11 +751,13 @@ class SnapshotRegistry:
         guess = self._guess(app_id)
         header = gen_path(app_id, guess) if guess else ""
         nodes = self._metadata.synced_get_many(APPS, [path, header] if guess else [path])
-        current = decide.current_generation(nodes[path])
+        with at(path):
+            current = decide.current_generation(nodes[path])
         if current and current != guess:
             header = gen_path(app_id, current)
             nodes = self._metadata.get_many([header])
-        return self._present(app_id, current, nodes[header] if current else None)
+        with at(header):
+            return self._present(app_id, current, nodes[header] if current else None)
 
     def _present(self, app_id: str, current: int, header: Node | None) -> Snapshot:
         """GetCurrentSnapshot's answer from the pointer's generation and its header node."""

@@ -48,6 +48,7 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.DataLoss: grpc.StatusCode.DATA_LOSS,
     errors.Internal: grpc.StatusCode.INTERNAL,
     # A SnapcoordError raised directly names no outcome: treat it as a bug.
     errors.SnapcoordError: grpc.StatusCode.INTERNAL,

@@ -6,7 +6,9 @@ import logging
 
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.leases import LeasePolicy
+from snapcoord.coordinator.errors import CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel
+from snapcoord.coordinator.kernel.corruption import skipped
 from snapcoord.coordinator.kernel.decision import ReadNode
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots import pins
@@ -44,12 +46,18 @@ class LeaseJanitor:
             # a second lease of the same app in this pass would otherwise create the same node,
             # failing its commit every round (one lease per app per pass, the rest left behind).
             clocks = decide.Clocks(now, new_nonce(), self._policy)
-            outcome = self._kernel.run(
-                "lease_expire",
-                {"lease_id": lease_id},
-                [ReadNode(record_path(lease_id))],
-                lambda reads, pending: decide.remove(lease_id, reads, pending, clocks, only_expired=True),  # noqa: B023
-            )
+            try:
+                outcome = self._kernel.run(
+                    "lease_expire",
+                    {"lease_id": lease_id},
+                    [ReadNode(record_path(lease_id))],
+                    lambda reads, pending: decide.remove(lease_id, reads, pending, clocks, only_expired=True),  # noqa: B023
+                )
+            except CorruptRecord as e:
+                # Its record or a pin index it names: the entry stays due (counted every pass), and
+                # its snapshots stay pinned (retention keeps what an unreadable lease may hold).
+                skipped(self._metrics, e, "lease expiry")
+                continue
             if outcome == "absent":
                 index.remove(path)  # cannot happen (they change together)
             elif outcome == "removed":

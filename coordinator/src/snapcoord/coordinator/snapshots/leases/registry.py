@@ -23,8 +23,9 @@ from snapcoord.coordinator.domain.leases import (
     validate_refs,
 )
 from snapcoord.coordinator.domain.paging import decode_id_token, encode_id_token
-from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.errors import CorruptRecord, InvalidArgument
 from snapcoord.coordinator.kernel.commit import CommitKernel, synced_retry
+from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.decision import Commit, Decide, Decision, ReadNode, Reads
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.snapshots.leases import decide
@@ -126,7 +127,8 @@ class LeaseRegistry:
         require_id("lease_id", lease_id)
 
         def attempt() -> Lease:
-            current = decide.stored(self._metadata.get(record_path(lease_id)))
+            with at(record_path(lease_id)):
+                current = decide.stored(self._metadata.get(record_path(lease_id)))
             return decide.live(lease_id, current, self._clocks("")).lease
 
         return synced_retry(self._metadata, attempt)
@@ -148,7 +150,12 @@ class LeaseRegistry:
             nodes = self._metadata.get_many([record_path(n) for n in batch])
             for name in batch:
                 i += 1
-                current = decide.stored(nodes[record_path(name)])
+                try:
+                    with at(record_path(name)):
+                        current = decide.stored(nodes[record_path(name)])
+                except CorruptRecord as e:  # its neighbours are listed; the log and metric name it
+                    skipped(self._metrics, e, "ListLeases")
+                    continue
                 if current is not None and current.lease.is_current(now):
                     page.append(current.lease)
         return page, (encode_id_token(names[i - 1]) if i < len(names) else "")
@@ -176,7 +183,8 @@ class LeaseRegistry:
         node = self._records.get(path)
         if node is None:
             return Reads({path: None}) if unknown_absent else None
-        current = decide.stored(node)
+        with at(path):
+            current = decide.stored(node)
         if current is None or not current.lease.incarnation:
             return None
         if refusals and not current.lease.is_current(self._clock.now_ms()):
