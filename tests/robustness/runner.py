@@ -109,4 +109,5 @@ def run_checked(
     cluster.heal()
     log.add("healed")
     report = check(history, final_reader([r.target for r in cluster.replicas]), margin_s=MARGIN_S)
+    log.add(f"checked {len(history)} operations")
     return report, history, log

@@ -30,6 +30,7 @@ def test_histories_under_process_faults_have_no_anomaly(cluster: Cluster) -> Non
         cluster, seconds=SECONDS, seed=SEED, prefix=f"h{secrets.token_hex(3)}"
     )
     outcomes = {o: sum(1 for x in history if x.outcome == o) for o in ("ok", "fail", "info")}
+    print(f"seed {SEED}: outcomes {outcomes}; {faults}")  # shown with -s or -rP
     assert report.ok, f"seed {SEED}; faults: {faults}; outcomes {outcomes}\n{report}"
     # The run did something: most calls were answered, and every kind of record was written.
     assert outcomes["ok"] > 100, outcomes
