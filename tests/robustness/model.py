@@ -103,10 +103,11 @@ def producer_step(state: str | None, op: Op) -> list[str | None]:
 
 #: One generation: (generation, state, ((task, value), ...) sorted).
 Gen = tuple[int, str, tuple[tuple[str, str], ...]]
-#: (top generation ever created, live generations, retention on, task set).
-SnapState = tuple[int, tuple[Gen, ...], bool, tuple[str, ...]]
+#: (top generation ever created, live generations, retention on, task set, generations the
+#: janitor may have deleted: once deletable, a generation may be gone for good).
+SnapState = tuple[int, tuple[Gen, ...], bool, tuple[str, ...], frozenset[int]]
 
-SNAP_INIT: SnapState = (0, (), False, ())
+SNAP_INIT: SnapState = (0, (), False, (), frozenset())
 DELETING = "DELETING"
 
 
@@ -115,7 +116,7 @@ def _gens(state: SnapState) -> dict[int, Gen]:
 
 
 def _with(state: SnapState, gens: dict[int, Gen], top: int | None = None) -> SnapState:
-    return (state[0] if top is None else top, tuple(sorted(gens.values())), state[2], state[3])
+    return (state[0] if top is None else top, tuple(sorted(gens.values())), state[2], state[3], state[4])
 
 
 def _deletable(state: SnapState, gen: int) -> bool:
@@ -123,8 +124,19 @@ def _deletable(state: SnapState, gen: int) -> bool:
     gens = _gens(state)
     if not state[2] or gen not in gens or gens[gen][1] == "CREATED":
         return False
+    if gen in state[4]:
+        return True
     newest = max((g for g, s, _ in state[1] if s == "COMPLETED"), default=0)
     return gen != newest
+
+
+def _doom(state: SnapState) -> SnapState:
+    """``state`` with every generation deletable now remembered as possibly deleted: the janitor
+    may delete it now, and a later change (the newer completed one deleted) does not undo that."""
+    if not state[2]:
+        return state
+    doomed = frozenset(g for g, _, _ in state[1] if _deletable(state, g))
+    return state if doomed <= state[4] else (*state[:4], state[4] | doomed)
 
 
 def _forget(state: SnapState, gen: int) -> SnapState:
@@ -149,13 +161,17 @@ def _result_matches(result: dict[str, Any], g: Gen, *, with_tasks: bool) -> bool
 
 def snapshot_step(state: SnapState, op: Op) -> list[SnapState]:
     """The app's snapshot table (see the module docstring)."""
+    return [_doom(after) for after in _snapshot_step(state, op)]
+
+
+def _snapshot_step(state: SnapState, op: Op) -> list[SnapState]:
     if _harmless_fail(op):
         return [state]
-    top, _, retention, tasks = state
+    top, _, retention, tasks, doomed = state
     gens = _gens(state)
     gen = int(op.args.get("generation", 0))
     if op.op == "retention":
-        return [(top, state[1], True, tasks)] if op.outcome != "fail" else [state]
+        return [(top, state[1], True, tasks, doomed)] if op.outcome != "fail" else [state]
     if op.op == "create":
         current = _live(state, top)
         if current is not None and current[1] == "CREATED":
@@ -164,7 +180,9 @@ def snapshot_step(state: SnapState, op: Op) -> list[SnapState]:
         else:
             made = (top + 1, "CREATED", ())
             after = _with(
-                (top, state[1], retention, tuple(op.args["task_ids"])), {**gens, top + 1: made}, top + 1
+                (top, state[1], retention, tuple(op.args["task_ids"]), doomed),
+                {**gens, top + 1: made},
+                top + 1,
             )
         if op.outcome == "info":
             return [after]
@@ -232,7 +250,7 @@ def snapshot_step(state: SnapState, op: Op) -> list[SnapState]:
 
 
 def _report(state: SnapState, op: Op, gen: int) -> list[SnapState]:
-    top, _, _, tasks = state
+    top, _, _, tasks, _ = state
     gens = _gens(state)
     task, value = op.args["task"], op.args["value"]
     g = _live(state, gen)

@@ -233,6 +233,20 @@ def test_retention_may_delete_old_generations_but_not_the_newest_completed() -> 
     assert not check(b.history()).ok
 
 
+def test_retention_may_have_deleted_a_generation_that_is_the_newest_completed_now() -> None:
+    """Deletable once (a newer one completed), deleted by the janitor then; the newer one deleted
+    after that does not bring it back."""
+    b = Builder()
+    b("retention", A, (0, 0.5))
+    completed_generation(b)
+    b("create", A, (7, 8), result=snap(2, "CREATED"), task_ids=["t0", "t1"])
+    b("report", A, (9, 10), result=snap(2, "CREATED"), generation=2, task="t0", value="x")
+    b("report", A, (11, 12), result=snap(2, "COMPLETED"), generation=2, task="t1", value="y")
+    b("delete", A, (13, 14), result={"deleted": True}, generation=2)
+    b("get", A, (15, 16), outcome="fail", result=NOT_FOUND, generation=1)
+    assert check(b.history()).ok
+
+
 # -- leases ----------------------------------------------------------------------------------------
 
 L = "lease/l"

@@ -31,7 +31,11 @@ def test_histories_under_process_faults_have_no_anomaly(cluster: Cluster) -> Non
     )
     outcomes = {o: sum(1 for x in history if x.outcome == o) for o in ("ok", "fail", "info")}
     print(f"seed {SEED}: outcomes {outcomes}; {faults}")  # shown with -s or -rP
-    assert report.ok, f"seed {SEED}; faults: {faults}; outcomes {outcomes}\n{report}"
+    if not report.ok:
+        history.dump(cluster.workdir / "history.jsonl")  # for a look at what the run did
+    assert report.ok, (
+        f"seed {SEED}; faults: {faults}; outcomes {outcomes}; history in {cluster.workdir}\n{report}"
+    )
     # The run did something: most calls were answered, and every kind of record was written.
     assert outcomes["ok"] > 100, outcomes
     assert any("undone" in what for _, what in faults.events), f"no fault was injected: {faults}"
