@@ -22,7 +22,8 @@ The contracts (docs/api.md) as checked here:
   SNAPSHOT_NOT_CREATED or REPORT_CONFLICT; reads return exactly the stored reports; abort
   CREATED -> ABORTED; delete only ended snapshots. With a retention policy recorded for the app
   (op ``retention``), an ended snapshot other than the newest completed one may disappear at any
-  time (the janitor): a read that finds it gone removes it from the state.
+  time (the janitor), and stays possibly gone even once it is the newest completed again: a read
+  that finds it gone removes it from the state.
 - lease ``lease/<id>``: time-dependent. An acquire or renew linearized in [invoke, return] with
   duration d leaves the lease certainly alive until ``invoke + d - margin`` and possibly alive
   until ``return + d + margin`` (``margin`` is the cluster's ``--max-clock-skew``, for the
