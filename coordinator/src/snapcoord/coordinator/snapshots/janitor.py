@@ -23,6 +23,7 @@ from snapcoord.coordinator.errors import (
     FailedPrecondition,
     NodeExistsError,
     SnapcoordError,
+    Unavailable,
 )
 from snapcoord.coordinator.kernel.commit import CommitKernel
 from snapcoord.coordinator.kernel.corruption import at, locate, skipped
@@ -105,8 +106,9 @@ class SnapshotJanitor:
         """Evaluate the retention of every app with a due trigger; delete up to ``limit`` snapshots.
 
         A trigger is removed only after its app's evaluation ran to the end: when a deletion
-        fails (ZooKeeper or S3 unreachable...), the failure is logged and the trigger stays due,
-        so the next pass evaluates the app again."""
+        fails, the failure is logged and the trigger stays due, so the next pass evaluates the app
+        again. ZooKeeper or S3 unreachable (``Unavailable``) ends the pass: every other app would
+        fail the same way, one retry deadline each, while the pass held the janitor's lead."""
         now = self._clock.now_ms()
         deleted = 0
         evaluated: dict[str, bool] = {}  # app -> its evaluation ran to the end
@@ -124,6 +126,10 @@ class SnapshotJanitor:
                     skipped(self._metrics, e, "snapshot retention")
                     evaluated[app_id] = False
                     continue
+                except Unavailable:
+                    # The store (or this replica's clock) is out for every app, not this one: end
+                    # the pass at once (the loop counts it interrupted), triggers left due.
+                    raise
                 except SnapcoordError as e:
                     _log.warning("retention of app %s failed; the next pass retries: %s", app_id, e)
                     evaluated[app_id] = False
