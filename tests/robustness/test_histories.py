@@ -25,6 +25,8 @@ SEED = int(os.environ.get("ROBUSTNESS_SEED", "0")) or secrets.randbelow(1 << 30)
 PLANTED_SECONDS = 6.0
 
 
+# The long mode outlasts the suite's per-test timeout: allow the run, its heal and its check.
+@pytest.mark.timeout(int(300 + 2 * SECONDS))
 def test_histories_under_process_faults_have_no_anomaly(cluster: Cluster) -> None:
     report, history, faults = run_checked(
         cluster, seconds=SECONDS, seed=SEED, prefix=f"h{secrets.token_hex(3)}"
