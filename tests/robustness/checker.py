@@ -308,7 +308,10 @@ def double_winners(ops: Sequence[Op]) -> list[Anomaly]:
             ]
             removers = [o for o in ops if _may_remove_producer(o, key)]
             for first, second in itertools.pairwise(winners):
-                between = [r for r in removers if _overlaps(r, first.invoke_ns, second.return_ns)]
+                # Ordered by invoke, the pair may still take effect the other way round (the first
+                # can be the longer one): a remover anywhere within either's span can separate them.
+                end = max(first.return_ns, second.return_ns)
+                between = [r for r in removers if _overlaps(r, first.invoke_ns, end)]
                 if not between:
                     found.append(
                         Anomaly(

@@ -105,6 +105,17 @@ def test_a_delete_between_two_winners_makes_both_legal() -> None:
     assert check(b.history()).ok
 
 
+def test_a_delete_separates_winners_whose_later_invoked_one_took_effect_first() -> None:
+    """The first-invoked winner spans the other and the delete: the order short winner, delete,
+    long winner is legal."""
+    b = Builder()
+    b("register", P, (151, 832), result=reg("a", True), value="a", process="1")
+    b("register", P, (278, 341), result=reg("b", True), value="b", process="2")
+    b("delete", P, (461, 462), result={"deleted": True}, process="3")
+    report = check(b.history())
+    assert report.ok, report
+
+
 def test_an_info_write_may_or_may_not_have_happened() -> None:
     for read in ({"value": "a"}, None):
         b = Builder()
