@@ -305,11 +305,14 @@ def serve_in_process(
     handlers: Sequence[grpc.GenericRpcHandler] = (),
     grace_s: float = 0.0,
     tracing: Tracing | None = None,
+    check_clock: bool = True,
     **flags: str,
 ) -> Iterator[InProcessCoordinator]:
-    """Build, add the test-only ``handlers``, start; on exit shut down with ``grace_s``."""
+    """Build, add the test-only ``handlers``, start; on exit shut down with ``grace_s``.
+    ``check_clock=False`` for a test whose manual clock is moved away from ZooKeeper's on purpose
+    (the clock check would rightly refuse it)."""
     config = coordinator_config(**flags)
-    server, port = build_server(config, deps, tracing=tracing)
+    server, port = build_server(config, deps, tracing=tracing, check_clock=check_clock)
     if handlers:
         server.grpc.add_generic_rpc_handlers(tuple(handlers))
     server.start()

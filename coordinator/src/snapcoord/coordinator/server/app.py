@@ -180,7 +180,8 @@ def build_server(
     With ``tracing``, every RPC gets a span and the stores are wrapped so that their calls are
     child spans of it (the backends themselves know nothing of tracing). On a shared (ZooKeeper)
     store the server checks its clock against the store's and refuses the calls that compute
-    expiries while it is off (``check_clock=False`` only for tests showing what that prevents).
+    expiries while it is off (``check_clock=False`` only for tests: those showing what the check
+    prevents, and those whose injected clock is moved away from ZooKeeper's on purpose).
     """
     registry = registry if registry is not None else new_registry()
     build_info.register(registry, config.metrics.revision)
