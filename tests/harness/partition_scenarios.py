@@ -590,10 +590,54 @@ def s3_cut_from_replica(cluster: PartitionedCluster) -> ScenarioResult:
     return result
 
 
+#: Past the clock check's limit (half of --max-clock-skew: 0.5 s) and within the margin the lease
+#: and TTL rules allow (1 s), so the refusal is required and the histories must still check.
+SKEW_S = 0.8
+
+
+def clock_skew(cluster: PartitionedCluster) -> ScenarioResult:
+    """r1's wall clock runs SKEW_S ahead, then SKEW_S behind: each time r1 must refuse the calls
+    that compute an expiry (its registrations: a producer record has a TTL) with UNAVAILABLE naming
+    the clock, go on answering consistent reads (no expiry in them), and serve registrations again
+    once its clock is back; r2 serves throughout. The workload beside it records leases and TTL
+    records through both replicas, and its history must check at the 1 s margin."""
+    s = Scenario(cluster, "skew")
+    refused: list[Call] = []
+    with probing(s):
+        wait_calls(s.log, time.monotonic())
+        s.cut_at = time.monotonic()
+        for offset in (SKEW_S, -SKEW_S):
+            moved = time.monotonic()
+            cluster.skewed.set(offset)
+            refused_after = wait_refusing(s.log, "r1", moved, "register")
+            wait_ok(s.log, "r1", time.monotonic(), "consistent_read")
+            s.notes.append(f"r1 {offset:+.1f} s: registrations refused {refused_after:.1f} s after")
+            refused += [
+                c
+                for c in s.log.calls
+                if c.replica == "r1"
+                and c.op == "register"
+                and c.invoked_s >= moved
+                and c.outcome == "unavailable"
+            ]
+            back = time.monotonic()
+            cluster.skewed.set(0.0)
+            wait_ok(s.log, "r1", back, "register")
+        wait_ok(s.log, "r2", s.cut_at, "register")
+        end = time.monotonic()
+        unnamed = [c for c in refused if "clock" not in c.detail]
+        if unnamed:
+            raise ScenarioFailed(f"r1's refusals while skewed do not name its clock: {unnamed[:3]}")
+        result = s.heal_and_recover(end)
+    s.check_history()
+    return result
+
+
 SCENARIOS: dict[str, Callable[[PartitionedCluster], ScenarioResult]] = {
     "replica_cut_from_zookeeper": replica_cut_from_zookeeper,
     "leader_isolated": leader_isolated,
     "minority_majority_split": minority_majority_split,
     "janitor_leader_cut": janitor_leader_cut,
     "s3_cut_from_replica": s3_cut_from_replica,
+    "clock_skew": clock_skew,
 }

@@ -20,6 +20,7 @@ import random
 import sys
 from pathlib import Path
 
+from harness.clock import SkewedClock, skewed_env
 from harness.cluster import REPLICA_FLAGS, Cluster, Replica
 from harness.ensemble import EnsembleNode, ZooKeeperEnsemble
 from harness.netns import Network
@@ -152,6 +153,9 @@ class PartitionedCluster(Cluster):
         self.blobs_uri = self.s3.uri("partitions")
         self._forwards = {name: (free_port(), free_port()) for name in self.replica_names}
         self._forwarder: ManagedProcess | None = None
+        #: The wall clock of ``r1`` (libfaketime; offset 0 until a scenario moves it). The others
+        #: keep the real clock, the reference a skewed replica is measured against.
+        self.skewed = SkewedClock(self.workdir / "clock" / "r1.offset")
         self.replicas = [self._replica(i) for i in range(replicas)]
 
     def _replica(self, i: int, metadata: str | None = None, port: int = 0) -> Replica:
@@ -166,7 +170,7 @@ class PartitionedCluster(Cluster):
             metrics_forward=metrics_forward,
             host=node.address,
             command_prefix=node.command([]),
-            env=self.s3.env(),
+            env={**self.s3.env(), **(skewed_env(self.skewed) if i == 0 else {})},
             start_timeout_s=120,
             args=[
                 "--metadata", metadata or self.ensemble.uri(self.chroot),
@@ -219,8 +223,10 @@ class PartitionedCluster(Cluster):
         return self
 
     def heal(self) -> None:
-        """Put every cut link back, restart what died, and wait for every replica SERVING."""
+        """Put every cut link and the skewed clock back, restart what died, and wait for every
+        replica SERVING."""
         self.network.heal_all()
+        self.skewed.set(0.0)
         super().heal()
 
     def replica(self, name: str) -> Replica:
