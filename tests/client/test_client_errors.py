@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from snapcoord.client import (
+    CorruptRecord,
     DeadlineExceeded,
     Expired,
     FailedPrecondition,
@@ -62,6 +63,7 @@ def test_every_status_code_but_ok_maps_to_a_class_that_keeps_code_and_details() 
         ("LEASE_HELD", FP, LeaseHeld),
         ("SNAPSHOT_IN_PROGRESS", FP, SnapshotInProgress),
         ("EXPIRED", grpc.StatusCode.NOT_FOUND, Expired),
+        ("CORRUPT_RECORD", grpc.StatusCode.DATA_LOSS, CorruptRecord),
     ],
 )
 def test_the_reason_picks_a_subclass_of_the_codes_class(

@@ -22,6 +22,7 @@ import pytest
 from harness.coordinator import InProcessCoordinator, serve_in_process
 from harness.process import wait_until
 from harness.stores import Stores
+from snapcoord.client import CoordinatorClient, CorruptRecord
 from snapcoord.coordinator.domain.clock import ManualClock
 from snapcoord.coordinator.kernel.intents import ROOT as INTENTS
 from snapcoord.coordinator.services import Deps
@@ -184,6 +185,9 @@ def test_a_corrupt_producer_record(env: Env, how: str, caplog: pytest.LogCapture
         lambda: stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id="p2"))
     )
     assert info == {"kind": "producer_record", "path": "/producers/records/p2"}
+    with CoordinatorClient(env.coord.target) as client, pytest.raises(CorruptRecord) as raised:
+        client.get_producer_offsets("p2")
+    assert raised.value.metadata == info and raised.value.code == "DATA_LOSS"
     for name in ("p1", "p3"):
         got = stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id=name), timeout=30)
         assert list(got.offsets) == offsets(2)

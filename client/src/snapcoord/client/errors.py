@@ -179,6 +179,12 @@ class Internal(SnapcoordError):
     default_code = "INTERNAL"
 
 
+class CorruptRecord(Internal):
+    """A record the coordinator stored cannot be read back (DATA_LOSS, reason CORRUPT_RECORD):
+    truncated, garbled, of a newer format, or a payload whose size or digest does not match its
+    record. ``metadata`` has its ``kind`` and ``path``; retrying does not help, repairing it does."""
+
+
 #: The one table from status codes to exception classes; every grpc.StatusCode but OK has a row.
 ERROR_BY_CODE: Mapping[grpc.StatusCode, type[SnapcoordError]] = {
     grpc.StatusCode.CANCELLED: Cancelled,
@@ -208,6 +214,7 @@ ERROR_BY_REASON: Mapping[str, type[SnapcoordError]] = {
     "LEASE_HELD": LeaseHeld,
     "SNAPSHOT_IN_PROGRESS": SnapshotInProgress,
     "EXPIRED": Expired,
+    "CORRUPT_RECORD": CorruptRecord,
 }
 
 
