@@ -27,7 +27,7 @@ import grpc
 
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.kernel.payload_admission import MESSAGE_COPIES, Held, PayloadBudget
-from snapcoord.coordinator.transport.interceptors import UNARY_ON_THE_WIRE
+from snapcoord.coordinator.transport.interceptors import UNARY_ON_THE_WIRE, note_request
 from snapcoord.coordinator.transport.status import until_ended
 
 #: The services whose unary methods are admitted: the API and health (a probe's check is a few
@@ -68,7 +68,9 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
         if raw is None:
             raise InvalidArgument(f"{method}: the call ended without a request message")
         held.shrink(MESSAGE_COPIES * len(raw))
-        return deserialize(raw)
+        request = deserialize(raw)
+        note_request(context, request)
+        return request
 
     unary = handler.unary_unary
     if unary is not None:

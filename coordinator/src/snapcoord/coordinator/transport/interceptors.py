@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
@@ -77,6 +78,24 @@ def rpc_type_label(request_streaming: bool, response_streaming: bool) -> str:
     if request_streaming:
         return "bidi_stream" if response_streaming else "client_stream"
     return "server_stream" if response_streaming else "unary"
+
+
+#: The request message an inner layer parsed for a call whose behaviour receives raw bytes
+#: (``UNARY_ON_THE_WIRE``), by the call's context: what the call's log line and span name.
+_PARSED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_PARSED_LOCK = threading.Lock()
+
+
+def note_request(context: grpc.ServicerContext, request: Any) -> None:
+    """Tell the call's record which request message ``context``'s call carries: for a behaviour
+    that reads its request itself, the interceptor saw only the raw stream."""
+    with _PARSED_LOCK:
+        _PARSED[context] = request
+
+
+def _parsed_request(context: grpc.ServicerContext) -> Any:
+    with _PARSED_LOCK:
+        return _PARSED.get(context)
 
 
 #: Set on a request-streaming behaviour that serves a method with a unary request
@@ -142,10 +161,18 @@ class _Call:
     """One RPC's metrics, log line and span; ``finish`` records it exactly once, from whichever
     thread ends it."""
 
-    def __init__(self, metrics: _MethodMetrics, method: str, request: Any, span: CallSpan | None) -> None:
+    def __init__(
+        self,
+        metrics: _MethodMetrics,
+        method: str,
+        request: Any,
+        span: CallSpan | None,
+        context: grpc.ServicerContext,
+    ) -> None:
         self._metrics = metrics
         self._method = method
         self._request = request
+        self._context = context
         self.span = span
         self._start = time.perf_counter()
         self._lock = threading.Lock()
@@ -167,7 +194,10 @@ class _Call:
         logged = call_log.wants_line(code)
         if self.span is None and not logged:
             return  # the common case at INFO: an OK call, no tracing; spare reading the ids
-        ids = call_log.request_ids(self._request)
+        request = self._request
+        if isinstance(request, Iterator):  # raw bytes on the wire: the message an inner layer read
+            request = _parsed_request(self._context)
+        ids = call_log.request_ids(request)
         if self.span is not None:
             self.span.finish(code, ids)
         if logged:
@@ -280,7 +310,7 @@ class _Wrapper:
         span = None
         if self._tracer is not None:
             span = self._tracer.start_call(self._method, context.invocation_metadata())
-        return _Call(self._metrics, self._method, request, span)
+        return _Call(self._metrics, self._method, request, span, context)
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
         """Record and raise the status for ``exc`` (``context.abort`` raises)."""
