@@ -45,6 +45,7 @@ from snapcoord.coordinator.services import Deps
 from snapcoord.coordinator.storage.backends import open_blob_store, open_metadata_store
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
+from snapcoord.coordinator.storage.zookeeper.clock import CLOCK_PATH
 from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
@@ -181,13 +182,16 @@ def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Any]:
 
 
 def dump(metadata: MetadataStore, blobs: BlobStore) -> tuple[dict[str, tuple[bytes, int]], list[str]]:
-    """Every metadata node (data, version) and every blob key."""
+    """Every metadata node (data, version) and every blob key; not the clock check's own nodes,
+    which each replica rewrites every second whatever the calls do."""
     nodes: dict[str, tuple[bytes, int]] = {}
     stack = ["/"]
     while stack:
         path = stack.pop()
         for name in metadata.children(path):
             child = f"{path.rstrip('/')}/{name}"
+            if child == CLOCK_PATH:
+                continue
             node = metadata.get(child)
             if node is not None:
                 nodes[child] = (node.data, node.version)
