@@ -55,7 +55,9 @@ def under_load(cluster: Cluster, workdir: Path, name: str, *, workers: int = 3) 
         load.stop()
 
 
-def verify(cluster: Cluster, load: MixedLoad, name: str, fault: tuple[float, float]) -> Window:
+def verify(
+    cluster: Cluster, load: MixedLoad, name: str, fault: tuple[float, float]
+) -> tuple[Window, list[Row]]:
     rows: list[Row] = load.rows()
     during = window(rows, *fault)
     with CoordinatorClient(cluster.target, timeout_s=60) as client:
@@ -63,10 +65,12 @@ def verify(cluster: Cluster, load: MixedLoad, name: str, fault: tuple[float, flo
     print(f"\n[{name}] during the fault: {during}; overall {window(rows)}; {verdict}")
     assert verdict.acknowledged > 0
     assert verdict.ok, str(verdict)
-    return during
+    return during, rows
 
 
-def run_fault(cluster: Cluster, tmp_path: Path, name: str, fault: Callable[[], None]) -> Window:
+def run_fault(
+    cluster: Cluster, tmp_path: Path, name: str, fault: Callable[[], None]
+) -> tuple[Window, list[Row]]:
     """``fault`` breaks something and returns once the cluster has recovered from it."""
     with under_load(cluster, tmp_path, name) as load:
         t0 = time.time()
@@ -93,12 +97,15 @@ def test_zookeeper_leader_killed(healed: Cluster, tmp_path: Path) -> None:
 def test_quorum_lost_means_unavailable_then_back(healed: Cluster, tmp_path: Path) -> None:
     probe = CoordinatorClient(healed.target, timeout_s=30, retry=RetryPolicy(max_attempts=1))
 
+    outage: list[float] = []  # the load's clock (time.time): the quorum gone, the nodes restarting
+
     def fault() -> None:
         leader = healed.ensemble.wait_quorum()
         down = [*[n for n in healed.ensemble.nodes if n is not leader][:1], leader]
         for node in down:
             node.kill()
         healed.ensemble.wait_no_quorum(timeout=WAIT_S)
+        outage.append(time.time())
         healed.wait_health(NOT_SERVING, timeout=WAIT_S)
         # Reads and writes both fail with UNAVAILABLE (never INTERNAL or UNKNOWN) on every replica.
         for i in range(6):
@@ -108,13 +115,21 @@ def test_quorum_lost_means_unavailable_then_back(healed: Cluster, tmp_path: Path
                 else:
                     probe.register_producer_offsets(f"quorum-probe-{i}", [Offset("s", 0, i)])
             assert raised.value.code == "UNAVAILABLE"
+        outage.append(time.time())  # no quorum can exist before the killed nodes start again
         for node in down:
             node.start()
         healed.ensemble.wait_quorum(timeout=WAIT_S)
         healed.wait_health(SERVING, timeout=WAIT_S)
 
-    during = run_fault(healed, tmp_path, "quorum", fault)
-    assert during.ok < during.calls  # the outage was seen by the load, not only by the probe
+    during, rows = run_fault(healed, tmp_path, "quorum", fault)
+    lost, restart = outage
+    # Nothing is acknowledged without a quorum: no call of the load both started and ended OK
+    # while the quorum was gone. And the load saw the outage, not only the probe: a call failed,
+    # or one was held across it (the client retries UNAVAILABLE within its deadline).
+    served = [r for r in rows if r.ok and r.start >= lost and r.end <= restart]
+    assert served == [], served[:3]
+    held = [r for r in rows if r.start < restart and r.end > restart and r.end - r.start > 1.0]
+    assert during.ok < during.calls or held, f"the load saw no outage: {during}"
     assert probe.register_producer_offsets("quorum-after", [Offset("s", 0, 1)]).registered
     probe.close()
 
