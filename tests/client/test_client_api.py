@@ -33,6 +33,7 @@ PINNED_ALL = [
     "Cancelled",
     "CheckpointUpload",
     "CoordinatorClient",
+    "CorruptRecord",
     "DeadlineExceeded",
     "Expired",
     "FailedPrecondition",
