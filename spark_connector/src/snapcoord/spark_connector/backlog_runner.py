@@ -19,6 +19,14 @@ runner needs none for its job). The phases:
   sources by more than ``BacklogBound.max_lag``.
 
 ``switches`` records each switch with the time ``query.stop()`` took (the batch it interrupted).
+
+A switch's ``stop()`` interrupts the query wherever it is. Spark ends the query quietly when the
+interrupt surfaces as the JVM's interrupt exception, but file system clients may report it as
+something else (Hadoop's ``sftp://`` wraps it, or returns a listing cut short that Spark reads as
+"batch N doesn't exist"), and the query then ends "with a failure". The runner logs such a
+failure, seen right after its own stop, as a WARNING and starts the query again from its
+checkpoint, as after a driver crash: a failure that is real fails the restarted run too, and
+``poll()`` raises it then. A failure while the runner did not stop the query is raised at once.
 """
 
 from __future__ import annotations
@@ -250,7 +258,7 @@ class BacklogAwareRunner(DriverOnly):
         started = time.monotonic()
         query.stop()
         stopped = time.monotonic() - started
-        self._raise_if_failed(query)
+        self._log_failure_of_stop(query)
         self._feed(query, stop_when_behind=False)  # what the stopped run committed last
         if self.tracker is not None:
             self.tracker.flush()
@@ -269,6 +277,18 @@ class BacklogAwareRunner(DriverOnly):
         error: StreamingQueryException | None = query.exception()
         if error is not None:
             raise error
+
+    def _log_failure_of_stop(self, query: StreamingQuery) -> None:
+        """A failure the query ended with as the runner stopped it (see the module docstring)."""
+        error: StreamingQueryException | None = query.exception()
+        if error is not None:
+            first_line = next(iter(str(error).splitlines()), "") or type(error).__name__
+            _log.warning(
+                "backlog runner %s: the query ended with a failure as the switch stopped it; "
+                "starting it again from its checkpoint (a failure that persists fails that run): %s",
+                self.job_id,
+                first_line,
+            )
 
     def await_phase(self, phase: str, timeout_s: float) -> StreamingQuery:
         """Poll until the runner is in ``phase`` ("steady" or "catch_up"); ``TimeoutError`` after
