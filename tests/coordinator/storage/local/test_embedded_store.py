@@ -202,3 +202,43 @@ def test_mixed_operations_from_many_threads(tmp_path: Path) -> None:
             assert seen.acquire(timeout=WAIT_S)
     finally:
         store.close()
+
+
+def test_a_watch_fires_only_for_changes_after_it_was_armed(tmp_path: Path) -> None:
+    """Events are dispatched after the commit, on their own thread: a change committed before a
+    watch was armed but dispatched after must not fire it (ZooKeeper's watches behave so; the
+    contract test saw a third call for two changes when the dispatcher ran late). The dispatcher is
+    held on an earlier event while /a changes and the watch is armed."""
+    store = EmbeddedMetadataStore.from_uri(tmp_path.as_uri())
+    try:
+        store.create("/hold", b"")
+        store.create("/a", b"0")
+        entered, release = threading.Event(), threading.Event()
+
+        def hold(_: str) -> None:
+            entered.set()
+            release.wait(WAIT_S)
+
+        store.watch("/hold", hold)
+        store.set("/hold", b"1", version=0)
+        assert entered.wait(WAIT_S), "the dispatcher never ran the held callback"
+        store.set("/a", b"1", version=0)  # committed, its event queued behind the held one
+        calls: list[str] = []
+        changed = threading.Event()
+
+        def record(path: str) -> None:
+            calls.append(path)
+            changed.set()
+
+        store.watch("/a", record)
+        release.set()
+        store.set("/a", b"2", version=1)  # the first change after the watch was armed
+        assert changed.wait(WAIT_S), "the watch missed the change made after it was armed"
+        flushed = threading.Event()  # a marker: dispatched after every earlier event
+        store.watch("/hold", lambda _: flushed.set())
+        store.set("/hold", b"2", version=1)
+        assert flushed.wait(WAIT_S)
+        assert calls == ["/a"]
+    finally:
+        release.set()
+        store.close()

@@ -80,9 +80,13 @@ CREATE INDEX IF NOT EXISTS nodes_by_parent ON nodes (parent, name);
 
 @dataclass(frozen=True)
 class _Watch:
-    """One registered callback; compared by identity so that cancel removes exactly this one."""
+    """One registered callback; compared by identity so that cancel removes exactly this one.
+    ``armed_after`` is the number of the last change queued when it was registered: it fires for
+    later changes only, as a ZooKeeper watch does, even when an earlier change's event is
+    dispatched after the registration."""
 
     callback: WatchCallback
+    armed_after: int
 
 
 def _now_ms() -> int:
@@ -219,7 +223,9 @@ class EmbeddedMetadataStore(MetadataStore):
         self._listeners: list[StateListener] = []
         # Work for the dispatcher thread, in commit order: a changed path, a state change to
         # announce, or None to stop.
-        self._events: queue.SimpleQueue[str | bool | None] = queue.SimpleQueue()
+        # A change's event is (its number, the path); True/False a state change; None the end.
+        self._events: queue.SimpleQueue[tuple[int, str] | bool | None] = queue.SimpleQueue()
+        self._changes = 0  # changes queued so far; written under the database lock
         self._elections = _Elections()
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"snapcoord-embedded-watch:{directory}", daemon=True
@@ -350,7 +356,7 @@ class EmbeddedMetadataStore(MetadataStore):
 
     def watch(self, path: str, callback: WatchCallback) -> Callable[[], None]:
         path = validate_path(path)
-        entry = _Watch(callback)
+        entry = _Watch(callback, armed_after=self._changes)
         with self._watch_lock:
             self._watches.setdefault(path, []).append(entry)
 
@@ -418,7 +424,8 @@ class EmbeddedMetadataStore(MetadataStore):
             # Queued under the lock so that callbacks see changes in commit order; they run on
             # the dispatcher thread after the lock is released.
             for path in changed:
-                self._events.put(path)
+                self._changes += 1
+                self._events.put((self._changes, path))
 
     @staticmethod
     def _read(db: sqlite3.Connection, path: str) -> Node | None:
@@ -503,7 +510,8 @@ class EmbeddedMetadataStore(MetadataStore):
                     callbacks = []
                 else:
                     listeners = []
-                    callbacks = [w.callback for w in self._watches.get(event, [])]
+                    number, path = event
+                    callbacks = [w.callback for w in self._watches.get(path, []) if w.armed_after < number]
             for listener in listeners:
                 try:
                     listener(bool(event))
@@ -511,6 +519,6 @@ class EmbeddedMetadataStore(MetadataStore):
                     log.exception("metadata state listener raised")
             for callback in callbacks:
                 try:
-                    callback(str(event))
+                    callback(path)
                 except Exception:
-                    log.exception("metadata watch callback for %s raised", event)
+                    log.exception("metadata watch callback for %s raised", path)
