@@ -84,18 +84,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mark_by_fixtures(items)
     if config.getoption("fast"):
         fast_subset(config, items)
-    group_for_workers(items)
+    long_modules_first(items)
 
 
-def group_for_workers(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` runs the whole suite on two
-    workers): a module runs whole on one worker, so its module-scoped servers start once; every
-    Spark connector test runs on one worker, in collection order, as in a serial run (one Spark
-    session and one sftp server, shared by the modules in the order they were written against)."""
-    spark_dir = Path(__file__).parent / "spark_connector"
+def long_modules_first(items: list[pytest.Item]) -> None:
+    """Order the modules that drive Spark or start processes before the others, each module's tests
+    kept together and in their order. ``scripts/test`` runs the whole suite on two pytest-xdist
+    workers with ``--dist loadfile`` (a module runs whole on one worker, so its module-scoped
+    servers start once), and a worker takes the next module when it is done with one: the long
+    modules then run while the other worker has plenty of short ones left, rather than one of
+    them last, alone."""
+    long_markers = {"spark", "process"}
+    is_long: dict[Path, bool] = {}
     for item in items:
-        group = "spark" if item.path.is_relative_to(spark_dir) else item.path.stem + ":" + str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+        is_long[item.path] = is_long.get(item.path, False) or any(
+            item.get_closest_marker(name) is not None for name in long_markers
+        )
+    items.sort(key=lambda item: not is_long[item.path])  # stable: collection order otherwise
 
 
 @pytest.hookimpl(wrapper=True)
