@@ -61,7 +61,7 @@ from kazoo.client import KazooClient
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter
+from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,

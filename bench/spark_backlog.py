@@ -43,7 +43,7 @@ from typing import Any
 from common import coordinator_process
 
 from snapcoord.client import CoordinatorClient
-from snapcoord.spark_connector.listener import SnapcoordListener
+from snapcoord.spark_connector.backlog.listener import SnapcoordListener
 
 
 def make_input(directory: Path, files: int, records: int, keys: int, first: int = 0) -> None:

@@ -33,8 +33,8 @@ from typing import Any
 from common import coordinator_process
 
 from harness.sshd import SshServer
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 
 
 class Timed:

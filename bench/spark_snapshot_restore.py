@@ -35,10 +35,10 @@ from common import coordinator_process
 
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient
-from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.savepoints.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import open_location
 
 MiB = 1024 * 1024

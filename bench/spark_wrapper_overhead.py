@@ -39,9 +39,9 @@ from common import coordinator_process
 
 from harness.spark_connect import SparkConnectServer, start_with_retries
 from snapcoord.client import CoordinatorClient
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.listener import SnapcoordListener
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.backlog.listener import SnapcoordListener
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 
 
 def make_input(directory: Path, files: int, records: int) -> None:

@@ -7,8 +7,16 @@ import json
 import pytest
 
 from snapcoord.client import Offset
-from snapcoord.spark_connector.attempts import Attempt, Record, Verdict, decide, decode, encode, plan_digest
-from snapcoord.spark_connector.commit_log import (
+from snapcoord.spark_connector.sink.attempts import (
+    Attempt,
+    Record,
+    Verdict,
+    decide,
+    decode,
+    encode,
+    plan_digest,
+)
+from snapcoord.spark_connector.sink.commit_log import (
     DATA,
     FENCE,
     VOID,

@@ -28,8 +28,8 @@ from harness.locations import TestDir
 from harness.process import wait_until
 from harness.spark_connect import start_with_retries
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.backlog import BacklogBound
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner, last_batch_time_ms
+from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner, last_batch_time_ms
+from snapcoord.spark_connector.backlog.tracker import BacklogBound
 from snapcoord.spark_connector.storage import LocalStorage
 
 pytestmark = pytest.mark.spark

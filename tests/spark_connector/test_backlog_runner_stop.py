@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pyspark.errors.exceptions.connect import StreamingQueryException
 
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
+from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner
 
 CATCH_UP: dict[str, Any] = {"availableNow": True}
 STEADY: dict[str, Any] = {"processingTime": "200 milliseconds"}
@@ -86,7 +86,7 @@ def running(starter: Starter) -> BacklogAwareRunner:
 def test_a_failure_as_the_switch_stops_the_query_restarts_it(caplog: pytest.LogCaptureFixture) -> None:
     starter = Starter([StreamingQueryException(message=CUT_LISTING)])
     runner = running(starter)
-    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.backlog_runner"):
+    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.backlog.runner"):
         assert runner.poll()  # caught up: switches to steady
     assert runner.phase == "steady"
     assert [q.trigger for q in starter.started] == [CATCH_UP, STEADY]
@@ -99,7 +99,7 @@ def test_a_failure_as_the_switch_stops_the_query_restarts_it(caplog: pytest.LogC
 def test_a_switch_without_a_failure_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     starter = Starter([None])
     runner = running(starter)
-    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.backlog_runner"):
+    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.backlog.runner"):
         assert runner.poll()
     assert runner.phase == "steady"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -17,8 +17,8 @@ from harness.coordinator import embedded_deps, serve_in_process
 from harness.faults import TcpProxy
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.backlog import BacklogBound, BacklogTracker, lag
-from snapcoord.spark_connector.listener import SnapcoordListener
+from snapcoord.spark_connector.backlog.listener import SnapcoordListener
+from snapcoord.spark_connector.backlog.tracker import BacklogBound, BacklogTracker, lag
 
 RUN = str(uuid.uuid4())
 

@@ -13,8 +13,9 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, SnapshotState
-from snapcoord.spark_connector import app_snapshots
-from snapcoord.spark_connector.app_snapshots import (
+from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner
+from snapcoord.spark_connector.savepoints import app_snapshots
+from snapcoord.spark_connector.savepoints.app_snapshots import (
     ARCHIVE_KEY,
     BATCH_ID_KEY,
     SINK_POSITIONS_KEY,
@@ -23,8 +24,7 @@ from snapcoord.spark_connector.app_snapshots import (
     downstream_first,
     take_snapshot,
 )
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
-from snapcoord.spark_connector.checkpoint_archive import (
+from snapcoord.spark_connector.savepoints.checkpoint_archive import (
     CheckpointCut,
     CheckpointNotReady,
     cut_checkpoint,
@@ -32,10 +32,8 @@ from snapcoord.spark_connector.checkpoint_archive import (
     send_cut,
     unpack_chunks,
 )
-from snapcoord.spark_connector.commit_log import Commit, commits_fingerprint
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.restore_target import (
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.savepoints.restore_target import (
     PLACEHOLDER_LINE,
     PendingRestore,
     RestoreMarker,
@@ -45,7 +43,9 @@ from snapcoord.spark_connector.restore_target import (
     unfinished_restore,
     write_archive,
 )
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.commit_log import Commit, commits_fingerprint
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import LocalStorage, Storage, UnsupportedLocation
 
 

@@ -29,8 +29,8 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
 
 pytestmark = pytest.mark.spark
 

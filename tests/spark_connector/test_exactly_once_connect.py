@@ -28,13 +28,13 @@ from harness.process import wait_until
 from harness.spark_connect import SparkConnectServer, start_with_retries
 from snapcoord.client import CoordinatorClient, NotFound, Offset
 from snapcoord.spark_connector import ExecutorContextError
-from snapcoord.spark_connector.attempts import decode
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
-from snapcoord.spark_connector.commit_log import Commit
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
-from snapcoord.spark_connector.listener import SnapcoordListener
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.backlog.listener import SnapcoordListener
+from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner
+from snapcoord.spark_connector.sink.attempts import decode
+from snapcoord.spark_connector.sink.commit_log import Commit
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter, exactly_once
 
 pytestmark = pytest.mark.spark
 

@@ -22,10 +22,10 @@ import pytest
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import AdvanceResult, CoordinatorClient, NotFound, Offset, Registration
-from snapcoord.spark_connector.attempts import Attempt, decode, encode
-from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
-from snapcoord.spark_connector.sinks import RollbackSink
+from snapcoord.spark_connector.sink.attempts import Attempt, decode, encode
+from snapcoord.spark_connector.sink.epochs import Fenced, claim_epoch, epoch_producer_id
+from snapcoord.spark_connector.sink.protocols import RollbackSink
+from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.storage import UnsupportedLocation
 
 
@@ -122,7 +122,7 @@ def test_checkpoint_reset_never_rolls_back_committed_output(
     for f in sorted(chk.rglob("*"), reverse=True):
         f.unlink() if f.is_file() else f.rmdir()
     second = writer_for(sink, client, "reset", checkpoint(chk, "q-second", plans))
-    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.exactly_once"):
+    with caplog.at_level(logging.WARNING, logger="snapcoord.spark_connector.sink.writer"):
         run(second, sink, range(6))
     # The reset replays the source: batches 0-3 are there twice (once per run), nothing is lost.
     assert sink.rows == [f"r{n}" for n in range(4)] + [f"r{n}" for n in range(6)]

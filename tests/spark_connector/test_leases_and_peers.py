@@ -20,9 +20,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 from harness.coordinator import CoordinatorProcess
 from harness.process import wait_until
 from snapcoord.client import CoordinatorClient, NotFound, SnapshotState
-from snapcoord.spark_connector.app_snapshots import SnapshotQuery, take_snapshot
-from snapcoord.spark_connector.listener import SnapcoordListener
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.backlog.listener import SnapcoordListener
+from snapcoord.spark_connector.savepoints.app_snapshots import SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
 
 pytestmark = pytest.mark.spark
 

@@ -21,13 +21,14 @@ from pyspark.sql import SparkSession
 
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, DeadlineExceeded
-from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
-from snapcoord.spark_connector.checkpoint_archive import cut_checkpoint
-from snapcoord.spark_connector.commit_log import Commit, FileLine
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter, exactly_once
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.sinks import PartitionedFileSink, RestoreRefused
+from snapcoord.spark_connector.savepoints.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.savepoints.checkpoint_archive import cut_checkpoint
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.sink.commit_log import Commit, FileLine
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.protocols import RestoreRefused
+from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter, exactly_once
 from snapcoord.spark_connector.storage import LocalStorage
 
 pytestmark = pytest.mark.spark

@@ -20,10 +20,10 @@ from pyspark.sql import SparkSession
 
 from harness.coordinator import CoordinatorProcess
 from harness.locations import TestDir
-from snapcoord.spark_connector.commit_log import Commit, FileLine
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.sinks import LegacyTable, PartitionedFileSink
+from snapcoord.spark_connector.sink.commit_log import Commit, FileLine
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.partitioned import LegacyTable, PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import UnsupportedLocation
 
 pytestmark = pytest.mark.spark

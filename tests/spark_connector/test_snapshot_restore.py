@@ -31,21 +31,26 @@ from harness.process import wait_until
 from harness.spark_connect import SparkConnectServer
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState
-from snapcoord.spark_connector import restore as restore_module
-from snapcoord.spark_connector.app_snapshots import ARCHIVE_KEY, BATCH_ID_KEY, SnapshotQuery, take_snapshot
-from snapcoord.spark_connector.checkpoint_archive import send_cut
-from snapcoord.spark_connector.commit_log import commits_fingerprint
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.restore_target import (
+from snapcoord.spark_connector.savepoints import restore as restore_module
+from snapcoord.spark_connector.savepoints.app_snapshots import (
+    ARCHIVE_KEY,
+    BATCH_ID_KEY,
+    SnapshotQuery,
+    take_snapshot,
+)
+from snapcoord.spark_connector.savepoints.checkpoint_archive import send_cut
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.savepoints.restore_target import (
     PLACEHOLDER_LINE,
     RestoreMarker,
     claim_target,
     complete,
     write_archive,
 )
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.commit_log import commits_fingerprint
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import Storage, open_location
 
 pytestmark = pytest.mark.spark

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from snapcoord.client import Offset
-from snapcoord.spark_connector.sinks import RestorableSink, RestoreRefused
-from snapcoord.spark_connector.spark_file_sink import SparkFileSink, UnfencedRestorableSink, _relative
-from snapcoord.spark_connector.spark_sink_log import LOG_DIR, SinkFileStatus, batch_id_of
+from snapcoord.spark_connector.savepoints.spark_file_sink import (
+    SparkFileSink,
+    UnfencedRestorableSink,
+    _relative,
+)
+from snapcoord.spark_connector.sink.protocols import RestorableSink, RestoreRefused
+from snapcoord.spark_connector.sink.spark_sink_log import LOG_DIR, SinkFileStatus, batch_id_of
 from snapcoord.spark_connector.storage import LocalStorage
 
 

@@ -21,11 +21,11 @@ from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
 from harness.locations import TestDir
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient
-from snapcoord.spark_connector.app_snapshots import SnapshotQuery, take_snapshot
-from snapcoord.spark_connector.restore import RestoreTarget, restore_snapshot
-from snapcoord.spark_connector.sinks import RestoreRefused
-from snapcoord.spark_connector.spark_file_sink import SparkFileSink
-from snapcoord.spark_connector.spark_sink_log import COMPACT_INTERVAL_CONF, LOG_DIR
+from snapcoord.spark_connector.savepoints.app_snapshots import SnapshotQuery, take_snapshot
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
+from snapcoord.spark_connector.savepoints.spark_file_sink import SparkFileSink
+from snapcoord.spark_connector.sink.protocols import RestoreRefused
+from snapcoord.spark_connector.sink.spark_sink_log import COMPACT_INTERVAL_CONF, LOG_DIR
 from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
 
 pytestmark = pytest.mark.spark

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from snapcoord.spark_connector.spark_sink_log import (
+from snapcoord.spark_connector.sink.spark_sink_log import (
     LOG_DIR,
     SinkFileStatus,
     SinkLogError,

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
-from snapcoord.spark_connector.spark_sink_log import (
+from snapcoord.spark_connector.sink.spark_sink_log import (
     COMPACT_INTERVAL_CONF,
     LOG_DIR,
     SinkFileStatus,

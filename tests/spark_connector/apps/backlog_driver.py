@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from snapcoord.client import CoordinatorClient, Offset
-from snapcoord.spark_connector.backlog_runner import BacklogAwareRunner
+from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner
 
 
 def main(target: str, input_dir: str, checkpoint: str, job_id: str, boundary: int) -> None:

@@ -29,8 +29,8 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the harness
 from harness.spark_connect import start_with_retries
-from snapcoord.spark_connector.exactly_once import exactly_once
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import exactly_once
 
 
 def main() -> int:

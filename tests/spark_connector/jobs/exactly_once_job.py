@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from snapcoord.spark_connector.exactly_once import ExactlyOnceWriter
-from snapcoord.spark_connector.sinks import PartitionedFileSink
+from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
+from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter
 
 
 class Events:

@@ -37,6 +37,7 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SNAPCOORD_CLIENT_SERVER_NAME": "the client: the name checked against the server certificate",
     "SNAPCOORD_VENV": "scripts: the virtualenv they run in",
     "SNAPCOORD_CODEGEN_VENV": "scripts/gen-proto: the virtualenv of the pinned code generator",
+    "SNAPCOORD_JAR_CACHE": "scripts/fetch-maven: where the test jars from Maven Central are kept",
     "SNAPCOORD_FUZZ_EXAMPLES": "tests: examples per fuzzed RPC",
     "SNAPCOORD_FUZZ_SEED": "tests: the fuzzer's seed",
 }

@@ -1,10 +1,4 @@
-"""The sink protocol of the exactly-once wrapper, and a file table that implements it.
-
-A sink that cannot write transactionally can still be made exactly-once by ``exactly_once`` if it can
-say where its output ends (``positions()``) and cut everything written after such a point
-(``rollback_to(positions)``). Sinks that can also *fence* (``FencedSink``: shut out every write of an
-older run once a newer run started) are safe against zombie drivers too. All of it runs on the Spark
-driver; the data itself is written by executors.
+"""``PartitionedFileSink``: a file table that implements the sink protocols (``protocols``).
 
 ``PartitionedFileSink`` is an append-only table of JSON-lines (or Parquet/CSV/ORC) files at any location
 ``storage.open_location`` reaches (a local path, ``hdfs://``, ``s3a://``, ``abfss://``, ``gs://``, ...),
@@ -74,11 +68,12 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 from snapcoord.client import Offset
-from snapcoord.spark_connector.commit_log import (
+from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.sink.commit_log import (
     DATA,
     DEFAULT_COMPACT_INTERVAL,
     FENCE,
@@ -96,9 +91,9 @@ from snapcoord.spark_connector.commit_log import (
     parse_fence_name,
     render_entry,
 )
-from snapcoord.spark_connector.driver import require_driver
-from snapcoord.spark_connector.epochs import Fenced
-from snapcoord.spark_connector.spark_sink_log import (
+from snapcoord.spark_connector.sink.epochs import Fenced
+from snapcoord.spark_connector.sink.protocols import RestoreRefused
+from snapcoord.spark_connector.sink.spark_sink_log import (
     COMPACT_SUFFIX,
     batch_id_of,
     derive_compact_interval,
@@ -124,82 +119,6 @@ _URI_PATH_SAFE = "/,;:$&+=@-_.!~*'()"
 #: The partition of ``batch_end_positions`` that holds the fingerprint of the data entries below the
 #: cut (``commit_log.commits_fingerprint``); positions without it (older snapshots) are not checked.
 FINGERPRINT_PARTITION = 2
-
-
-class RestoreRefused(RuntimeError):
-    """The sink no longer holds the output a snapshot recorded below its cut (another restore cut it
-    back further since): restoring it would lose output silently, so nothing was cut."""
-
-
-@runtime_checkable
-class RollbackSink(Protocol):
-    """What ``exactly_once`` needs from a sink. Both methods run on the driver.
-
-    - ``positions()``: where the sink's output ends right now, as a non-empty list of
-      ``Offset(stream, partition, offset)`` (stream: an identifier of ``[A-Za-z0-9._:-]`` not starting
-      with ``_eo:``; each (stream, partition) once; offset >= -1).
-    - ``rollback_to(positions)``: delete (or truncate, or mark invalid) what the attempt that took
-      ``positions`` wrote after them. Must be idempotent and must tolerate a half-finished earlier
-      write or rollback.
-    """
-
-    def positions(self) -> Sequence[Offset]: ...
-
-    def rollback_to(self, positions: Sequence[Offset]) -> None: ...
-
-
-@runtime_checkable
-class FencedSink(RollbackSink, Protocol):
-    """A ``RollbackSink`` that can shut out the writes of older runs (zombie drivers).
-
-    - ``max_epoch()``: the highest epoch fenced so far (0 when none); durable.
-    - ``fence(epoch)``: from now on, writes of any lower epoch are invisible (also those committed
-      after this call by a driver that checked just before it), and this sink object writes as
-      ``epoch``. Raises ``Fenced`` when a higher epoch already fenced. A lower epoch's write that
-      a fence hides must raise, never return: Spark would record its batch as committed.
-    - ``check_epoch()``: raise ``Fenced`` when a higher epoch than this object's fenced the sink.
-    """
-
-    def max_epoch(self) -> int: ...
-
-    def fence(self, epoch: int) -> None: ...
-
-    def check_epoch(self) -> None: ...
-
-
-@runtime_checkable
-class RestorableSink(FencedSink, Protocol):
-    """A ``FencedSink`` that a snapshot can record and a restore can put back (``app_snapshots``).
-
-    - ``batch_end_positions(batch_id)``: the positions right after the (visible) output of
-      ``batch_id`` written by the run that wrote the sink's newest output (never a batch of the same
-      id that a reset checkpoint's earlier run wrote). Raises ``LookupError`` when that run has no
-      visible output of that batch.
-    - ``last_batch_id()``: the batch id of the newest visible output (None when empty): how far a
-      downstream reader may have read.
-    - ``restore_to(positions)``: make the content exactly what it was at ``positions``: remove every
-      write at or after them, of any run up to the caller's epoch, and never anything before them.
-      The caller holds the newest epoch (``fence``); it never touches a newer epoch's writes and
-      raises ``Fenced`` when a newer epoch fenced before or while it cut. When the sink no longer
-      holds what ``positions`` recorded below them (the output they name was cut by another
-      restore since), it must raise before removing anything instead of cutting.
-    """
-
-    def batch_end_positions(self, batch_id: int) -> Sequence[Offset]: ...
-
-    def last_batch_id(self) -> int | None: ...
-
-    def restore_to(self, positions: Sequence[Offset]) -> None: ...
-
-
-@runtime_checkable
-class RestoreCheckedSink(RestorableSink, Protocol):
-    """A ``RestorableSink`` that can tell, before any fence or cut, whether ``restore_to(positions)``
-    would refuse: ``check_restore(positions)`` raises then (``RestoreRefused`` or ``ValueError``) and
-    changes nothing. ``restore_snapshot`` runs it for every sink of the restore before it cuts the
-    first one, so a refusal leaves every sink as it was."""
-
-    def check_restore(self, positions: Sequence[Offset]) -> None: ...
 
 
 class LegacyTable(RuntimeError):

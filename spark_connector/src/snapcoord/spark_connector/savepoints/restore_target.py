@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from snapcoord.spark_connector.checkpoint_archive import unpack_chunks
+from snapcoord.spark_connector.savepoints.checkpoint_archive import unpack_chunks
 from snapcoord.spark_connector.storage import Storage, join
 
 log = logging.getLogger(__name__)

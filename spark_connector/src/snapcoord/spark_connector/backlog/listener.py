@@ -33,7 +33,12 @@ from pyspark.sql.streaming.listener import (
 )
 
 from snapcoord.client import BacklogStatus, CoordinatorClient, ProgressResult
-from snapcoord.spark_connector.backlog import BacklogBound, BacklogTracker, BatchOffsets, LatestOffsets
+from snapcoord.spark_connector.backlog.tracker import (
+    BacklogBound,
+    BacklogTracker,
+    BatchOffsets,
+    LatestOffsets,
+)
 from snapcoord.spark_connector.driver import DriverOnly, require_driver
 from snapcoord.spark_connector.sources import OffsetParser
 

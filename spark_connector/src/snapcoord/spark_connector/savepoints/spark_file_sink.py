@@ -46,8 +46,8 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from snapcoord.client import Offset
-from snapcoord.spark_connector.sinks import RestoreRefused
-from snapcoord.spark_connector.spark_sink_log import (
+from snapcoord.spark_connector.sink.protocols import RestoreRefused
+from snapcoord.spark_connector.sink.spark_sink_log import (
     COMPACT_INTERVAL_CONF,
     DEFAULT_COMPACT_INTERVAL,
     SinkFileStatus,

@@ -29,14 +29,14 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from snapcoord.spark_connector.spark_sink_log import (
+from snapcoord.spark_connector.sink.spark_sink_log import (
     ADD,
     DEFAULT_COMPACT_INTERVAL,
     SinkFileStatus,
     format_entry,
 )
-from snapcoord.spark_connector.spark_sink_log import LOG_DIR as METADATA_DIR
-from snapcoord.spark_connector.spark_sink_log import parse_entry as parse_sink_entry
+from snapcoord.spark_connector.sink.spark_sink_log import LOG_DIR as METADATA_DIR
+from snapcoord.spark_connector.sink.spark_sink_log import parse_entry as parse_sink_entry
 
 __all__ = ["DEFAULT_COMPACT_INTERVAL", "METADATA_DIR"]
 

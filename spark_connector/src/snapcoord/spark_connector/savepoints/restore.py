@@ -50,14 +50,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset, SnapshotRef, SnapshotState
-from snapcoord.spark_connector.app_snapshots import (
+from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.savepoints.app_snapshots import (
     ARCHIVE_KEY,
     BATCH_ID_KEY,
     SINK_POSITIONS_KEY,
 )
-from snapcoord.spark_connector.driver import require_driver
-from snapcoord.spark_connector.epochs import claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.restore_target import (
+from snapcoord.spark_connector.savepoints.restore_target import (
     PendingRestore,
     RestoreMarker,
     abandon,
@@ -66,8 +65,9 @@ from snapcoord.spark_connector.restore_target import (
     complete,
     write_archive,
 )
-from snapcoord.spark_connector.sinks import RestorableSink, RestoreCheckedSink
-from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
+from snapcoord.spark_connector.savepoints.spark_file_sink import UnfencedRestorableSink
+from snapcoord.spark_connector.sink.epochs import claim_epoch, epoch_producer_id
+from snapcoord.spark_connector.sink.protocols import RestorableSink, RestoreCheckedSink
 from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)

@@ -55,10 +55,10 @@ from collections.abc import Callable
 from typing import Any
 
 from snapcoord.client import CoordinatorClient, Offset, Registration, Unimplemented
-from snapcoord.spark_connector.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
 from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
-from snapcoord.spark_connector.epochs import Fenced, claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sinks import FencedSink, RollbackSink
+from snapcoord.spark_connector.sink.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
+from snapcoord.spark_connector.sink.epochs import Fenced, claim_epoch, epoch_producer_id
+from snapcoord.spark_connector.sink.protocols import FencedSink, RollbackSink
 from snapcoord.spark_connector.storage import Storage, classic_session, open_location
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery
 
 from snapcoord.client import BacklogStatus, CoordinatorClient, NotFound, SnapcoordError
-from snapcoord.spark_connector.backlog import BacklogBound, BacklogTracker, LatestOffsets
+from snapcoord.spark_connector.backlog.tracker import BacklogBound, BacklogTracker, LatestOffsets
 from snapcoord.spark_connector.driver import DriverOnly, require_driver
 from snapcoord.spark_connector.sources import OffsetParser, parse_offsets_log
 from snapcoord.spark_connector.storage import Storage, open_location

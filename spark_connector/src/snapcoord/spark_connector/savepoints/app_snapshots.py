@@ -49,16 +49,16 @@ from snapcoord.client import (
     TaskSnapshot,
     Unavailable,
 )
-from snapcoord.spark_connector.checkpoint_archive import (
+from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.savepoints.checkpoint_archive import (
     CheckpointCut,
     CheckpointNotReady,
     cut_checkpoint,
     send_cut,
 )
-from snapcoord.spark_connector.driver import require_driver
-from snapcoord.spark_connector.sinks import RestorableSink
+from snapcoord.spark_connector.savepoints.spark_file_sink import UnfencedRestorableSink
+from snapcoord.spark_connector.sink.protocols import RestorableSink
 from snapcoord.spark_connector.sources import OffsetParser, offsets_of_sources
-from snapcoord.spark_connector.spark_file_sink import UnfencedRestorableSink
 from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)
