@@ -170,6 +170,8 @@ class Container:
     volumes: Sequence[str] = ()
     read_only: bool = False
     add_hosts: Mapping[str, str] = field(default_factory=dict)
+    #: A healthcheck command (JSON exec form) in place of the image's HEALTHCHECK, as compose's ``test``.
+    health_cmd: str | None = None
     started_at: float = 0.0
 
     def run_args(self) -> list[str]:
@@ -183,6 +185,8 @@ class Container:
             args += ["--volume", volume]
         for host, address in self.add_hosts.items():
             args += ["--add-host", f"{host}:{address}"]
+        if self.health_cmd is not None:
+            args += ["--health-cmd", self.health_cmd]
         if self.read_only:
             args += ["--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,size=64m"]
         return [*args, self.image, *self.args]
