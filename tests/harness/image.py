@@ -203,7 +203,7 @@ class Container:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        podman("rm", "--force", "--ignore", "--time", "5", self.name, check=False)
+        podman("rm", "--force", "--ignore", "--volumes", "--time", "5", self.name, check=False)
 
     def healthcheck(self) -> subprocess.CompletedProcess[str]:
         """Run the image's HEALTHCHECK command once inside the container (exit 0: healthy)."""
