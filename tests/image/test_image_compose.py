@@ -38,7 +38,7 @@ from harness.ports import free_port
 from harness.seaweed import SeaweedS3Server
 from harness.zookeeper import ZooKeeperServer
 
-pytestmark = [pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3, pytest.mark.timeout(900)]
 
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SECURE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.secure.yml").read_text())

@@ -42,7 +42,7 @@ from harness.ports import free_port
 from harness.process import wait_until
 from snapcoord.v1 import common_pb2, producer_pb2, producer_pb2_grpc
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 DEPLOYMENT = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml").read_text())
 GRACE_PERIOD_S = int(DEPLOYMENT["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])

@@ -28,7 +28,7 @@ from harness.ports import free_port
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 CURRENT = "snapcoord.v1.SnapshotService/GetCurrentSnapshot"
 
