@@ -8,11 +8,14 @@ The build time, size and layers and each container's run-to-SERVING time are in 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from harness.image import BuiltImage, ImageUnavailable, build_image
 
 _REPORT_KEY = pytest.StashKey[list[str]]()
+_PROPERTY = "image"
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +34,19 @@ def image_report(pytestconfig: pytest.Config) -> list[str]:
     return pytestconfig.stash.setdefault(_REPORT_KEY, [])
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    for line in config.stash.get(_REPORT_KEY, []):
-        terminalreporter.write_line(f"image: {line}")
+@pytest.fixture(autouse=True)
+def _report_lines(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> Iterator[None]:
+    """Hand the lines added during a test to its report (``user_properties``), which pytest-xdist
+    carries from the workers to the controller that writes the summary."""
+    lines = pytestconfig.stash.setdefault(_REPORT_KEY, [])
+    yield
+    request.node.user_properties.extend((_PROPERTY, line) for line in lines)
+    lines.clear()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, line in getattr(report, "user_properties", ()):
+                if key == _PROPERTY and getattr(report, "when", "") == "teardown":
+                    terminalreporter.write_line(f"image: {line}")
