@@ -97,6 +97,24 @@ def run_once(image: str, entrypoint: str, *args: str) -> str:
     ).stdout
 
 
+#: Each test container carries the pid of the test process that started it.
+OWNER_LABEL = "org.snapcoord.test-pid"
+
+
+def remove_orphans() -> list[str]:
+    """Remove the test containers (and their anonymous volumes) whose test process is gone, say a
+    run killed outright; containers of a live process (another worker's) stay. Their names."""
+    listed = podman("ps", "--all", "--filter", f"label={OWNER_LABEL}", "--format", "json").stdout
+    removed: list[str] = []
+    for entry in json.loads(listed or "[]"):
+        pid = int(entry["Labels"][OWNER_LABEL])
+        if not Path(f"/proc/{pid}").exists():
+            name = entry["Names"][0]
+            podman("rm", "--force", "--ignore", "--volumes", name, check=False)
+            removed.append(name)
+    return removed
+
+
 @dataclass(frozen=True)
 class Layer:
     size_bytes: int
@@ -127,9 +145,9 @@ def build_image(log_path: Path, tag: str = TEST_TAG) -> BuiltImage:
             f"podman is not installed: run {INSTALL_SCRIPT.relative_to(ROOT)} "
             "(scripts/install-test-deps runs it); the live image tests need it"
         )
-    revision = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    described = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    revision = described.stdout.strip() if described.returncode == 0 else "unknown"  # not a git checkout
+    remove_orphans()
     env = {**os.environ, "SNAPCOORD_IMAGE_BUILDER": "podman", "SNAPCOORD_REVISION": revision}
     started = time.monotonic()
     with log_path.open("w") as log:
@@ -175,7 +193,15 @@ class Container:
     started_at: float = 0.0
 
     def run_args(self) -> list[str]:
-        args = ["run", "--detach", "--name", self.name, *ulimit_flags()]
+        args = [
+            "run",
+            "--detach",
+            "--name",
+            self.name,
+            "--label",
+            f"{OWNER_LABEL}={os.getpid()}",
+            *ulimit_flags(),
+        ]
         args += ["--network", "slirp4netns:allow_host_loopback=true", "--health-interval", "disable"]
         for container_port, host_port in self.publish.items():
             args += ["--publish", f"127.0.0.1:{host_port}:{container_port}"]
