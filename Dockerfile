@@ -21,6 +21,10 @@ ARG PYTHON_IMAGE_DIGEST=
 FROM ${PYTHON_IMAGE}${PYTHON_IMAGE_DIGEST:+@}${PYTHON_IMAGE_DIGEST} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# The build host's own pip settings, for this stage only (the CA bundle its network needs, mounted
+# read-only by scripts/build-image; a longer timeout); unset by default, never in the runtime stage.
+ARG PIP_CERT
+ARG PIP_DEFAULT_TIMEOUT
 COPY deploy/requirements.lock deploy/requirements.lock
 COPY deploy/build-requirements.lock deploy/build-requirements.lock
 RUN python -m venv /opt/snapcoord \
