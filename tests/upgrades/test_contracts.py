@@ -19,48 +19,48 @@ from upgrades.contract import (
     tree_files,
     undocumented,
 )
-from upgrades.releases import RELEASED_NUMBER, Release, read_releases, version_key
+from upgrades.releases import RELEASED_NUMBER, Release, previous, read_releases, version_key
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text().strip()
 
 
-def unreleased_section() -> str:
-    """The changelog's first section when it is the unreleased one, else ''."""
-    sections = re.split(r"^## ", (ROOT / "CHANGELOG.md").read_text(), flags=re.MULTILINE)
-    heading, _, body = sections[1].partition("\n")
-    return body if heading.endswith(" (unreleased)") else ""
+def first_section() -> str:
+    """The changelog's first section: the one of this tree's version (its heading, then its text)."""
+    return re.split(r"^## ", (ROOT / "CHANGELOG.md").read_text(), flags=re.MULTILINE)[1]
 
 
 def contract_problems(version: str, tree: Contract, section: str) -> list[str]:
-    """Why the tree (at ``version``, with the changelog's unreleased ``section``) breaks the rule."""
+    """Why the tree (at ``version``; ``section`` is its changelog section) breaks the rule: under a
+    released number its contract is the one recorded for it, and every change since the release
+    before is named in its section (``undocumented``)."""
+    problems = []
     if RELEASED_NUMBER.fullmatch(version):
         mine = recorded(version)
         if mine is None:
-            return [
-                f"VERSION {version} is a released number with no recorded contract: scripts/release makes it"
-            ]
-        if mine != tree:
-            return [f"the tree's contract changed under the released number {version}"]
-        return []
-    last = max(read_releases(), key=lambda r: version_key(r.version))
-    previous = recorded(last.version)
-    assert previous is not None, f"no contract recorded for {last.version} in {CONTRACTS}"
-    if previous == tree:
-        return []
-    if not section:
-        return [f"the contract changed since {last.version}: the changelog needs an unreleased section"]
-    return [
-        f"not in the changelog's unreleased section: {line}" for line in undocumented(previous, tree, section)
-    ]
+            problems.append(
+                f"VERSION {version} is a released number with no recorded contract: scripts/release"
+            )
+        elif mine != tree:
+            problems.append(f"the tree's contract changed under the released number {version}")
+    last = previous(version)
+    before = recorded(last.version)
+    assert before is not None, f"no contract recorded for {last.version} in {CONTRACTS}"
+    if before != tree:
+        problems += [f"not in the changelog section: {line}" for line in undocumented(before, tree, section)]
+    return problems
 
 
 def test_the_tree_keeps_the_last_releases_contract_or_the_changelog_names_each_change() -> None:
-    assert contract_problems(VERSION, contract_of(tree_files()), unreleased_section()) == []
+    assert contract_problems(VERSION, contract_of(tree_files()), first_section()) == []
 
 
 def test_every_recorded_release_has_its_contract() -> None:
-    assert sorted(p.stem for p in CONTRACTS.glob("*.json")) == sorted(r.version for r in read_releases())
+    """And the release being made (VERSION a released number, not yet in RELEASES) has its own."""
+    expected = {r.version for r in read_releases()} | (
+        {VERSION} if RELEASED_NUMBER.fullmatch(VERSION) else set()
+    )
+    assert sorted(p.stem for p in CONTRACTS.glob("*.json")) == sorted(expected)
 
 
 @pytest.mark.process  # git
@@ -83,14 +83,14 @@ def test_a_change_under_a_released_number_is_refused(change: str) -> None:
     last = max(read_releases(), key=lambda r: version_key(r.version)).version
     tree = recorded(last)
     assert tree is not None
-    assert contract_problems(last, tree, "") == []
     if change == "wire":
         planted = Contract((*tree.wire, *NEW_FIELD.wire[1:]), tree.storage)
     else:
         planted = Contract(tree.wire, {**tree.storage, **NEW_FORMAT.storage})
-    assert contract_problems(last, planted, "") == [
-        f"the tree's contract changed under the released number {last}"
-    ]
+    assert f"the tree's contract changed under the released number {last}" in contract_problems(
+        last, planted, ""
+    )
+    # A release being made records its contract first; one set by hand has none.
     assert "no recorded contract" in contract_problems("99.0.0", tree, "")[0]
 
 
