@@ -55,7 +55,7 @@ def release(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_release_is_one_recorded_commit_and_the_tree_moves_on(clone: Path) -> None:
-    assert VERSION != release_of(VERSION), "the repository says a released number"
+    assert release_of(VERSION) != VERSION, "the repository says a released number"
     number = release_of(VERSION)
     major, minor, _ = number.split(".")
     following = f"{major}.{int(minor) + 1}.0"
@@ -86,9 +86,9 @@ def test_a_release_is_one_recorded_commit_and_the_tree_moves_on(clone: Path) -> 
     # Both commits pass the version and contract tests.
     for commit in (made, "main"):
         git(clone, "checkout", "--quiet", commit)
+        pytest_args = ["-n", "0", "-q", "-p", "no:cacheprovider", *GATE.split()]
         checked = subprocess.run(
-            [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", *GATE.split()]
-            + ["-k", "not installed_packages_are_this_version"],
+            [sys.executable, "-m", "pytest", *pytest_args, "-k", "not installed_packages_are_this_version"],
             cwd=clone,
             capture_output=True,
             text=True,

@@ -1,0 +1,125 @@
+"""The previous release and this tree side by side, as in a rolling upgrade: one replica of each on
+one 3-node ZooKeeper ensemble and the shared S3 (``MixedCluster``), the previous one built from
+its commit (``installed``).
+
+- Each replica runs what it should (``snapcoord_build_info``).
+- Every RPC works whichever version writes and whichever reads (``client_calls``, with this tree's
+  client), and the previous release's own client works against this tree's coordinator and the
+  reverse.
+- Janitor leadership moves from one version to the other and back, one leader at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.process import wait_until
+from harness.seaweed import SeaweedS3Server
+from snapcoord.client import CoordinatorClient
+from upgrades import client_calls
+from upgrades.installed import InstalledRelease
+from upgrades.mixed import MixedCluster
+
+pytestmark = [pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3]
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = (ROOT / "VERSION").read_text().strip()
+PREVIOUS, CURRENT = 0, 1
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3Server, previous_release: InstalledRelease
+) -> Iterator[MixedCluster]:
+    workdir = tmp_path_factory.mktemp("mixed")
+    blobs = s3_server.uri(f"mixed-{secrets.token_hex(4)}")
+    with MixedCluster(workdir, blobs, [previous_release, None]) as c:
+        yield c
+
+
+def calls_through(write: str, read: str, prefix: str) -> dict[str, str]:
+    """``client_calls`` with this tree's client, writing through ``write`` and reading through ``read``."""
+    with CoordinatorClient(write, timeout_s=60) as w, CoordinatorClient(read, timeout_s=60) as r:
+        return client_calls.run(w, r, prefix)
+
+
+def calls_of(release: InstalledRelease, write: str, read: str, prefix: str) -> dict[str, str]:
+    """``client_calls`` with ``release``'s client (its venv's Python)."""
+    done = subprocess.run(
+        [
+            str(release.python),
+            str(Path(client_calls.__file__)),
+            "--write",
+            write,
+            "--read",
+            read,
+            "--prefix",
+            prefix,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {str(k): str(v) for k, v in json.loads(done.stdout).items()}
+
+
+def failed(results: dict[str, str]) -> dict[str, str]:
+    return {step: result for step, result in results.items() if result != "OK"}
+
+
+def test_each_replica_runs_its_release(cluster: MixedCluster, previous_release: InstalledRelease) -> None:
+    assert cluster.version(PREVIOUS) == previous_release.release.version
+    assert cluster.version(CURRENT) == VERSION
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader"),
+    [(PREVIOUS, CURRENT), (CURRENT, PREVIOUS)],
+    ids=["previous-writes", "current-writes"],
+)
+def test_every_rpc_written_by_one_version_reads_back_through_the_other(
+    cluster: MixedCluster, writer: int, reader: int
+) -> None:
+    results = calls_through(
+        cluster.replicas[writer].target, cluster.replicas[reader].target, f"x{writer}{reader}"
+    )
+    assert len(results) >= 25 and failed(results) == {}, failed(results)
+
+
+def test_the_previous_client_against_this_coordinator(
+    cluster: MixedCluster, previous_release: InstalledRelease
+) -> None:
+    target = cluster.replicas[CURRENT].target
+    results = calls_of(previous_release, target, target, "old-client")
+    assert len(results) >= 25 and failed(results) == {}, failed(results)
+
+
+def test_this_client_against_the_previous_coordinator(cluster: MixedCluster) -> None:
+    target = cluster.replicas[PREVIOUS].target
+    results = calls_through(target, target, "new-client")
+    assert len(results) >= 25 and failed(results) == {}, failed(results)
+
+
+def test_janitor_leadership_moves_across_versions_one_leader_at_a_time(cluster: MixedCluster) -> None:
+    for _ in range(2):  # the leader's version, then the other's
+        leader = cluster.janitor_leader()
+        other = 1 - leader
+        cluster.replicas[leader].kill()
+        assert wait_until(
+            lambda: cluster.replicas[other].is_janitor_leader(),  # noqa: B023
+            timeout=120,
+            interval=0.2,
+            what=f"replica {other} ({cluster.version(other)}) leading the janitor",
+        )
+        cluster.replace(leader)  # the same release again, now a follower
+        wait_until(
+            cluster.replicas[leader].is_serving, timeout=120, interval=0.2, what="the replaced replica"
+        )
+        assert cluster.janitor_leader() == other, cluster.describe()
