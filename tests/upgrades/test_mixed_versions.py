@@ -7,6 +7,10 @@ its commit (``installed``).
   client), and the previous release's own client works against this tree's coordinator and the
   reverse.
 - Janitor leadership moves from one version to the other and back, one leader at a time.
+- A rolling upgrade under the robustness workload (its histories checked against the model of each
+  RPC): two replicas of the previous release, replaced one by one by this tree's, one rolled back
+  and upgraded again; no anomaly, no INTERNAL, UNKNOWN or DATA_LOSS, one janitor leader after
+  each step. The calls, errors by code and longest client gap of each step are printed.
 """
 
 from __future__ import annotations
@@ -14,17 +18,25 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from robustness.checker import check
+from robustness.history import History
+from robustness.runner import MARGIN_S
+from robustness.workload import Workload, final_reader
 
+from harness.cluster import SERVING
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient
 from upgrades import client_calls
 from upgrades.installed import InstalledRelease
 from upgrades.mixed import MixedCluster
+from upgrades.steps import FORBIDDEN_CODES, step_stats
 
 pytestmark = [pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3]
 
@@ -123,3 +135,57 @@ def test_janitor_leadership_moves_across_versions_one_leader_at_a_time(cluster: 
             cluster.replicas[leader].is_serving, timeout=120, interval=0.2, what="the replaced replica"
         )
         assert cluster.janitor_leader() == other, cluster.describe()
+
+
+#: Seconds of load on each mix of versions (short mode: CI).
+LOAD_PER_STEP_S = 4.0
+
+
+def test_rolling_upgrade_and_rollback_under_the_checked_workload(
+    cluster: MixedCluster, previous_release: InstalledRelease
+) -> None:
+    """Runs last in the module: it leaves both replicas on this tree."""
+    cluster.swap(CURRENT, previous_release)  # before the load: two replicas of the previous release
+    cluster.wait_health(SERVING)
+    steps: list[tuple[str, int, InstalledRelease | None]] = [
+        ("replica 0 upgraded", 0, None),
+        ("replica 1 upgraded", 1, None),
+        ("replica 1 rolled back", 1, previous_release),
+        ("replica 1 upgraded again", 1, None),
+    ]
+    history = History()
+    workload = Workload(
+        [r.target for r in cluster.replicas],
+        history,
+        threads=4,
+        keys=2,
+        seed=43,
+        prefix="roll",
+        retention=True,
+    )
+    pause = threading.Event()
+    marks = [("both previous", time.monotonic_ns())]
+    leaders = []
+    workload.start()
+    try:
+        pause.wait(LOAD_PER_STEP_S)
+        for name, i, release in steps:
+            marks.append((name, time.monotonic_ns()))
+            cluster.swap(i, release)
+            wait_until(cluster.replicas[i].is_serving, timeout=120, interval=0.2, what=f"{name}: SERVING")
+            expected = VERSION if release is None else release.release.version
+            assert cluster.version(i) == expected, name
+            pause.wait(LOAD_PER_STEP_S)
+            leaders.append(cluster.janitor_leader())  # exactly one, whichever its version
+    finally:
+        workload.stop()
+    end = time.monotonic_ns()
+    cluster.heal()
+    report = check(history, final_reader([r.target for r in cluster.replicas]), margin_s=MARGIN_S)
+    stats = step_stats(history, marks, end)
+    print("\n".join(s.line() for s in stats))
+    assert report.ok, str(report)
+    assert all(s.calls > 0 for s in stats), stats
+    forbidden = {s.name: {c: n for c, n in s.errors.items() if c in FORBIDDEN_CODES} for s in stats}
+    assert not any(forbidden.values()), forbidden
+    assert len(leaders) == len(steps)
