@@ -17,6 +17,7 @@ its commit (``installed``).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import threading
@@ -35,9 +36,10 @@ from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient
 from upgrades import client_calls
-from upgrades.installed import InstalledRelease
+from upgrades.installed import InstalledRelease, install
 from upgrades.mixed import Build, MixedCluster
 from upgrades.planted_format import planted_command
+from upgrades.releases import find, read_releases, version_key
 from upgrades.steps import balanced_seed, step_stats
 
 pytestmark = [pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3]
@@ -139,8 +141,13 @@ def test_janitor_leadership_moves_across_versions_one_leader_at_a_time(cluster: 
         assert cluster.janitor_leader() == other, cluster.describe()
 
 
-#: Seconds of load on each mix of versions (short mode: CI).
-LOAD_PER_STEP_S = 4.0
+#: ``SNAPCOORD_UPGRADE_LONG=1``: every compatible pair of releases, longer under load.
+LONG = os.environ.get("SNAPCOORD_UPGRADE_LONG") == "1"
+#: Seconds of load on each mix of versions.
+LOAD_PER_STEP_S = 30.0 if LONG else 4.0
+#: The first release whose replicas later releases may replace one by one (CHANGELOG 0.3.0;
+#: 0.1.0 to 0.2.0 is all at once).
+ROLLING_FROM = "0.2.0"
 #: Recording client threads, spread evenly over the replicas.
 THREADS = 4
 
@@ -189,16 +196,33 @@ def rolling_run(
     return problems + [p for s in stats for p in s.problems()]
 
 
+def rolling_pairs() -> list[tuple[str, str]]:
+    """(from, to) of the rolling runs: ``ROLLING_FROM`` to this tree in CI; in the long mode every
+    pair of releases from ``ROLLING_FROM`` on, and this tree ("tree")."""
+    if not LONG:
+        return [(ROLLING_FROM, "tree")]
+    first = version_key(ROLLING_FROM)
+    versions = [r.version for r in read_releases() if version_key(r.version) >= first] + ["tree"]
+    return [(a, b) for i, a in enumerate(versions) for b in versions[i + 1 :]]
+
+
+def build_of(version: str) -> Build:
+    return None if version == "tree" else install(find(version))
+
+
+@pytest.mark.parametrize(("start", "target"), rolling_pairs(), ids=lambda v: str(v))
 def test_rolling_upgrade_and_rollback_under_the_checked_workload(
-    cluster: MixedCluster, previous_release: InstalledRelease
+    cluster: MixedCluster, start: str, target: str
 ) -> None:
+    old, new = build_of(start), build_of(target)
     steps: list[tuple[str, int, Build]] = [
-        ("replica 0 upgraded", 0, None),
-        ("replica 1 upgraded", 1, None),
-        ("replica 1 rolled back", 1, previous_release),
-        ("replica 1 upgraded again", 1, None),
+        ("replica 0 upgraded", 0, new),
+        ("replica 1 upgraded", 1, new),
+        ("replica 1 rolled back", 1, old),
+        ("replica 1 upgraded again", 1, new),
     ]
-    assert rolling_run(cluster, previous_release, steps, seed=43, prefix="roll") == []
+    print(f"\nrolling {start} -> {target}")
+    assert rolling_run(cluster, old, steps, seed=43, prefix=f"roll-{start}-{target}") == []
 
 
 def test_the_rolling_check_catches_a_planted_format_incompatibility(
