@@ -49,8 +49,14 @@ def release(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "SNAPCOORD_VENV": str(Path(sys.executable).parents[1]),
         "SNAPCOORD_RELEASE_GATE": GATE,
     }
+    # --no-install: the clone shares this tree's venv, which must keep pointing at this tree.
     return subprocess.run(
-        ["bash", "scripts/release", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=1200
+        ["bash", "scripts/release", *args, "--no-install"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
 
 
