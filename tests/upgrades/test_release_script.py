@@ -1,7 +1,8 @@
 """``scripts/release`` on a clone of this repository: a release is one commit, recorded in RELEASES
 and tagged, after which the tree says the next development version; a tree that is not ready (a
 format change its changelog does not name, uncommitted changes, a version that is not the
-release's) is refused with nothing committed."""
+release's) is refused with nothing committed. The clone holds this tree's last commit: uncommitted
+changes (to the scripts too) are not what it runs."""
 
 from __future__ import annotations
 
