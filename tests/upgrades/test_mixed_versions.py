@@ -31,7 +31,7 @@ from robustness.history import History
 from robustness.runner import MARGIN_S
 from robustness.workload import Workload, final_reader
 
-from harness.cluster import SERVING
+from harness.cluster import SERVING, Replica
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient
@@ -152,12 +152,41 @@ ROLLING_FROM = "0.2.0"
 THREADS = 4
 
 
+class LeaderSampler(threading.Thread):
+    """Reads every replica's janitor gauge a few times a second; ``most`` is the largest number of
+    replicas that said they lead at once (a killed replica's gauge is gone, so it counts as not)."""
+
+    def __init__(self, cluster: MixedCluster) -> None:
+        super().__init__(name="leader-sampler", daemon=True)
+        self.cluster = cluster
+        self.most = 0
+        self.samples = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.25):
+            leaders = sum(self._leads(r) for r in list(self.cluster.replicas))
+            self.most, self.samples = max(self.most, leaders), self.samples + 1
+
+    @staticmethod
+    def _leads(replica: Replica) -> bool:
+        try:
+            return replica.is_janitor_leader()
+        except RuntimeError:  # starting: its metrics port is not known yet
+            return False
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(30)
+
+
 def rolling_run(
     cluster: MixedCluster, start: Build, steps: list[tuple[str, int, Build]], *, seed: int, prefix: str
 ) -> list[str]:
     """Every replica on ``start``, then ``steps`` (name, replica, what it runs next) under the
     recorded workload; the problems found: checker anomalies, forbidden codes, unreadable records,
-    a step without exactly one janitor leader. Prints each step's figures."""
+    a step without exactly one janitor leader, two replicas leading the janitor at once (their
+    gauges sampled throughout). Prints each step's figures."""
     for i in range(len(cluster.replicas)):
         cluster.swap(i, start)
     cluster.wait_health(SERVING)
@@ -168,7 +197,9 @@ def rolling_run(
     pause = threading.Event()
     marks = [("start", time.monotonic_ns())]
     problems = []
+    leading = LeaderSampler(cluster)
     workload.start()
+    leading.start()
     try:
         pause.wait(LOAD_PER_STEP_S)
         for name, i, build in steps:
@@ -184,8 +215,12 @@ def rolling_run(
             except TimeoutError:
                 problems.append(f"{name}: not exactly one janitor leader")
     finally:
+        leading.stop()
         workload.stop()
     end = time.monotonic_ns()
+    print(f"janitor leaders at once: at most {leading.most} in {leading.samples} samples")
+    if leading.most > 1:
+        problems.append(f"{leading.most} replicas led the janitor at once")
     cluster.heal()
     report = check(history, final_reader([r.target for r in cluster.replicas]), margin_s=MARGIN_S)
     stats = step_stats(history, marks, end)
