@@ -1,6 +1,9 @@
 """One version: VERSION is the source of truth, and every place that writes the version (the three
 packages, the client pins, the Kubernetes image tag, the changelog, the installed packages) says the
-same; the upgrade notes name only versions the changelog lists (``scripts/set-version`` sets them)."""
+same; the upgrade notes name only versions the changelog lists (``scripts/set-version`` sets them).
+
+A released number names one commit (RELEASES): every other commit says a development version
+(X.Y.Z.devN) of the next release, whose changelog section is marked unreleased."""
 
 from __future__ import annotations
 
@@ -10,18 +13,40 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from upgrades.releases import RELEASED_NUMBER, read_releases, release_of, version_key
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = (ROOT / "VERSION").read_text().strip()
 PACKAGES = {"client": "snapcoord-client", "coordinator": "snapcoord", "spark_connector": "snapcoord-spark"}
+#: A changelog section's heading: a release, or the next release while it is being developed.
+HEADING = re.compile(r"^## (\d+\.\d+\.\d+)( \(unreleased\))?$", re.MULTILINE)
 
 
 def _changelog_versions() -> list[str]:
-    return re.findall(r"^## (\d+\.\d+\.\d+)$", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    return [m[0] for m in HEADING.findall((ROOT / "CHANGELOG.md").read_text())]
 
 
-def test_version_is_a_release_number() -> None:
-    assert re.fullmatch(r"\d+\.\d+\.\d+", VERSION), VERSION
+def test_version_is_a_release_or_development_number_after_every_release() -> None:
+    """A released number is said only by its own commit (before RELEASES can name it); once it
+    is recorded, the version is the next release's development version, so an unreleased build
+    never calls itself by a released number."""
+    release = release_of(VERSION)
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+)?", VERSION), VERSION
+    recorded = {r.version for r in read_releases()}
+    assert release not in recorded, (
+        f"{release} is released (RELEASES): scripts/set-version X.Y.Z.dev0 (the next)"
+    )
+    assert all(version_key(release) > version_key(r) for r in recorded), (release, recorded)
+
+
+def test_releases_names_each_version_once_oldest_first_with_a_full_commit() -> None:
+    releases = read_releases()
+    versions = [r.version for r in releases]
+    assert versions == sorted(versions, key=version_key) and len(set(versions)) == len(versions)
+    assert all(RELEASED_NUMBER.fullmatch(v) for v in versions), versions
+    assert all(re.fullmatch(r"[0-9a-f]{40}", r.commit) for r in releases)
+    assert len({r.commit for r in releases}) == len(releases)
+    assert {"0.1.0", "0.2.0", "0.3.0"} <= set(versions)
 
 
 @pytest.mark.parametrize("folder", sorted(PACKAGES))
@@ -45,12 +70,17 @@ def test_the_kubernetes_image_tag_is_the_version() -> None:
 
 
 def test_the_changelog_opens_with_this_version_and_lists_each_once() -> None:
-    listed = _changelog_versions()
-    assert listed[0] == VERSION
-    assert len(listed) == len(set(listed))
     text = (ROOT / "CHANGELOG.md").read_text()
-    for release in listed:  # each release states both contracts
-        section = text.split(f"## {release}\n", 1)[1].split("\n## ", 1)[0]
+    headings = HEADING.findall(text)
+    listed = [version for version, _ in headings]
+    assert listed[0] == release_of(VERSION)
+    # Only the first section may be unreleased, and only while VERSION is a development version.
+    developing = release_of(VERSION) != VERSION
+    assert [bool(unreleased) for _, unreleased in headings] == [developing] + [False] * (len(headings) - 1)
+    assert len(listed) == len(set(listed))
+    assert set(listed) >= {r.version for r in read_releases()}
+    for release, unreleased in headings:  # each release states both contracts
+        section = text.split(f"## {release}{unreleased}\n", 1)[1].split("\n## ", 1)[0]
         assert "Wire" in section and "Storage" in section, release
 
 

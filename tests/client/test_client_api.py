@@ -42,6 +42,7 @@ PINNED_ALL = [
     "Lease",
     "LeaseHeld",
     "LeaseKeeper",
+    "NewerFormat",
     "NotFound",
     "Offset",
     "Page",

@@ -20,6 +20,7 @@ from snapcoord.client import (
     Internal,
     InvalidArgument,
     LeaseHeld,
+    NewerFormat,
     NotFound,
     RetryPolicy,
     SnapcoordError,
@@ -64,6 +65,7 @@ def test_every_status_code_but_ok_maps_to_a_class_that_keeps_code_and_details() 
         ("SNAPSHOT_IN_PROGRESS", FP, SnapshotInProgress),
         ("EXPIRED", grpc.StatusCode.NOT_FOUND, Expired),
         ("CORRUPT_RECORD", grpc.StatusCode.DATA_LOSS, CorruptRecord),
+        ("NEWER_FORMAT", grpc.StatusCode.FAILED_PRECONDITION, NewerFormat),
     ],
 )
 def test_the_reason_picks_a_subclass_of_the_codes_class(

@@ -25,7 +25,7 @@ from snapcoord.coordinator.domain.snapshots import (
     State,
     TaskReport,
 )
-from snapcoord.coordinator.errors import CorruptRecord, Reason
+from snapcoord.coordinator.errors import CorruptRecord, NewerFormat, Reason
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.transport.status import status_for
 
@@ -176,10 +176,35 @@ def test_fields_of_the_wrong_type_or_missing_are_refused(codec: Codec) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=IDS)
-def test_a_newer_format_version_is_refused(codec: Codec) -> None:
+def test_a_newer_format_version_is_refused_as_newer_not_corrupt(codec: Codec) -> None:
     doc = json.loads(codec.sample)
     error = refused(codec, json.dumps({**doc, "version": doc["version"] + 100}).encode())
+    assert isinstance(error, NewerFormat), error
     assert "newer than this snapcoord reads" in str(error)
+    assert int(error.metadata["format_version"]) == doc["version"] + 100
+    assert int(error.metadata["supported_format_version"]) < doc["version"] + 100
+    # An older or garbled record is corrupt, never "newer".
+    assert not isinstance(refused(codec, codec.sample[:-2]), NewerFormat)
+
+
+def test_a_newer_format_is_failed_precondition_naming_the_versions_not_data_loss() -> None:
+    """A version skew (a replica older than a record) must not read as damage: nobody restores a
+    sound record from a backup because an old replica answered."""
+    sample = snapshot_codec.encode_task_report(REPORT)
+    with pytest.raises(NewerFormat) as e:
+        snapshot_codec.decode_task_report(sample.replace(b'"version":2', b'"version":7'))
+    error = e.value.at("/snapshots/apps/app/gens/3/tasks/a")
+    assert isinstance(error, NewerFormat) and error.at("/elsewhere") is error
+    status = status_for(error)
+    assert status.code is grpc.StatusCode.FAILED_PRECONDITION and not status.unexpected
+    assert status.reason == Reason.NEWER_FORMAT
+    assert status.metadata == {
+        "kind": "task_report",
+        "path": "/snapshots/apps/app/gens/3/tasks/a",
+        "format_version": "7",
+        "supported_format_version": "2",
+    }
+    assert "format version 7, newer than this snapcoord reads (2): upgrade this coordinator" in status.message
 
 
 def test_a_corrupt_record_is_data_loss_with_its_kind_and_path() -> None:

@@ -22,7 +22,7 @@ import pytest
 from harness.coordinator import InProcessCoordinator, serve_in_process
 from harness.process import wait_until
 from harness.stores import Stores
-from snapcoord.client import CoordinatorClient, CorruptRecord
+from snapcoord.client import CoordinatorClient, CorruptRecord, NewerFormat
 from snapcoord.coordinator.domain.clock import ManualClock
 from snapcoord.coordinator.kernel.intents import ROOT as INTENTS
 from snapcoord.coordinator.services import Deps
@@ -60,6 +60,8 @@ def mistyped(data: bytes) -> bytes:
 
 
 def newer(data: bytes) -> bytes:
+    """Sound, but of a format version a newer release would write: refused as NEWER_FORMAT, not
+    as corrupt, and kept like a corrupt record."""
     doc = json.loads(data)
     return json.dumps({**doc, "version": doc["version"] + 100}).encode()
 
@@ -135,19 +137,45 @@ def env(stores: Stores) -> Iterator[Env]:
         yield Env(stores, clock, coord, channel)
 
 
-def data_loss(call: Callable[[], object]) -> dict[str, str]:
-    """The ErrorInfo metadata of a call that must fail with DATA_LOSS / CORRUPT_RECORD."""
+def refusal(call: Callable[[], object], code: grpc.StatusCode, reason: str) -> dict[str, str]:
+    """The ErrorInfo metadata of a call that must fail with ``code`` and ``reason``."""
     with pytest.raises(grpc.RpcError) as e:
         call()
     error = e.value
     assert isinstance(error, grpc.Call)
-    assert error.code() is grpc.StatusCode.DATA_LOSS, (error.code(), error.details())
+    assert error.code() is code, (error.code(), error.details())
     trailer = dict(error.trailing_metadata() or ())
     (detail,) = error_details_pb2.Status.FromString(trailer["grpc-status-details-bin"]).details
     info = error_details_pb2.ErrorInfo.FromString(detail.value)
-    assert info.reason == "CORRUPT_RECORD"
+    assert info.reason == reason
     assert "internal error" not in (error.details() or "")
     return dict(info.metadata)
+
+
+def data_loss(call: Callable[[], object]) -> dict[str, str]:
+    """The ErrorInfo metadata of a call that must fail with DATA_LOSS / CORRUPT_RECORD."""
+    return refusal(call, grpc.StatusCode.DATA_LOSS, "CORRUPT_RECORD")
+
+
+def newer_format(call: Callable[[], object]) -> dict[str, str]:
+    """The kind and path of a call that must fail with FAILED_PRECONDITION / NEWER_FORMAT naming
+    the record's format version (``newer``'s, past 100) and the newest this coordinator reads."""
+    info = refusal(call, grpc.StatusCode.FAILED_PRECONDITION, "NEWER_FORMAT")
+    found, supported = int(info.pop("format_version")), int(info.pop("supported_format_version"))
+    assert found > supported > 0 and found > 100, (found, supported)
+    return info
+
+
+def unreadable(how: str, call: Callable[[], object]) -> dict[str, str]:
+    """The kind and path of a call that needs a record changed by the corruption ``how``."""
+    return newer_format(call) if how == "newer" else data_loss(call)
+
+
+def skipping(by: str, how: str, kind: str, path: str) -> str:
+    """The start of the WARNING line of ``by`` skipping a record changed by ``how``."""
+    if how == "newer":
+        return f"{by}: skipping the {kind} at {path}, written by a newer release"
+    return f"{by}: skipping the corrupt {kind} at {path}"
 
 
 def payload_key(env: Env, producer_id: str) -> str:
@@ -181,22 +209,28 @@ def test_a_corrupt_producer_record(env: Env, how: str, caplog: pytest.LogCapture
         env.stores.blobs.put(key, b"an old payload")
     env.corrupt("/producers/records/p2", CORRUPTIONS[how])
 
-    info = data_loss(
-        lambda: stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id="p2"))
+    info = unreadable(
+        how, lambda: stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id="p2"))
     )
     assert info == {"kind": "producer_record", "path": "/producers/records/p2"}
-    with CoordinatorClient(env.coord.target) as client, pytest.raises(CorruptRecord) as raised:
+    client_error = NewerFormat if how == "newer" else CorruptRecord
+    with CoordinatorClient(env.coord.target) as client, pytest.raises(client_error) as raised:
         client.get_producer_offsets("p2")
-    assert raised.value.metadata == info and raised.value.code == "DATA_LOSS"
+    assert {k: raised.value.metadata[k] for k in info} == info
+    assert raised.value.code == ("FAILED_PRECONDITION" if how == "newer" else "DATA_LOSS")
     for name in ("p1", "p3"):
         got = stub.GetProducerOffsets(producer_pb2.GetProducerOffsetsRequest(producer_id=name), timeout=30)
         assert list(got.offsets) == offsets(2)
     caplog.set_level(logging.WARNING, logger=CORRUPTION_LOG)
     listed = stub.ListProducerOffsets(producer_pb2.ListProducerOffsetsRequest(), timeout=30)
     assert [s.producer_id for s in listed.snapshots] == ["p1", "p3"]
-    assert env.counted("producer_record") == 1
-    assert "ListProducerOffsets: skipping the corrupt producer_record at /producers/records/p2" in caplog.text
-    data_loss(lambda: stub.DeleteProducerOffsets(producer_pb2.DeleteProducerOffsetsRequest(producer_id="p2")))
+    # A newer record is sound: not counted as corrupt (that counter's alert asks for a repair).
+    corrupt_count = 0 if how == "newer" else 1
+    assert env.counted("producer_record") == corrupt_count
+    path = "/producers/records/p2"
+    assert skipping("ListProducerOffsets", how, "producer_record", path) in caplog.text
+    delete = producer_pb2.DeleteProducerOffsetsRequest(producer_id="p2")
+    unreadable(how, lambda: stub.DeleteProducerOffsets(delete))
 
     # Past the grace, before the TTL: the listing sweep judges p2's object, whose record it cannot
     # read, and keeps it.
@@ -205,17 +239,15 @@ def test_a_corrupt_producer_record(env: Env, how: str, caplog: pytest.LogCapture
     assert env.janitor_pass()["producer-orphans"] == 1
     assert legacy["p1"] not in env.objects("producers/")
     assert {p2_object, legacy["p2"]} <= env.objects("producers/")
-    assert (
-        "producer orphan sweep: skipping the corrupt producer_record at /producers/records/p2" in caplog.text
-    )
+    assert skipping("producer orphan sweep", how, "producer_record", path) in caplog.text
     # Past the TTL: the others expire, the corrupt one stays (with its object), counted each pass.
     env.clock.advance(25 * HOUR_MS)
     caplog.clear()
     assert env.janitor_pass()["producer-expiry"] == 2
-    assert "producer expiry: skipping the corrupt producer_record at /producers/records/p2" in caplog.text
+    assert skipping("producer expiry", how, "producer_record", path) in caplog.text
     assert env.objects("producers/") == {p2_object, legacy["p2"]}
     assert env.stores.metadata.get("/producers/records/p2") is not None
-    assert env.counted("producer_record") >= 3
+    assert env.counted("producer_record") >= 3 * corrupt_count
 
 
 def test_a_garbled_producer_payload_object(env: Env) -> None:
@@ -405,11 +437,15 @@ def pinned_snapshots(env: Env, leases: dict[str, int]) -> snapshot_pb2_grpc.Snap
     return snapshots
 
 
-def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("how", ["mistyped", "newer"])
+def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(
+    env: Env, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Also a lease a newer release wrote: an older replica's janitor must not take it for gone."""
     snapshots = pinned_snapshots(env, {"l1": 1, "l2": 2})
     leases = lease_pb2_grpc.LeaseServiceStub(env.channel)
-    env.corrupt("/leases/records/l1", newer)
-    info = data_loss(lambda: leases.GetLease(lease_pb2.GetLeaseRequest(lease_id="l1")))
+    env.corrupt("/leases/records/l1", CORRUPTIONS[how])
+    info = unreadable(how, lambda: leases.GetLease(lease_pb2.GetLeaseRequest(lease_id="l1")))
     assert info == {"kind": "lease", "path": "/leases/records/l1"}
     assert leases.GetLease(lease_pb2.GetLeaseRequest(lease_id="l2"), timeout=30).lease_id == "l2"
     caplog.set_level(logging.WARNING, logger=CORRUPTION_LOG)
@@ -421,11 +457,11 @@ def test_a_corrupt_lease_record_keeps_its_snapshot_pinned(env: Env, caplog: pyte
     caplog.clear()
     env.janitor_pass()
     env.janitor_pass()  # retention of what l2's expiry released
-    assert "lease expiry: skipping the corrupt lease at /leases/records/l1" in caplog.text
+    assert skipping("lease expiry", how, "lease", "/leases/records/l1") in caplog.text
     assert env.stores.metadata.get("/leases/records/l2") is None
     assert generations(snapshots, "app") == [1, 3]
     assert len(env.objects("snapshots/app/1/")) == 1
-    assert env.counted("lease") >= 2
+    assert env.counted("lease") >= (0 if how == "newer" else 2)
 
 
 def test_a_corrupt_pin_index_keeps_its_snapshot(env: Env, caplog: pytest.LogCaptureFixture) -> None:
@@ -467,7 +503,7 @@ def test_a_corrupt_backlog_job_record_and_boundaries_object(
         assert info == {"kind": "backlog_job_record", "path": "/backlog/jobs/j1"}
         info = data_loss(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j3")))
         assert info == {"kind": "backlog_boundaries_payload", "path": j3_object}
-        info = data_loss(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j4")))
+        info = newer_format(lambda: other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j4")))
         assert info == {"kind": "backlog_progress_shard", "path": f"/backlog/jobs/j4/{shard}"}
         status = other.GetBacklogStatus(backlog_pb2.GetBacklogStatusRequest(job_id="j2"), timeout=30)
         assert status.processing_backlog and len(status.partitions) == 3

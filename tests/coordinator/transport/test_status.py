@@ -40,6 +40,7 @@ EXPECTED: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.Internal: C.INTERNAL,
     errors.DataLoss: C.DATA_LOSS,
     errors.CorruptRecord: C.DATA_LOSS,
+    errors.NewerFormat: C.FAILED_PRECONDITION,  # a sound record of a newer release: not data loss
     errors.NodeExistsError: C.ALREADY_EXISTS,
     errors.NoNodeError: C.NOT_FOUND,
     errors.BadVersionError: C.ABORTED,
@@ -57,6 +58,8 @@ def make(cls: type[errors.SnapcoordError], message: str) -> errors.SnapcoordErro
         return errors.TransactionFailed(message, index=1, cause=errors.BadVersionError("v"))
     if cls is errors.CorruptRecord:
         return errors.CorruptRecord(message, kind="lease")
+    if cls is errors.NewerFormat:
+        return errors.NewerFormat(message, kind="lease", version=2, supported=1)
     return cls(message)
 
 
@@ -132,7 +135,13 @@ def test_details_repeat_code_and_message_and_carry_the_default_reason(
     else:
         assert info.reason == cls.default_reason
     # A corrupt record always names its kind (and its path, once the reader knows it).
-    assert dict(info.metadata) == ({"kind": "lease"} if cls is errors.CorruptRecord else {})
+    # A newer-format record also names its format version and the newest this coordinator reads.
+    expected: dict[str, str] = {}
+    if cls is errors.CorruptRecord:
+        expected = {"kind": "lease"}
+    elif cls is errors.NewerFormat:
+        expected = {"kind": "lease", "format_version": "2", "supported_format_version": "1"}
+    assert dict(info.metadata) == expected
 
 
 def test_a_raise_sites_reason_and_metadata_travel_as_strings() -> None:

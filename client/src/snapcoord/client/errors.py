@@ -181,8 +181,17 @@ class Internal(SnapcoordError):
 
 class CorruptRecord(Internal):
     """A record the coordinator stored cannot be read back (DATA_LOSS, reason CORRUPT_RECORD):
-    truncated, garbled, of a newer format, or a payload whose size or digest does not match its
-    record. ``metadata`` has its ``kind`` and ``path``; retrying does not help, repairing it does."""
+    truncated, garbled, or a payload whose size or digest does not match its record. ``metadata``
+    has its ``kind`` and ``path``; retrying does not help, repairing it does."""
+
+
+class NewerFormat(FailedPrecondition):
+    """The coordinator that answered is older than a record the call needs (FAILED_PRECONDITION,
+    reason NEWER_FORMAT): a newer release wrote it, in a format version this one does not read.
+    The record is sound; a replica of a newer release reads it, so upgrade the replica (during a
+    rolling upgrade, another replica may already answer). ``metadata`` has ``kind``, ``path``,
+    ``format_version`` (the record's) and ``supported_format_version`` (the newest the replica
+    reads)."""
 
 
 #: The one table from status codes to exception classes; every grpc.StatusCode but OK has a row.
@@ -215,6 +224,7 @@ ERROR_BY_REASON: Mapping[str, type[SnapcoordError]] = {
     "SNAPSHOT_IN_PROGRESS": SnapshotInProgress,
     "EXPIRED": Expired,
     "CORRUPT_RECORD": CorruptRecord,
+    "NEWER_FORMAT": NewerFormat,
 }
 
 

@@ -59,9 +59,14 @@ class Reason(StrEnum):
     #: method, and the id kind and id that were refused (when an id was).
     PERMISSION_DENIED = "PERMISSION_DENIED"
     #: A stored record (a ZooKeeper node or an S3 payload object) cannot be decoded: truncated,
-    #: garbled, of the wrong shape, or of a format version newer than this coordinator reads.
-    #: Metadata: kind (what the record is), path (its node path or object key, when known).
+    #: garbled, or of the wrong shape. Metadata: kind (what the record is), path (its node path or
+    #: object key, when known).
     CORRUPT_RECORD = "CORRUPT_RECORD"
+    #: A stored record is intact but of a format version newer than this coordinator reads: a
+    #: newer release wrote it (version skew, not damage; upgrade this replica, restore nothing).
+    #: Metadata: kind, path (when known), format_version (the record's), supported_format_version
+    #: (the newest this coordinator reads).
+    NEWER_FORMAT = "NEWER_FORMAT"
 
 
 class SnapcoordError(Exception):
@@ -170,6 +175,38 @@ class CorruptRecord(DataLoss):
         if self.path:
             return self
         located = CorruptRecord(self.detail, kind=self.kind, path=path, data=self.data)
+        located.__cause__ = self.__cause__
+        return located
+
+
+class NewerFormat(CorruptRecord):
+    """One stored record of a format version newer than this coordinator reads: a newer release
+    wrote it. It is undecodable here like a corrupt record (so it stops only itself, and janitor
+    steps go past it deleting nothing it may reference), but the record is sound: the caller sees
+    FAILED_PRECONDITION with reason NEWER_FORMAT naming the version, so nobody repairs or restores
+    it; a replica of a release that reads ``version`` does."""
+
+    default_reason = Reason.NEWER_FORMAT
+
+    def __init__(
+        self, message: str, *, kind: str, version: int, supported: int, path: str = "", data: bytes = b""
+    ) -> None:
+        super().__init__(message, kind=kind, path=path, data=data)
+        self.metadata.update(format_version=str(version), supported_format_version=str(supported))
+        self.version = version
+        self.supported = supported
+
+    def at(self, path: str) -> NewerFormat:
+        if self.path:
+            return self
+        located = NewerFormat(
+            self.detail,
+            kind=self.kind,
+            version=self.version,
+            supported=self.supported,
+            path=path,
+            data=self.data,
+        )
         located.__cause__ = self.__cause__
         return located
 

@@ -2,7 +2,8 @@
 
 Every document carries ``"version"``; writers write the current version, readers read every
 version ever written (tests pin the bytes with golden files). A document from a newer snapcoord
-is refused with a clear error rather than misread. Every codec (``producer_codec``,
+is refused rather than misread, with ``NewerFormat`` (an intact record a newer release wrote), not
+as corrupt. Every codec (``producer_codec``,
 ``snapshot_codec``, ``backlog_codec``, the lease records in ``leases``) writes and reads through
 these two functions.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from snapcoord.coordinator.errors import CorruptRecord
+from snapcoord.coordinator.errors import CorruptRecord, NewerFormat
 
 #: What reading a decoded document of the wrong shape raises: a missing key, a string where a
 #: list belongs, a number too large for an int (JSON's ``1e999`` is infinity)...
@@ -62,8 +63,8 @@ def dump(doc: dict[str, Any]) -> bytes:
 
 def load(data: bytes, what: str, supported: int) -> dict[str, Any]:
     """The document stored in ``data``, refused with ``CorruptRecord`` (naming ``what``) when it is
-    not a JSON object with a version (truncated, garbled, nested too deep to parse), or when its
-    version is newer than ``supported``."""
+    not a JSON object with a version (truncated, garbled, nested too deep to parse), and with
+    ``NewerFormat`` when its version is newer than ``supported``."""
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
@@ -72,10 +73,12 @@ def load(data: bytes, what: str, supported: int) -> dict[str, Any]:
         raise corrupt(what, "has no version field", data)
     version = doc["version"]
     if version > supported:
-        raise corrupt(
-            what,
-            f"has format version {version}, newer than this snapcoord reads ({supported}): "
-            "upgrade this coordinator",
-            data,
+        raise NewerFormat(
+            f"stored {what} has format version {version}, newer than this snapcoord reads ({supported}): "
+            "upgrade this coordinator (a newer release wrote the record; it is not corrupt)",
+            kind=kind_of(what),
+            version=version,
+            supported=supported,
+            data=data,
         )
     return doc

@@ -3,7 +3,9 @@
 Decoders raise ``CorruptRecord`` for bytes they cannot read; the code that read them knows where
 they came from. ``locate`` names the node among several read together, ``at`` wraps a read of
 one known path, and ``skipped`` is what a janitor pass or a list call does with one: a WARNING
-naming the path and ``snapcoord_corrupt_records_total{kind}``, then on with the rest.
+naming the path and ``snapcoord_corrupt_records_total{kind}``, then on with the rest. A record of a
+newer format (``NewerFormat``) is skipped the same way but logged as what it is, and not counted:
+that counter's alert asks for a repair, and a record a newer release wrote needs none.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from snapcoord.coordinator.errors import CorruptRecord
+from snapcoord.coordinator.errors import CorruptRecord, NewerFormat
 
 if TYPE_CHECKING:
     from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
@@ -44,6 +46,17 @@ def skipped(metrics: CoordinatorMetrics, error: CorruptRecord, by: str, path: st
     """Log (WARNING, no traceback: the record is at fault, not the code) and count a corrupt
     record that ``by`` (a janitor step, a list call) skips and goes on past."""
     located = error.at(path) if path else error
+    if isinstance(located, NewerFormat):
+        _log.warning(
+            "%s: skipping the %s at %s, written by a newer release (format version %d; this one reads %d): "
+            "upgrade this replica",
+            by,
+            located.kind,
+            located.path or "an unknown path",
+            located.version,
+            located.supported,
+        )
+        return
     metrics.corrupt_records.labels(located.kind).inc()
     _log.warning(
         "%s: skipping the corrupt %s at %s (docs/operations/corruption.md says how to repair it): %s",

@@ -42,6 +42,8 @@ STATUS_BY_ERROR: dict[type[errors.SnapcoordError], grpc.StatusCode] = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    # Undecodable here like a corrupt record, but sound: a version skew, not data loss.
+    errors.NewerFormat: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
