@@ -2,7 +2,7 @@
 
 Each takes the request, the kernel's ``Reads`` and the commit still in doubt (``pending``), and
 returns ``Done``, ``Commit`` or ``More`` (see ``kernel.decision``); refusals raise. ``MarkGone`` says the
-mark a call was working on was reset or cleared meanwhile: the caller starts again from the record.
+mark a call was working on was reset, grown or cleared meanwhile: the caller starts again from the record.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from snapcoord.coordinator.domain.backlog import (
     JobRecord,
     ShardProgress,
     apply_positions,
+    boundaries_digest,
     boundaries_key,
+    carry_progress,
     empty_shard,
     remaining,
 )
@@ -28,7 +30,8 @@ from snapcoord.coordinator.domain.backlog_codec import (
     encode_shard,
 )
 from snapcoord.coordinator.domain.documents import corrupt
-from snapcoord.coordinator.errors import NotFound
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
@@ -36,7 +39,7 @@ from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, Set
 
 
 class MarkGone(Exception):
-    """The mark a call was working on was reset or cleared meanwhile: start again from the record."""
+    """The mark a call was working on was reset, grown or cleared meanwhile: start again from the record."""
 
 
 @dataclass(frozen=True)
@@ -96,12 +99,15 @@ class MarkRequest:
 
 @dataclass(frozen=True)
 class Marked:
-    """What a mark did: "marked" (a first mark), "reset" (replacing ``replaced``) or "existing"
-    (the stored ``record`` is returned)."""
+    """What a mark did: "marked" (a first mark), "reset" (replacing ``replaced``), "grown"
+    (``added`` to mark ``replaced``, whose progress the new ``shards`` carry) or "existing" (the
+    stored ``record`` is returned)."""
 
-    outcome: Literal["marked", "reset", "existing"]
+    outcome: Literal["marked", "reset", "grown", "existing"]
     record: JobRecord
     replaced: str | None = None
+    added: tuple[Offset, ...] = ()
+    shards: tuple[ShardProgress, ...] = ()
 
 
 def mark(
@@ -115,7 +121,9 @@ def mark(
         return landed(pending)
     if current is not None and not request.reset:
         return Done(Marked("existing", current.record))
-    record = JobRecord(job_id, ours.mark_id, len(ours.items), request.shard_size, now)
+    record = JobRecord(
+        job_id, ours.mark_id, len(ours.items), request.shard_size, now, boundaries_digest(request.payload)
+    )
     ops: list[Op]
     if current is None:
         ops = [Create(path, encode_job_record(record))]
@@ -150,6 +158,93 @@ def mark(
         withdraw=(doomed,),
         buckets=((intents.ROOT, now),),
         ensure=(JOBS,),
+    )
+
+
+@dataclass(frozen=True)
+class GrowRequest:
+    """Grow ``record``'s mark (``old``) to ``grown`` (a new mark id, made once per call so that
+    every round commits the same upload; ``payload`` its encoding), carrying its progress over."""
+
+    record: JobRecord
+    old: Boundaries
+    grown: Boundaries
+    added: tuple[Offset, ...]
+    payload: bytes
+    #: Most bytes of carried progress the one transaction may hold (``registry.CHUNK_BYTES``).
+    max_bytes: int
+
+    def shard_reads(self) -> list[ReadNode]:
+        r = self.record
+        return [ReadNode(shard_path(r.job_id, r.mark_id, k)) for k in range(r.shard_count)]
+
+
+def grow(
+    request: GrowRequest, reads: Reads, pending: Commit[Marked] | None, now: int
+) -> Done[Marked] | Commit[Marked] | More:
+    """Replace the mark by the grown one in one transaction: the record by version, the old
+    mark's shards deleted by version (a report that wrote one meanwhile fails the commit, which
+    then reads and carries its position over: no progress is lost), its other nodes deleted, the
+    new mark's shards created with the carried progress and their markers. ``MarkGone`` when the
+    record no longer names the mark grown (reset, cleared, or grown by another call)."""
+    old_record, grown = request.record, request.grown
+    job_id, path = old_record.job_id, job_path(old_record.job_id)
+    current = stored_job(job_id, reads.node(path))
+    if pending is not None and current is not None and current.record.mark_id == grown.mark_id:
+        return landed(pending)
+    if current is None or current.record.mark_id != old_record.mark_id:
+        raise MarkGone
+    wanted: list[ReadChildren | ReadNode] = [ReadChildren(path), *request.shard_reads()]
+    if not all(map(reads.has, wanted)):
+        return More(wanted)
+    old_shards = {
+        k: stored_shard(old_record, k, reads.node(read.path)) for k, read in enumerate(request.shard_reads())
+    }
+    shards = carry_progress(
+        request.old,
+        {k: s.progress for k, s in old_shards.items()},
+        old_record.shard_size,
+        grown,
+        old_record.shard_size,
+    )
+    record = JobRecord(
+        job_id,
+        grown.mark_id,
+        len(grown.items),
+        old_record.shard_size,
+        old_record.marked_at_ms,
+        boundaries_digest(request.payload),
+    )
+    versions = {read.path: old_shards[k].version for k, read in enumerate(request.shard_reads())}
+    encoded = [encode_shard(progress) for progress in shards]
+    size = sum(map(len, encoded))
+    if size > request.max_bytes:
+        # Only past the default --backlog-max-partitions: 10,000 partitions carry at most ~460 KB.
+        raise FailedPrecondition(
+            f"the progress of job_id {job_id!r} ({len(grown.items)} partitions once grown) takes "
+            f"{size} bytes, more than one ZooKeeper transaction carries ({request.max_bytes}); a "
+            "mark this large cannot grow: mark again with reset=true naming every partition",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "boundaries", "limit": request.max_bytes, "size": size},
+        )
+    ops: list[Op] = [SetData(path, encode_job_record(record), current.version)]
+    for name in reads.children(path):
+        child = f"{path}/{name}"
+        ops.append(Delete(child, versions.get(child)))
+    for shard, (progress, data) in enumerate(zip(shards, encoded, strict=True)):
+        ops.append(Create(shard_path(job_id, record.mark_id, shard), data))
+        unfinished = remaining(progress, grown.values(record.shard_span(shard)))
+        if unfinished:
+            ops.append(Create(marker_path(job_id, record.mark_id, shard, unfinished), b""))
+    replaced = old_record.mark_id
+    doomed, doom = intents.doom([boundaries_key(job_id, replaced)], now, replaced)
+    return Commit(
+        [*ops, doom],
+        Marked("grown", record, replaced, request.added, shards),
+        uploads={boundaries_key(job_id, grown.mark_id): request.payload},
+        cleanup=(boundaries_key(job_id, replaced),),
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, now),),
     )
 
 

@@ -24,12 +24,16 @@ from snapcoord.coordinator.domain.backlog import (
     BacklogPolicy,
     BacklogStatus,
     Boundaries,
+    Growth,
     JobRecord,
     PartitionBacklog,
     Positions,
     Progress,
+    boundaries_digest,
     boundaries_key,
+    check_growth,
     empty_shard,
+    grow,
     new_mark_id,
     partition_backlog,
     remaining,
@@ -98,19 +102,26 @@ class BacklogRegistry:
     # --- the API ----------------------------------------------------------------------------
 
     def mark(self, job_id: str, boundaries: Iterable[Offset], reset: bool) -> BacklogStatus:
-        """Mark the boundaries unless a mark exists (then return it), or replace it with ``reset``."""
+        """Mark the boundaries unless a mark exists, or replace it with ``reset``. A stored mark
+        lacking some of the partitions named grows by them (``_grow``); one naming them all is
+        returned as it is."""
         items = validate_mark(job_id, boundaries, self._policy)
         ours = Boundaries(job_id, new_mark_id(), items)
         request = decide.MarkRequest(ours, encode_boundaries(ours), reset, self._shard_size)
 
-        def present(marked: decide.Marked) -> BacklogStatus:
+        def present(marked: decide.Marked) -> tuple[decide.Marked, BacklogStatus]:
             if marked.outcome == "existing":
                 try:
+                    stored = self._boundaries(marked.record)
+                    growth = grow(stored, items, new_mark_id())
+                    if growth is not None:
+                        check_growth(job_id, len(stored.items), len(growth.added), self._policy)
+                        return self._grow(marked.record, stored, growth)
                     status = self._full_status(marked.record)
                 except MarkGone:
-                    raise Reread from None  # reset or cleared between our reads: decide again
+                    raise Reread from None  # reset, grown or cleared between our reads: decide again
                 self._jobs.remember(marked.record)
-                return status
+                return marked, status
             self._cache.remember(ours)
             self._jobs.remember(marked.record)
             # The shards this commit created, empty at version 0: the first report reads none.
@@ -125,25 +136,68 @@ class BacklogRegistry:
             if marked.replaced is not None:
                 self._cache.forget(marked.replaced)
             partitions = tuple(partition_backlog(b, None) for b in items)
-            return BacklogStatus(job_id, any(not p.finished for p in partitions), partitions)
+            return marked, BacklogStatus(job_id, any(not p.finished for p in partitions), partitions)
 
         marked, status = self._kernel.run(
             "backlog_mark",
             {"job_id": job_id},
             [ReadNode(job_path(job_id))],
             lambda reads, pending: decide.mark(request, reads, pending, self._clock.now_ms()),
-            finish=lambda marked: (marked, present(marked)),
+            finish=present,
             # A reset always uploads: its intent rides with the first read. A plain mark usually
             # finds the mark of an earlier run (a restarted job) and uploads nothing; announcing
             # it up front would cost that call a withdrawal round trip, so it announces at commit.
             announce=(boundaries_key(job_id, ours.mark_id),) if reset else (),
         )
         self._metrics.backlog_marks.labels(marked.outcome).inc()
-        if marked.outcome != "existing":
+        if marked.outcome == "grown":
+            self._metrics.backlog_partitions_added.inc(len(marked.added))
+            _log.info(
+                "backlog of %s grown by %d partitions to %d (mark %s replaces %s)",
+                job_id,
+                len(marked.added),
+                marked.record.partition_count,
+                marked.record.mark_id,
+                marked.replaced,
+            )
+        elif marked.outcome != "existing":
             _log.info(
                 "backlog of %s marked: %d partitions (mark %s)", job_id, len(items), marked.record.mark_id
             )
         return status
+
+    def _grow(
+        self, record: JobRecord, stored: Boundaries, growth: Growth
+    ) -> tuple[decide.Marked, BacklogStatus]:
+        """Commit ``growth`` of ``record``'s mark (``decide.grow``) and present the grown mark with
+        the partitions added; ``MarkGone`` when the mark changed meanwhile (the caller decides
+        again on the record then stored)."""
+        grown = growth.boundaries
+        request = decide.GrowRequest(
+            record, stored, grown, growth.added, encode_boundaries(grown), self._chunk_bytes
+        )
+        path = job_path(record.job_id)
+        marked = self._kernel.run(
+            "backlog_grow",
+            {"job_id": record.job_id},
+            [ReadNode(path), ReadChildren(path), *request.shard_reads()],
+            lambda reads, pending: decide.grow(request, reads, pending, self._clock.now_ms()),
+        )
+        new = marked.record
+        self._cache.remember(grown)
+        self._cache.forget(record.mark_id)
+        self._jobs.remember(new)
+        # The shards this commit created, at version 0.
+        self._remember_shards(new, {k: StoredShard(p, 0) for k, p in enumerate(marked.shards)})
+        partitions: list[PartitionBacklog] = []
+        for shard, progress in enumerate(marked.shards):
+            span = new.shard_span(shard)
+            positions = progress.positions
+            partitions += [partition_backlog(grown.items[i], positions[i - span.start]) for i in span]
+        status = BacklogStatus(
+            record.job_id, any(not p.finished for p in partitions), tuple(partitions), growth.added
+        )
+        return marked, status
 
     def report(self, job_id: str, positions: Positions | Iterable[Offset], report_id: str = "") -> Progress:
         """Record positions (each only forward) and return the partitions this report finished.
@@ -160,6 +214,8 @@ class BacklogRegistry:
         )
         if progress.newly_finished:
             self._metrics.backlog_partitions_finished.inc(len(progress.newly_finished))
+        if progress.unmarked:
+            self._metrics.backlog_unmarked_positions.inc(len(progress.unmarked))
         return progress
 
     def status(self, job_id: str) -> BacklogStatus:
@@ -208,13 +264,13 @@ class BacklogRegistry:
             try:
                 return use(copy)
             except MarkGone:
-                self._jobs.forget(job_id, copy.mark_id)  # reset or cleared since: read the record
+                self._jobs.forget(job_id, copy.mark_id)  # reset, grown or cleared since: read the record
 
         def on_record(record: JobRecord) -> T:
             try:
                 result = use(record)
             except MarkGone:
-                raise Reread from None  # reset or cleared meanwhile: apply to what is there now
+                raise Reread from None  # reset, grown or cleared meanwhile: apply to what is there now
             self._jobs.remember(record)
             return result
 
@@ -246,6 +302,12 @@ class BacklogRegistry:
                 path=record.object_key,
             ) from None
         with at(record.object_key):
+            if record.boundaries_digest and boundaries_digest(payload) != record.boundaries_digest:
+                raise corrupt(
+                    "backlog boundaries payload",
+                    "does not match the SHA-256 its job record holds (the object was changed)",
+                    payload,
+                )
             boundaries = decode_boundaries(payload)
             if (boundaries.job_id, boundaries.mark_id, len(boundaries.items)) != (
                 record.job_id,
@@ -286,6 +348,8 @@ class BacklogRegistry:
     def _report_on(self, record: JobRecord, items: Positions, report_id: str) -> Progress:
         boundaries = self._boundaries(record)
         updates = boundaries.by_shard(items, record.shard_size)
+        placed = sum(map(len, updates.values()))
+        unmarked = boundaries.unmarked(items) if placed < len(items) else ()
         todo = tuple(sorted(updates))
         # The shards this process holds copies of are not read: the commit checks them (its
         # compare-and-set), and ``write_chunk`` reads those it would not write.
@@ -332,7 +396,7 @@ class BacklogRegistry:
             counts[k] if k in counts else remaining(s.progress, boundaries.values(record.shard_span(k)))
             for k, s in shards.items()
         ) or self._has_markers(record)
-        return Progress(record.job_id, tuple(newly), processing)
+        return Progress(record.job_id, tuple(newly), processing, unmarked)
 
     def _has_markers(self, record: JobRecord) -> bool:
         """Whether a remaining marker of the mark is listed; ``MarkGone`` when its first shard is

@@ -1,6 +1,9 @@
 """Stored formats of backlog tracking (versioned JSON; see ``codec`` for the conventions).
 
-- The job record (ZooKeeper): a few hundred bytes.
+- The job record (ZooKeeper): a few hundred bytes, with the SHA-256 of its boundaries object
+  (``boundaries_sha256``; absent in records written before it was kept, and then not checked).
+  The field is optional within version 1: a coordinator that does not know it reads the record
+  as before, so replicas of either kind can share a store.
 - The boundaries (S3): grouped by stream, so a stream name is stored once however many partitions
   it has; partitions and offsets as parallel lists, in (stream, partition) order, which defines
   the partition indices that progress shards use.
@@ -25,16 +28,17 @@ _INT_OR_NULL = {int, type(None)}
 
 
 def encode_job_record(record: JobRecord) -> bytes:
-    return dump(
-        {
-            "version": JOB_RECORD_VERSION,
-            "job_id": record.job_id,
-            "mark_id": record.mark_id,
-            "partition_count": record.partition_count,
-            "shard_size": record.shard_size,
-            "marked_at_ms": record.marked_at_ms,
-        }
-    )
+    doc: dict[str, Any] = {
+        "version": JOB_RECORD_VERSION,
+        "job_id": record.job_id,
+        "mark_id": record.mark_id,
+        "partition_count": record.partition_count,
+        "shard_size": record.shard_size,
+        "marked_at_ms": record.marked_at_ms,
+    }
+    if record.boundaries_digest:
+        doc["boundaries_sha256"] = record.boundaries_digest
+    return dump(doc)
 
 
 def decode_job_record(data: bytes) -> JobRecord:
@@ -46,11 +50,15 @@ def decode_job_record(data: bytes) -> JobRecord:
             partition_count=int(doc["partition_count"]),
             shard_size=int(doc["shard_size"]),
             marked_at_ms=int(doc["marked_at_ms"]),
+            boundaries_digest=str(doc.get("boundaries_sha256", "")),
         )
     except SHAPE_ERRORS as e:
         raise malformed("backlog job record", e, data) from e
     if record.partition_count < 1 or record.shard_size < 1:
         raise corrupt("backlog job record", f"of {record.job_id!r} has no partitions or shards", data)
+    digest = record.boundaries_digest
+    if "boundaries_sha256" in doc and (len(digest) != 64 or digest.strip("0123456789abcdef")):
+        raise corrupt("backlog job record", f"of {record.job_id!r} has a malformed boundaries_sha256", data)
     return record
 
 

@@ -106,13 +106,25 @@ class CoordinatorMetrics:
         )
         self.backlog_marks = Counter(
             "snapcoord_backlog_marks",
-            "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned) or reset.",
+            "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned), "
+            "grown (partitions added to the stored mark) or reset.",
             ("outcome",),
             registry=registry,
         )
         self.backlog_partitions_finished = Counter(
             "snapcoord_backlog_partitions_finished",
             "Partitions a progress report moved to their backlog boundary (each counted once).",
+            registry=registry,
+        )
+        self.backlog_partitions_added = Counter(
+            "snapcoord_backlog_partitions_added",
+            "Partitions MarkBacklog added to a stored mark (a source that grew while its job ran).",
+            registry=registry,
+        )
+        self.backlog_unmarked_positions = Counter(
+            "snapcoord_backlog_unmarked_positions",
+            "Positions ReportProgress received for partitions the job's mark does not name (answered "
+            "in its unmarked field; a driver that keeps reporting them has not marked them).",
             registry=registry,
         )
         # The two backlog gauges describe the whole cluster; the elected janitor computes them each
