@@ -102,8 +102,9 @@ def test_round_trip_and_codes(stub: backlog_pb2_grpc.BacklogServiceStub) -> None
     assert list(grown.added) == offsets(("orders", 3, 40))
     assert grown.processing_backlog
     assert list(grown.partitions) == [*stored.partitions, partition("orders", 3, 40, -1, False)]
+    assert grown.unmarked_partitions == 1  # other/0, reported above
     assert get(stub, "job-1") == backlog_pb2.BacklogStatus(
-        job_id="job-1", processing_backlog=True, partitions=grown.partitions
+        job_id="job-1", processing_backlog=True, partitions=grown.partitions, unmarked_partitions=1
     )
 
     cleared = stub.ClearBacklog(backlog_pb2.ClearBacklogRequest(job_id="job-1"), timeout=10)

@@ -143,6 +143,7 @@ def test_mark_report_finish_lifecycle(backlog: BacklogRegistry, stores: Stores) 
             pb("orders", 1, 50, 70, True),
             pb("orders", 2, 0, 3, True),
         ),
+        unmarked_partitions=1,  # unmarked/7, counted
     )
 
     assert backlog.clear("job-1") is True

@@ -322,3 +322,50 @@ def test_a_record_written_before_the_digest_is_read_without_the_check(stores: St
     after = stores.metadata.get(job_path("job"))
     assert after is not None and "boundaries_sha256" in json.loads(after.data)
     assert stores.metadata.children(JOBS) == ["job"]
+
+
+def test_unmarked_partitions_are_counted_by_the_status_and_the_gauge(stores: Stores) -> None:
+    """Each partition a report names unmarked is counted once, on every replica's status and in
+    the janitor's gauge; a grow adding some of them leaves the others counted; at most
+    ``max_partitions`` are counted."""
+    metrics_registry = new_registry()
+    clock = ManualClock(SystemClock().now_ms())
+    policy = BacklogPolicy(max_partitions=6)
+    here = BacklogRegistry(
+        stores.metadata, stores.blobs, clock, policy, CoordinatorMetrics(metrics_registry), shard_size=4
+    )
+    elsewhere = make_registry(stores, policy=policy)
+    here.mark("job", [off("t", 0, 10)], reset=False)
+    assert here.status("job").unmarked_partitions == 0
+    assert here.report("job", [off("t", 0, 5), off("t", 1, 3)]).unmarked == (off("t", 1, 3),)
+    elsewhere.report("job", [off("t", 1, 4), off("u", 0, 1)])  # t/1 again: counted once
+    elsewhere.report("job", [off("t", 1, 5)])
+    assert here.status("job").unmarked_partitions == elsewhere.status("job").unmarked_partitions == 2
+    here.refresh_gauges()
+    assert metrics_registry.get_sample_value("snapcoord_backlog_partitions_unmarked") == 2.0
+    assert metrics_registry.get_sample_value("snapcoord_backlog_unmarked_positions_total") == 1.0
+
+    grown = elsewhere.mark("job", [off("t", 1, 9)], reset=False)
+    assert (grown.added, grown.unmarked_partitions) == ((off("t", 1, 9),), 1)  # u/0 is still unmarked
+    assert here.status("job").unmarked_partitions == 1
+    # Up to the limit: 6 partitions in all may be counted; 4 more fit, the rest does not.
+    here.report("job", [off("v", p, 1) for p in range(6)])
+    assert here.status("job").unmarked_partitions == 6
+    here.refresh_gauges()
+    assert metrics_registry.get_sample_value("snapcoord_backlog_partitions_unmarked") == 6.0
+    assert here.mark("job", [off("t", 0, 1)], reset=True).unmarked_partitions == 0  # a reset forgets
+    assert here.status("job").unmarked_partitions == 0
+    assert all("u-" not in name for name in stores.metadata.children(job_path("job")))
+
+
+def test_a_corrupt_unmarked_set_is_a_corrupt_record_of_its_own_kind(stores: Stores) -> None:
+    backlog = make_registry(stores)
+    backlog.mark("job", [off("t", 0, 10)], reset=False)
+    backlog.report("job", [off("t", 1, 3)])
+    path = f"{job_path('job')}/u-{mark_id_of(stores, 'job')}"
+    node = stores.metadata.get(path)
+    assert node is not None
+    stores.metadata.set(path, b'{"tags":[1],"version":1}', version=node.version)
+    with pytest.raises(CorruptRecord) as e:
+        make_registry(stores).status("job")
+    assert (e.value.kind, e.value.metadata["path"]) == ("backlog_unmarked_set", path)

@@ -265,6 +265,7 @@ def backlog_status_from_pb(pb: backlog_pb2.BacklogStatus) -> BacklogStatus:
             PartitionBacklog(p.stream, p.partition, p.boundary, p.position, p.finished) for p in pb.partitions
         ),
         offsets_from_pb(pb.added),
+        pb.unmarked_partitions,
     )
 
 

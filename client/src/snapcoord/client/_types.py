@@ -190,6 +190,9 @@ class BacklogStatus:
     processing_backlog: bool
     partitions: tuple[PartitionBacklog, ...] = ()
     added: tuple[Offset, ...] = ()
+    #: How many partitions progress reports named that the mark does not (MarkBacklog and
+    #: GetBacklogStatus; mark them to track them).
+    unmarked_partitions: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,23 +11,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
+from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path, unmarked_path
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
     ShardProgress,
+    add_unmarked,
     apply_positions,
     boundaries_digest,
     boundaries_key,
     carry_progress,
     empty_shard,
     remaining,
+    unmarked_tag,
 )
 from snapcoord.coordinator.domain.backlog_codec import (
     decode_job_record,
     decode_shard,
+    decode_unmarked,
     encode_job_record,
     encode_shard,
+    encode_unmarked,
 )
 from snapcoord.coordinator.domain.documents import corrupt
 from snapcoord.coordinator.domain.offsets import Offset
@@ -35,7 +39,7 @@ from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
-from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 
 class MarkGone(Exception):
@@ -69,6 +73,14 @@ def stored_shard(record: JobRecord, shard: int, node: Node | None) -> StoredShar
         raise MarkGone  # nodes of a mark go only with its record
     with at(shard_path(record.job_id, record.mark_id, shard)):
         return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
+
+
+def stored_unmarked(record: JobRecord, node: Node | None) -> frozenset[str]:
+    """The mark's unmarked set (empty when no report named an unmarked partition)."""
+    if node is None:
+        return frozenset()
+    with at(unmarked_path(record.job_id, record.mark_id)):
+        return decode_unmarked(node.data)
 
 
 def not_marked(job_id: str) -> str:
@@ -108,6 +120,8 @@ class Marked:
     replaced: str | None = None
     added: tuple[Offset, ...] = ()
     shards: tuple[ShardProgress, ...] = ()
+    #: "grown": the partitions reports named unmarked that the grown mark still lacks.
+    unmarked: int = 0
 
 
 def mark(
@@ -178,6 +192,9 @@ class GrowRequest:
         r = self.record
         return [ReadNode(shard_path(r.job_id, r.mark_id, k)) for k in range(r.shard_count)]
 
+    def unmarked_read(self) -> ReadNode:
+        return ReadNode(unmarked_path(self.record.job_id, self.record.mark_id))
+
 
 def grow(
     request: GrowRequest, reads: Reads, pending: Commit[Marked] | None, now: int
@@ -194,7 +211,8 @@ def grow(
         return landed(pending)
     if current is None or current.record.mark_id != old_record.mark_id:
         raise MarkGone
-    wanted: list[ReadChildren | ReadNode] = [ReadChildren(path), *request.shard_reads()]
+    wanted: list[ReadChildren | ReadNode] = [ReadChildren(path), request.unmarked_read()]
+    wanted += request.shard_reads()
     if not all(map(reads.has, wanted)):
         return More(wanted)
     old_shards = {
@@ -216,6 +234,12 @@ def grow(
         boundaries_digest(request.payload),
     )
     versions = {read.path: old_shards[k].version for k, read in enumerate(request.shard_reads())}
+    # The partitions reports named unmarked stay counted, less the ones this grow adds.
+    unmarked_node = reads.node(request.unmarked_read().path)
+    if unmarked_node is not None:
+        versions[request.unmarked_read().path] = unmarked_node.version
+    added = {unmarked_tag(o.stream, o.partition) for o in request.added}
+    unmarked = stored_unmarked(old_record, unmarked_node) - added
     encoded = [encode_shard(progress) for progress in shards]
     size = sum(map(len, encoded))
     if size > request.max_bytes:
@@ -236,16 +260,54 @@ def grow(
         unfinished = remaining(progress, grown.values(record.shard_span(shard)))
         if unfinished:
             ops.append(Create(marker_path(job_id, record.mark_id, shard, unfinished), b""))
+    if unmarked:
+        ops.append(Create(unmarked_path(job_id, record.mark_id), encode_unmarked(unmarked)))
     replaced = old_record.mark_id
     doomed, doom = intents.doom([boundaries_key(job_id, replaced)], now, replaced)
     return Commit(
         [*ops, doom],
-        Marked("grown", record, replaced, request.added, shards),
+        Marked("grown", record, replaced, request.added, shards, len(unmarked)),
         uploads={boundaries_key(job_id, grown.mark_id): request.payload},
         cleanup=(boundaries_key(job_id, replaced),),
         withdraw=(doomed,),
         buckets=((intents.ROOT, now),),
     )
+
+
+# --- ReportProgress: the unmarked set --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnmarkedRequest:
+    """Add ``tags`` (``unmarked_tag``) to the unmarked set of ``record``'s mark, up to ``limit``."""
+
+    record: JobRecord
+    tags: frozenset[str]
+    limit: int
+
+    def reads(self) -> list[ReadNode]:
+        r = self.record
+        return [ReadNode(shard_path(r.job_id, r.mark_id, 0)), ReadNode(unmarked_path(r.job_id, r.mark_id))]
+
+
+def count_unmarked(
+    request: UnmarkedRequest, reads: Reads, pending: Commit[frozenset[str]] | None
+) -> Done[frozenset[str]] | Commit[frozenset[str]]:
+    """The set as stored with ``tags`` added; the write checks the mark's first shard, so it never
+    lands on a mark that is gone (``MarkGone`` when it is). Idempotent: a set holding the tags (a
+    commit in doubt that landed, another report's write) is the answer."""
+    first, path = (read.path for read in request.reads())
+    shard = reads.node(first)
+    if shard is None:
+        raise MarkGone
+    node = reads.node(path)
+    stored = stored_unmarked(request.record, node)
+    merged = add_unmarked(stored, request.tags, request.limit)
+    if merged == stored:
+        return Done(stored)
+    data = encode_unmarked(merged)
+    write: Op = Create(path, data) if node is None else SetData(path, data, node.version)
+    return Commit([write, Check(first, shard.version)], merged)
 
 
 # --- ClearBacklog -------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ Layout. A job of 10,000 partitions does not fit one znode (200-character stream 
   its marker in the same transaction, so one ``children`` call tells whether the job is still
   processing backlog and how many partitions remain, without reading any shard.
 
+- **The unmarked set** ``/backlog/jobs/<job_id>/u-<mark_id>`` (absent until a report names a
+  partition the mark does not) holds a 16-character hash of each such partition, at most
+  ``--backlog-max-partitions`` (170 KB at 10,000), for GetBacklogStatus and the gauges. Its writes
+  check the mark's first shard (``Check``), so none lands on a mark reset or cleared; one that
+  lands between a grow's read and its commit is left under the job (no harm: only the current
+  mark's set counts, and the next reset, grow or clear deletes every node of the job).
+
 Every progress node carries the mark id in its name, so a reporter that read an older mark can
 never write into a newer one (its shard path no longer exists), whatever the versions say.
 
@@ -82,3 +89,11 @@ def parse_marker(name: str) -> tuple[str, int, int] | None:
     if len(parts) != 4 or parts[0] != "r" or not parts[2].isdigit() or not parts[3].isdigit():
         return None
     return parts[1], int(parts[2]), int(parts[3])
+
+
+def unmarked_path(job_id: str, mark_id: str) -> str:
+    return f"{job_path(job_id)}/{unmarked_name(mark_id)}"
+
+
+def unmarked_name(mark_id: str) -> str:
+    return f"u-{mark_id}"

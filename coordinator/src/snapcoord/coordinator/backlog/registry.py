@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from snapcoord.coordinator.backlog import decide
-from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies, ShardCopies
+from snapcoord.coordinator.backlog.cache import SHARD_PARTITIONS, BoundariesCache, JobCopies, ShardCopies
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
-from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
+from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path, unmarked_path
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
@@ -38,6 +38,7 @@ from snapcoord.coordinator.domain.backlog import (
     partition_backlog,
     remaining,
     report_tag,
+    unmarked_tag,
     validate_mark,
     validate_report,
     validate_report_id,
@@ -46,6 +47,7 @@ from snapcoord.coordinator.domain.backlog_codec import decode_boundaries, encode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.documents import corrupt
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import BlobNotFound, CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
@@ -95,6 +97,9 @@ class BacklogRegistry:
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
         self._shards = ShardCopies()
+        #: unmarked set path -> the set as last read or written (a report naming only partitions
+        #: it holds writes nothing); counted in tags.
+        self._unmarked: Lru[str, frozenset[str]] = Lru(SHARD_PARTITIONS)
         self._janitor = BacklogJanitor(
             self._kernel, metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
@@ -180,7 +185,7 @@ class BacklogRegistry:
         marked = self._kernel.run(
             "backlog_grow",
             {"job_id": record.job_id},
-            [ReadNode(path), ReadChildren(path), *request.shard_reads()],
+            [ReadNode(path), ReadChildren(path), request.unmarked_read(), *request.shard_reads()],
             lambda reads, pending: decide.grow(request, reads, pending, self._clock.now_ms()),
         )
         new = marked.record
@@ -194,9 +199,8 @@ class BacklogRegistry:
             span = new.shard_span(shard)
             positions = progress.positions
             partitions += [partition_backlog(grown.items[i], positions[i - span.start]) for i in span]
-        status = BacklogStatus(
-            record.job_id, any(not p.finished for p in partitions), tuple(partitions), growth.added
-        )
+        processing = any(not p.finished for p in partitions)
+        status = BacklogStatus(record.job_id, processing, tuple(partitions), growth.added, marked.unmarked)
         return marked, status
 
     def report(self, job_id: str, positions: Positions | Iterable[Offset], report_id: str = "") -> Progress:
@@ -324,14 +328,25 @@ class BacklogRegistry:
         nodes = self._metadata.get_many(list(wanted.values()))
         return {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
 
+    def _read_shards_and_unmarked(self, record: JobRecord) -> tuple[dict[int, StoredShard], frozenset[str]]:
+        """Every shard of the mark and its unmarked set, read together; ``MarkGone`` if a shard is
+        missing."""
+        job_id, mark_id = record.job_id, record.mark_id
+        wanted = {shard: shard_path(job_id, mark_id, shard) for shard in range(record.shard_count)}
+        upath = unmarked_path(record.job_id, record.mark_id)
+        nodes = self._metadata.get_many([*wanted.values(), upath])
+        shards = {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
+        return shards, decide.stored_unmarked(record, nodes[upath])
+
     def _remember_shards(self, record: JobRecord, shards: Mapping[int, StoredShard]) -> None:
         for shard, stored in shards.items():
             self._shards.remember(shard_path(record.job_id, record.mark_id, shard), stored)
 
     def _full_status(self, record: JobRecord) -> BacklogStatus:
         boundaries = self._boundaries(record)
-        shards = self._read_shards(record, range(record.shard_count))
+        shards, unmarked = self._read_shards_and_unmarked(record)
         self._remember_shards(record, shards)
+        self._unmarked.put(unmarked_path(record.job_id, record.mark_id), unmarked, max(1, len(unmarked)))
         partitions: list[PartitionBacklog] = []
         for shard in range(record.shard_count):
             progress = shards[shard].progress
@@ -343,6 +358,7 @@ class BacklogRegistry:
             record.job_id,
             processing_backlog=any(not p.finished for p in partitions),
             partitions=tuple(partitions),
+            unmarked_partitions=len(unmarked),
         )
 
     def _report_on(self, record: JobRecord, items: Positions, report_id: str) -> Progress:
@@ -396,7 +412,26 @@ class BacklogRegistry:
             counts[k] if k in counts else remaining(s.progress, boundaries.values(record.shard_span(k)))
             for k, s in shards.items()
         ) or self._has_markers(record)
+        if unmarked:
+            self._count_unmarked(record, unmarked)
         return Progress(record.job_id, tuple(newly), processing, unmarked)
+
+    def _count_unmarked(self, record: JobRecord, unmarked: tuple[Offset, ...]) -> None:
+        """Add the partitions to the mark's unmarked set unless this process knows it holds them
+        (or it is full); ``MarkGone`` when the mark is gone."""
+        path = unmarked_path(record.job_id, record.mark_id)
+        tags = frozenset(unmarked_tag(o.stream, o.partition) for o in unmarked)
+        known = self._unmarked.get(path)
+        if known is not None and (tags <= known or len(known) >= self._policy.max_partitions):
+            return
+        request = decide.UnmarkedRequest(record, tags, self._policy.max_partitions)
+        stored = self._kernel.run(
+            "backlog_unmarked",
+            {"job_id": record.job_id},
+            request.reads(),
+            functools.partial(decide.count_unmarked, request),
+        )
+        self._unmarked.put(path, stored, max(1, len(stored)))
 
     def _has_markers(self, record: JobRecord) -> bool:
         """Whether a remaining marker of the mark is listed; ``MarkGone`` when its first shard is

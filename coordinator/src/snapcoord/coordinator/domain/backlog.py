@@ -33,7 +33,9 @@ The rules:
 - **Not marked, not backlog, never dropped silently.** Positions for partitions the mark does
   not name are validated, left out of the progress, and listed back in the report's ``unmarked``
   (in (stream, partition) order): the driver learns in the same call that its source has a
-  partition the mark lacks, and marks it (``grow``).
+  partition the mark lacks, and marks it (``grow``). The mark also keeps the set of partitions
+  reports named unmarked (as ``unmarked_tag`` hashes, at most ``max_partitions``), so that
+  GetBacklogStatus and the gauges count them; a grow drops the ones it adds.
 - **A mark grows.** A mark naming partitions the stored one lacks adds them (``grow``): each
   partition's first boundary wins, the partitions already marked keep their boundary and
   progress. The grown mark is a new mark id (so ``Boundaries`` and ``JobRecord`` stay immutable
@@ -312,6 +314,8 @@ class BacklogStatus:
     #: MarkBacklog only: the partitions this call added to a stored mark, with their boundaries,
     #: in (stream, partition) order (empty for a first mark, a reset, or a mark naming nothing new).
     added: tuple[Offset, ...] = ()
+    #: How many partitions reports named that the mark does not (at most ``max_partitions``).
+    unmarked_partitions: int = 0
 
 
 @dataclass(frozen=True)
@@ -397,6 +401,19 @@ def check_growth(job_id: str, marked: int, added: int, policy: BacklogPolicy) ->
             reason=Reason.TOO_LARGE,
             metadata={"field": "boundaries", "limit": policy.max_partitions},
         )
+
+
+def unmarked_tag(stream: str, partition: int) -> str:
+    """How the mark's unmarked set names a partition: 16 hex characters whatever the stream
+    name's length (a stream name never holds ``/``), so the set's node stays bounded."""
+    return hashlib.sha256(f"{stream}/{partition}".encode()).hexdigest()[:16]
+
+
+def add_unmarked(stored: frozenset[str], tags: Iterable[str], limit: int) -> frozenset[str]:
+    """``stored`` with ``tags`` added, up to ``limit`` tags in all (the smallest new ones first,
+    so that every replica adds the same)."""
+    new = sorted(set(tags) - stored)[: max(0, limit - len(stored))]
+    return stored | frozenset(new) if new else stored
 
 
 def boundaries_digest(payload: bytes) -> str:

@@ -9,6 +9,8 @@
   the partition indices that progress shards use.
 - A progress shard (ZooKeeper): positions by index within the shard (``null``: none reported;
   trailing nulls are left out), and the report tag of each finished partition.
+- The unmarked set (ZooKeeper): the sorted ``unmarked_tag`` of each partition reports named that
+  the mark does not; at most ~17 bytes a partition.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from snapcoord.coordinator.domain.offsets import Offset
 JOB_RECORD_VERSION = 1
 BOUNDARIES_VERSION = 1
 SHARD_VERSION = 1
+UNMARKED_VERSION = 1
 
 _INT_OR_NULL = {int, type(None)}
 
@@ -133,3 +136,18 @@ def decode_shard(data: bytes, size: int) -> ShardProgress:
     if len(stored) > size or any(not 0 <= k < size for k in finished_by):
         raise corrupt("backlog progress shard", f"holds more than its {size} partitions", data)
     return ShardProgress(positions=tuple(stored) + (None,) * (size - len(stored)), finished_by=finished_by)
+
+
+def encode_unmarked(tags: frozenset[str]) -> bytes:
+    return dump({"version": UNMARKED_VERSION, "tags": sorted(tags)})
+
+
+def decode_unmarked(data: bytes) -> frozenset[str]:
+    doc = load(data, "backlog unmarked set", UNMARKED_VERSION)
+    try:
+        tags = doc["tags"]
+        if type(tags) is not list or not all(type(t) is str for t in tags):
+            raise TypeError(f"tags is not a list of strings: {tags!r}"[:200])
+    except SHAPE_ERRORS as e:
+        raise malformed("backlog unmarked set", e, data) from e
+    return frozenset(tags)

@@ -127,7 +127,7 @@ class CoordinatorMetrics:
             "in its unmarked field; a driver that keeps reporting them has not marked them).",
             registry=registry,
         )
-        # The two backlog gauges describe the whole cluster; the elected janitor computes them each
+        # The three backlog gauges describe the whole cluster; the elected janitor computes them each
         # pass and other replicas export 0 (like snapcoord_janitor_leader): aggregate with max().
         self.backlog_jobs_processing = Gauge(
             "snapcoord_backlog_jobs_processing",
@@ -138,6 +138,13 @@ class CoordinatorMetrics:
         self.backlog_partitions_remaining = Gauge(
             "snapcoord_backlog_partitions_remaining",
             "Marked partitions behind their backlog boundary, over all jobs (from the elected janitor).",
+            multiprocess_mode=_CLUSTER_GAUGE,
+            registry=registry,
+        )
+        self.backlog_partitions_unmarked = Gauge(
+            "snapcoord_backlog_partitions_unmarked",
+            "Partitions progress reports named that their job's mark does not, over all jobs (from "
+            "the elected janitor).",
             multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )
