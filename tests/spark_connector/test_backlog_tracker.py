@@ -243,3 +243,32 @@ def test_mark_partitions_queues_only_what_the_mark_lacks(client: CoordinatorClie
     assert tracker.mark_partitions([s(3, 8)]) == ()  # queued already: its first offset stays
     assert tracker.pending and tracker.flush() and not tracker.pending
     assert [(p.partition, p.boundary) for p in client.get_backlog_status(job).partitions] == [(0, 3), (3, 7)]
+
+
+def test_a_grow_past_the_limit_is_not_retried_and_holds_no_report_back(tmp_path: Path) -> None:
+    """The coordinator tracks at most 3 partitions per job, and the job has 3 (two of the query's,
+    one another driver added): the tracker's grow by the topic's new partition is refused
+    (INVALID_ARGUMENT, TOO_LARGE). Sending it again cannot help and must not hold the reports
+    back: the report goes out, the partition stays unmarked and is not asked for again."""
+    with (
+        embedded_deps(tmp_path) as deps,
+        serve_in_process(deps, backlog_max_partitions="3") as server,
+        CoordinatorClient(server.target, timeout_s=10) as small,
+    ):
+        job = f"limit-{uuid.uuid4().hex[:8]}"
+        tracker = BacklogTracker(small, job, "q")
+        tracker.observe(progress(0, kafka({0: 1, 1: 1}), kafka({0: 5, 1: 5})))
+        small.mark_backlog(job, [Offset("other", 0, 0)])
+        tracker.observe(progress(1, kafka({0: 5, 1: 5, 2: 0}), kafka({0: 5, 1: 5, 2: 9})))
+        assert tracker.refused == {(s(2, 0).stream, 2)} and tracker.errors == 1 and not tracker.pending
+        assert tracker.last_result is not None and tracker.last_result.unmarked == (s(2, 0),)
+        assert tracker.caught_up() and tracker.added == []
+        tracker.observe(progress(2, kafka({0: 6, 1: 6, 2: 4}), kafka({0: 6, 1: 6, 2: 9})))
+        assert tracker.errors == 1 and not tracker.pending  # not asked for again
+        status = small.get_backlog_status(job)
+        assert [(p.stream, p.partition, p.position) for p in status.partitions] == [
+            ("other", 0, -1),
+            (s(0, 0).stream, 0, 6),
+            (s(0, 0).stream, 1, 6),
+        ]
+        assert status.unmarked_partitions == 1

@@ -20,7 +20,9 @@ micro-batch) into the coordinator's backlog calls for one job:
   answers as unmarked in a report (the mark was made elsewhere, or a grow is not delivered yet)
   is marked the same way, in the same ``flush``. While such a partition is behind, the flag is on
   again, and ``observe`` says so. ``mark_partitions`` does the same for offsets the driver learns
-  of itself (an admin client listing a topic's partitions).
+  of itself (an admin client listing a topic's partitions). A grow the coordinator refuses (past
+  its partition limit) is logged, counted and dropped (``refused``), not sent again: it must not
+  hold the reports back.
 - **Off when caught up.** Every batch reports its end offsets; the coordinator turns the flag off
   once every partition reached its boundary.
 - **No report lost.** A report carries a deterministic id, ``<run id>.<batch id>``, so sending it
@@ -42,7 +44,14 @@ from dataclasses import dataclass
 
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from snapcoord.client import BacklogStatus, CoordinatorClient, Offset, ProgressResult, SnapcoordError
+from snapcoord.client import (
+    BacklogStatus,
+    CoordinatorClient,
+    InvalidArgument,
+    Offset,
+    ProgressResult,
+    SnapcoordError,
+)
 from snapcoord.spark_connector.sources import OffsetParser, UnknownOffsetFormat, offsets_of_sources
 
 _log = logging.getLogger(__name__)
@@ -158,6 +167,9 @@ class BacklogTracker:
         #: The partitions this tracker's marks added to the stored mark (a source that grew), with
         #: the boundaries the coordinator stored, in the order they were added.
         self.added: list[Offset] = []
+        #: Partitions whose grow the coordinator refused (past its partition limit): not marked
+        #: again by this tracker.
+        self.refused: set[tuple[str, int]] = set()
         self.errors = 0  # coordinator calls that failed (logged, retried)
 
     # -- what the driver asks ---------------------------------------------------------------------
@@ -181,7 +193,7 @@ class BacklogTracker:
             if self.mark is None and self._pending_mark is None:
                 return ()
             queued = {(o.stream, o.partition) for o in (self._pending_mark or ((), False))[0]}
-            known = self._marked | queued
+            known = self._marked | queued | self.refused
             new = tuple(o for o in offsets if (o.stream, o.partition) not in known)
             if new:
                 boundaries, reset = self._pending_mark or ((), False)
@@ -285,29 +297,10 @@ class BacklogTracker:
             return True
 
     def _send(self) -> bool:
+        """The pending mark, then the pending report; False when one failed (kept pending)."""
         with self._lock:
-            if self._pending_mark is not None:
-                boundaries, reset = self._pending_mark
-                try:
-                    status = self._client.mark_backlog(
-                        self.job_id, boundaries, reset=reset, timeout_s=self._timeout_s
-                    )
-                except SnapcoordError as e:
-                    self._failed("mark_backlog", f"{e.code}: {e.details}")
-                    return False
-                self._pending_mark = None
-                self.mark, self.processing_backlog = status, status.processing_backlog
-                self._marked = frozenset((p.stream, p.partition) for p in status.partitions)
-                self.added += status.added
-                if reset:
-                    self.resets += 1
-                _log.info(
-                    "backlog of %s %s: %s",
-                    self.job_id,
-                    "reset" if reset else "grown" if status.added else "marked",
-                    [(o.stream, o.partition, o.offset) for o in status.added]
-                    or [(p.stream, p.partition, p.boundary) for p in status.partitions][:20],
-                )
+            if self._pending_mark is not None and not self._send_mark(*self._pending_mark):
+                return False
             if self._pending_report is not None:
                 report_id, positions = self._pending_report
                 try:
@@ -331,6 +324,49 @@ class BacklogTracker:
                         [Offset(o.stream, o.partition, a) for o, a in zip(result.unmarked, at, strict=True)]
                     )
             return True
+
+    def _send_mark(self, boundaries: tuple[Offset, ...], reset: bool) -> bool:
+        """Send the pending mark; False when it failed and stays pending."""
+        try:
+            status = self._client.mark_backlog(
+                self.job_id, boundaries, reset=reset, timeout_s=self._timeout_s
+            )
+        except InvalidArgument as e:
+            if reset or self.mark is None:
+                self._failed("mark_backlog", f"{e.code}: {e.details}")
+                return False
+            # A grow the coordinator refuses (past --backlog-max-partitions): sending it again
+            # cannot help, and holding it would hold every report back. The partitions stay
+            # unmarked (not backlog) and are not asked for again.
+            self.errors += 1
+            self.refused.update((o.stream, o.partition) for o in boundaries)
+            self._pending_mark = None
+            _log.error(
+                "backlog of %s: the coordinator refused to mark %d partitions its sources added "
+                "(%s); they are not tracked as backlog. Raise the limit, or mark the job again "
+                "with reset",
+                self.job_id,
+                len(boundaries),
+                e.details,
+            )
+            return True
+        except SnapcoordError as e:
+            self._failed("mark_backlog", f"{e.code}: {e.details}")
+            return False
+        self._pending_mark = None
+        self.mark, self.processing_backlog = status, status.processing_backlog
+        self._marked = frozenset((p.stream, p.partition) for p in status.partitions)
+        self.added += status.added
+        if reset:
+            self.resets += 1
+        _log.info(
+            "backlog of %s %s: %s",
+            self.job_id,
+            "reset" if reset else "grown" if status.added else "marked",
+            [(o.stream, o.partition, o.offset) for o in status.added]
+            or [(p.stream, p.partition, p.boundary) for p in status.partitions][:20],
+        )
+        return True
 
     def _failed(self, what: str, why: str) -> None:
         self.errors += 1
