@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 
 import grpc
-from common import Sample, in_process_coordinator, measure, print_table, real_servers
+from common import LARGE_REPLIES, Sample, in_process_coordinator, measure, print_table, real_servers
 
 from snapcoord.v1 import backlog_pb2, backlog_pb2_grpc, common_pb2
 
@@ -81,9 +81,7 @@ def run(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample | None]
     rows: list[tuple[Sample, Sample | None]] = []
     with (
         coordinator as port,
-        grpc.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        ) as channel,
+        grpc.insecure_channel(f"127.0.0.1:{port}", options=LARGE_REPLIES) as channel,
     ):
         stub = backlog_pb2_grpc.BacklogServiceStub(channel)
         # Grows add a partition each: the 10,000-partition job stays under the default limit.
