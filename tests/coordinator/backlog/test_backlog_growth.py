@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from harness.concurrency import run_threads
+from harness.faults import SimulatedCrash, call_while_blob_deletes_fail
 from harness.stores import Stores
 from snapcoord.coordinator.backlog.layout import JOBS, job_path
 from snapcoord.coordinator.backlog.registry import CHUNK_BYTES, BacklogRegistry
@@ -35,6 +36,7 @@ from snapcoord.coordinator.errors import (
     InvalidArgument,
     Reason,
 )
+from snapcoord.coordinator.kernel.intents import IntentIndex
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.storage.metadata import Op
 
@@ -42,10 +44,14 @@ POLICY = BacklogPolicy(max_partitions=10_000)
 
 
 def make_registry(
-    stores: Stores, *, policy: BacklogPolicy = POLICY, chunk_bytes: int = CHUNK_BYTES
+    stores: Stores,
+    *,
+    policy: BacklogPolicy = POLICY,
+    chunk_bytes: int = CHUNK_BYTES,
+    clock: ManualClock | None = None,
 ) -> BacklogRegistry:
     metrics = CoordinatorMetrics(new_registry())
-    clock = ManualClock(SystemClock().now_ms())
+    clock = clock or ManualClock(SystemClock().now_ms())
     return BacklogRegistry(
         stores.metadata, stores.blobs, clock, policy, metrics, shard_size=4, chunk_bytes=chunk_bytes
     )
@@ -369,3 +375,52 @@ def test_a_corrupt_unmarked_set_is_a_corrupt_record_of_its_own_kind(stores: Stor
     with pytest.raises(CorruptRecord) as e:
         make_registry(stores).status("job")
     assert (e.value.kind, e.value.metadata["path"]) == ("backlog_unmarked_set", path)
+
+
+HOUR_MS = 3_600_000
+
+
+def test_a_grow_that_crashes_before_its_commit_keeps_the_mark_and_its_object(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after uploading the grown boundaries, before the commit: the stored mark,
+    its progress and its object are untouched, and the intent sweep deletes only the upload."""
+    clock = ManualClock(SystemClock().now_ms())
+    backlog = make_registry(stores, clock=clock)
+    backlog.mark("job", [off("t", 0, 10), off("t", 1, 10)], reset=False)
+    backlog.report("job", [off("t", 0, 10), off("t", 1, 4)])
+    before, kept = backlog.status("job"), objects(stores)
+
+    def crash(ops: Sequence[Op]) -> None:
+        raise SimulatedCrash
+
+    monkeypatch.setattr(stores.metadata, "transaction", crash)
+    with pytest.raises(SimulatedCrash):
+        backlog.mark("job", [off("t", 2, 10)], reset=False)
+    monkeypatch.undo()
+    assert len(objects(stores)) == 2  # the upload, left behind by the crash
+    clock.advance(2 * HOUR_MS)
+    assert IntentIndex(stores.metadata).sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100) == 1
+    assert objects(stores) == kept
+    fresh = make_registry(stores)
+    assert fresh.status("job") == before
+    assert fresh.mark("job", [off("t", 2, 10)], reset=False).added == (off("t", 2, 10),)
+
+
+@pytest.mark.parametrize("failure", ["unavailable", "crash"])
+def test_the_old_boundaries_a_grow_unreferences_are_swept_when_their_delete_fails(
+    stores: Stores, failure: str
+) -> None:
+    clock = ManualClock(SystemClock().now_ms())
+    backlog = make_registry(stores, clock=clock)
+    backlog.mark("job", [off("t", 0, 10)], reset=False)
+    backlog.report("job", [off("t", 0, 6)])
+    doomed = boundaries_key("job", mark_id_of(stores, "job"))
+    call_while_blob_deletes_fail(stores.blobs, failure, lambda: backlog.mark("job", [off("t", 1, 3)], False))
+    live = boundaries_key("job", mark_id_of(stores, "job"))
+    assert live != doomed and sorted(objects(stores)) == sorted([doomed, live])
+    clock.advance(2 * HOUR_MS)
+    IntentIndex(stores.metadata).sweep(stores.blobs, clock.now_ms(), HOUR_MS, 100)
+    assert objects(stores) == [live]
+    status = make_registry(stores).status("job")  # read back from the object that stayed
+    assert status.partitions == (pb("t", 0, 10, 6, False), pb("t", 1, 3, -1, False))
