@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
-from common import Sample, in_process_coordinator, measure_pair, print_table, real_servers
+from common import LARGE_REPLIES, Sample, in_process_coordinator, measure_pair, print_table, real_servers
 from kazoo.client import KazooClient
 
 from snapcoord.v1 import backlog_pb2, backlog_pb2_grpc, common_pb2
@@ -68,9 +68,7 @@ def run(zk_hosts: str, bucket: str, n: int) -> list[tuple[Sample, Sample | None]
     try:
         with (
             coordinator as port,
-            grpc.insecure_channel(
-                f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-            ) as channel,
+            grpc.insecure_channel(f"127.0.0.1:{port}", options=LARGE_REPLIES) as channel,
         ):
             stub = backlog_pb2_grpc.BacklogServiceStub(channel)
             cases = [

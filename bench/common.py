@@ -149,6 +149,11 @@ def real_servers(*, fsync: bool = False) -> Iterator[tuple[ZooKeeperServer, Seaw
             yield zk, s3
 
 
+#: Channel options for replies that list every partition of a large backlog job (a status of
+#: 10,000 partitions with long stream names passes gRPC's 4 MB default).
+LARGE_REPLIES = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
 @contextmanager
 def in_process_coordinator(metadata_uri: str, blobs_uri: str, **flags: str) -> Iterator[int]:
     """A coordinator started in this process on the given stores, for benchmarks that time RPCs:

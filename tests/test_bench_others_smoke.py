@@ -18,6 +18,7 @@ from harness.benchmarks import BENCH, run_bench
 SMALL = [
     ("access_control", (), "RegisterProducerOffsets, mTLS + auth file"),
     ("backlog_progress", (), "ReportProgress 10 of 10000 (gRPC)"),
+    ("backlog_grow", ("--n", "2"), "MarkBacklog reset, 9900"),
     ("cpu_per_call", ("--calls", "20", "--rounds", "1"), "RenewLease"),
     ("combine", ("--seconds", "0.3", "--clients", "1,4"), "combined / raw kazoo"),
     ("leases", ("--n", "5", "--expiry-samples", "0"), "AcquireSnapshots, 100 snapshot(s)"),

@@ -237,6 +237,13 @@ def test_backlog(client: CoordinatorClient, uid: str) -> None:
 
     status = client.get_backlog_status(uid)
     assert [(p.position, p.finished) for p in status.partitions] == [(11, True), (20, True)]
+    assert status.added == ()
+    unmarked = client.report_progress(uid, [Offset("in", 1, 20), Offset("in", 2, 3)])
+    assert unmarked.unmarked == (Offset("in", 2, 3),)  # answered: the mark lacks it
+    grown = client.mark_backlog(uid, [Offset("in", 1, 90), Offset("in", 2, 8)])
+    assert grown.added == (Offset("in", 2, 8),)
+    assert [(p.boundary, p.finished) for p in grown.partitions] == [(10, True), (20, True), (8, False)]
+    assert grown.processing_backlog
     reset = client.mark_backlog(uid, [Offset("in", 0, 50)], reset=True)
     assert [p.boundary for p in reset.partitions] == [50]
     assert client.clear_backlog(uid) is True

@@ -229,7 +229,7 @@ def test_leases_pin_release_and_drop_only_the_named_lease(
 def test_backlog_get_and_clear_only_the_named_job(target: str, client: CoordinatorClient, uid: str) -> None:
     for job in (uid, f"{uid}-2"):
         client.mark_backlog(job, [Offset("orders", 0, 100)])
-    client.report_progress(uid, [Offset("orders", 0, 100)])
+    client.report_progress(uid, [Offset("orders", 0, 100), Offset("orders", 1, 7)])
     kept = client.get_backlog_status(f"{uid}-2")
 
     status = ok_json("backlog", "get", uid, "--target", target)
@@ -239,7 +239,13 @@ def test_backlog_get_and_clear_only_the_named_job(target: str, client: Coordinat
         "partitions": [
             {"stream": "orders", "partition": 0, "boundary": 100, "position": 100, "finished": True}
         ],
+        "added": [],  # MarkBacklog's alone
+        "unmarked_partitions": 1,  # orders/1
     }
+    table = ctl("backlog", "get", uid, "--target", target)
+    assert table.returncode == 0, table.stderr
+    lines = [line.split() for line in table.stdout.splitlines() if "unmarked" in line]
+    assert lines == [["unmarked_partitions", "1"]]
     assert ok_json("backlog", "clear", uid, "--yes", "--target", target) == {"deleted": True, "job_id": uid}
     with pytest.raises(NotFound):
         client.get_backlog_status(uid)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -19,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from harness.batch_sink import Sink
 from harness.coordinator import CoordinatorProcess
 from harness.faults import TcpProxy
 from harness.locations import TestDir
@@ -57,24 +57,6 @@ def write_file(directory: Path, index: int) -> None:
 
 def ids_of(files: range) -> list[int]:
     return sorted(i * 10 + k for i in files for k in range(3))
-
-
-class Sink:
-    """Idempotent per batch, as a foreachBatch sink must be: a batch interrupted by a switch and
-    run again replaces what it wrote."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._batches: dict[int, list[int]] = {}
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        rows = [int(r["id"]) for r in df.collect()]
-        with self._lock:
-            self._batches[batch_id] = rows
-
-    def ids(self) -> list[int]:
-        with self._lock:
-            return sorted(i for rows in self._batches.values() for i in rows)
 
 
 class QueryStarter:

@@ -170,3 +170,105 @@ def test_a_batch_without_offsets_marks_nothing_yet(client: CoordinatorClient) ->
     assert tracker.mark is None and not tracker.pending and tracker.errors == 0
     assert tracker.observe(progress(1, kafka({0: 3}), kafka({0: 8}))) is True  # the request holds
     assert [(p.boundary, p.position) for p in client.get_backlog_status(job).partitions] == [(8, 3)]
+
+
+def test_a_partition_the_topic_gains_while_caught_up_is_marked_at_its_latest_offset(
+    client: CoordinatorClient,
+) -> None:
+    """The issue's walk-through, Kafka-shaped: the topic gets partition 2 after the mark. The
+    batch that shows it first marks it at its latest offset (the others keep their boundaries and
+    progress), the flag is on again while it is behind, and off once it caught up."""
+    job = f"grow-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q")
+    tracker.observe(progress(0, kafka({0: 100, 1: 100}), kafka({0: 100, 1: 100})))
+    assert tracker.caught_up() and tracker.added == []
+    turned_on = tracker.observe(progress(1, kafka({0: 110, 1: 100, 2: 10}), kafka({0: 110, 1: 100, 2: 500})))
+    assert turned_on is True
+    assert tracker.added == [s(2, 500)] and tracker.resets == 0 and not tracker.caught_up()
+    status = client.get_backlog_status(job)
+    assert [(p.partition, p.boundary, p.position, p.finished) for p in status.partitions] == [
+        (0, 100, 110, True),
+        (1, 100, 100, True),
+        (2, 500, 10, False),
+    ]
+    assert status.processing_backlog and status.unmarked_partitions == 0
+    # Behind, still: no second grow, no reset. Then caught up.
+    behind, caught_up = kafka({0: 110, 1: 100, 2: 300}), kafka({0: 120, 1: 100, 2: 520})
+    assert tracker.observe(progress(2, behind, caught_up)) is False
+    assert tracker.observe(progress(3, caught_up, caught_up)) is False
+    assert tracker.caught_up() and tracker.added == [s(2, 500)] and tracker.errors == 0
+
+
+def test_a_partition_a_new_driver_sees_is_added_by_its_first_mark(client: CoordinatorClient) -> None:
+    """A restarted driver marks with every partition its source has now: the coordinator keeps
+    the stored boundaries and adds the new partition (the first mark no longer hides it)."""
+    job = f"restart-grow-{uuid.uuid4().hex[:8]}"
+    BacklogTracker(client, job, "q").observe(progress(0, kafka({0: 5}), kafka({0: 40})))
+    again = BacklogTracker(client, job, "q")
+    again.observe(progress(1, kafka({0: 20, 1: 0}), kafka({0: 90, 1: 30}), run_id=str(uuid.uuid4())))
+    assert again.added == [s(1, 30)]
+    status = client.get_backlog_status(job)
+    assert [(p.partition, p.boundary, p.position) for p in status.partitions] == [(0, 40, 20), (1, 30, 0)]
+
+
+def test_partitions_the_coordinator_answers_unmarked_are_marked_in_the_same_flush(
+    client: CoordinatorClient,
+) -> None:
+    """Another driver reset the mark to partition 0 alone: this tracker's next report names
+    partition 1, the coordinator answers it unmarked, and the tracker marks it at once, at the
+    latest offset it knows for it."""
+    job = f"unmarked-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q")
+    tracker.observe(progress(0, kafka({0: 10, 1: 10}), kafka({0: 10, 1: 10})))
+    client.mark_backlog(job, [s(0, 10)], reset=True)
+    tracker.observe(progress(1, kafka({0: 10, 1: 12}), kafka({0: 10, 1: 80})))
+    assert tracker.last_result is not None and tracker.last_result.unmarked == (s(1, 12),)
+    assert not tracker.pending and tracker.added == [s(1, 80)]
+    status = client.get_backlog_status(job)
+    assert [(p.partition, p.boundary, p.finished) for p in status.partitions] == [
+        (0, 10, True),
+        (1, 80, False),
+    ]
+    assert tracker.processing_backlog is True
+
+
+def test_mark_partitions_queues_only_what_the_mark_lacks(client: CoordinatorClient) -> None:
+    """The driver's own knowledge (an admin client listing a topic): partitions the mark has keep
+    their boundary; nothing is queued before the first mark."""
+    job = f"api-{uuid.uuid4().hex[:8]}"
+    tracker = BacklogTracker(client, job, "q")
+    assert tracker.mark_partitions([s(0, 1)]) == ()
+    tracker.observe(progress(0, kafka({0: 3}), kafka({0: 3})))
+    assert tracker.mark_partitions([s(0, 99), s(3, 7)]) == (s(3, 7),)
+    assert tracker.mark_partitions([s(3, 8)]) == ()  # queued already: its first offset stays
+    assert tracker.pending and tracker.flush() and not tracker.pending
+    assert [(p.partition, p.boundary) for p in client.get_backlog_status(job).partitions] == [(0, 3), (3, 7)]
+
+
+def test_a_grow_past_the_limit_is_not_retried_and_holds_no_report_back(tmp_path: Path) -> None:
+    """The coordinator tracks at most 3 partitions per job, and the job has 3 (two of the query's,
+    one another driver added): the tracker's grow by the topic's new partition is refused
+    (INVALID_ARGUMENT, TOO_LARGE). Sending it again cannot help and must not hold the reports
+    back: the report goes out, the partition stays unmarked and is not asked for again."""
+    with (
+        embedded_deps(tmp_path) as deps,
+        serve_in_process(deps, backlog_max_partitions="3") as server,
+        CoordinatorClient(server.target, timeout_s=10) as small,
+    ):
+        job = f"limit-{uuid.uuid4().hex[:8]}"
+        tracker = BacklogTracker(small, job, "q")
+        tracker.observe(progress(0, kafka({0: 1, 1: 1}), kafka({0: 5, 1: 5})))
+        small.mark_backlog(job, [Offset("other", 0, 0)])
+        tracker.observe(progress(1, kafka({0: 5, 1: 5, 2: 0}), kafka({0: 5, 1: 5, 2: 9})))
+        assert tracker.refused == {(s(2, 0).stream, 2)} and tracker.errors == 1 and not tracker.pending
+        assert tracker.last_result is not None and tracker.last_result.unmarked == (s(2, 0),)
+        assert tracker.caught_up() and tracker.added == []
+        tracker.observe(progress(2, kafka({0: 6, 1: 6, 2: 4}), kafka({0: 6, 1: 6, 2: 9})))
+        assert tracker.errors == 1 and not tracker.pending  # not asked for again
+        status = small.get_backlog_status(job)
+        assert [(p.stream, p.partition, p.position) for p in status.partitions] == [
+            ("other", 0, -1),
+            (s(0, 0).stream, 0, 6),
+            (s(0, 0).stream, 1, 6),
+        ]
+        assert status.unmarked_partitions == 1

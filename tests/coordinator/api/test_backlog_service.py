@@ -84,6 +84,7 @@ def test_round_trip_and_codes(stub: backlog_pb2_grpc.BacklogServiceStub) -> None
     assert list(reply.newly_finished) == offsets(("orders", 0, 100))
     # The answer grows with what changed: no partition list (GetBacklogStatus has it).
     assert reply.status == backlog_pb2.BacklogStatus(job_id="job-1", processing_backlog=True)
+    assert list(reply.unmarked) == offsets(("other", 0, 9))  # answered, not dropped
     assert list(get(stub, "job-1").partitions) == [
         partition("orders", 0, 100, 100, True),
         partition("orders", 1, 50, 20, False),
@@ -96,6 +97,15 @@ def test_round_trip_and_codes(stub: backlog_pb2_grpc.BacklogServiceStub) -> None
     stored = get(stub, "job-1")
     assert [p.finished for p in stored.partitions] == [True, True, True] and not stored.processing_backlog
     assert mark(stub, "job-1", offsets(("orders", 0, 999))) == stored  # first mark wins
+    # A partition the mark lacks is added at its own boundary; the others keep theirs.
+    grown = mark(stub, "job-1", offsets(("orders", 0, 999), ("orders", 3, 40)))
+    assert list(grown.added) == offsets(("orders", 3, 40))
+    assert grown.processing_backlog
+    assert list(grown.partitions) == [*stored.partitions, partition("orders", 3, 40, -1, False)]
+    assert grown.unmarked_partitions == 1  # other/0, reported above
+    assert get(stub, "job-1") == backlog_pb2.BacklogStatus(
+        job_id="job-1", processing_backlog=True, partitions=grown.partitions, unmarked_partitions=1
+    )
 
     cleared = stub.ClearBacklog(backlog_pb2.ClearBacklogRequest(job_id="job-1"), timeout=10)
     assert cleared.cleared

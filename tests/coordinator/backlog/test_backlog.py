@@ -115,7 +115,10 @@ def test_mark_report_finish_lifecycle(backlog: BacklogRegistry, stores: Stores) 
 
     first = backlog.report("job-1", [off("orders", 0, 60), off("orders", 1, 50), off("unmarked", 7, 5)])
     assert first.newly_finished == (off("orders", 1, 50),)
-    assert first == Progress("job-1", (off("orders", 1, 50),), processing_backlog=True)
+    # A partition the mark does not name is answered, not dropped: the driver learns of it now.
+    assert first == Progress(
+        "job-1", (off("orders", 1, 50),), processing_backlog=True, unmarked=(off("unmarked", 7, 5),)
+    )
     assert backlog.status("job-1").partitions[2:4] == (
         pb("orders", 0, 100, 60, False),
         pb("orders", 1, 50, 50, True),
@@ -140,6 +143,7 @@ def test_mark_report_finish_lifecycle(backlog: BacklogRegistry, stores: Stores) 
             pb("orders", 1, 50, 70, True),
             pb("orders", 2, 0, 3, True),
         ),
+        unmarked_partitions=1,  # unmarked/7, counted
     )
 
     assert backlog.clear("job-1") is True
@@ -157,7 +161,7 @@ def test_a_repeated_mark_returns_the_stored_one(backlog: BacklogRegistry, stores
     backlog.report("job-1", [off("orders", 0, 70)])
     stored = backlog.status("job-1")
     # A restarted driver marks again with the end offsets of *now*: the first mark wins.
-    again = backlog.mark("job-1", [off("orders", 0, 900), off("new", 0, 5)], reset=False)
+    again = backlog.mark("job-1", [off("orders", 0, 900), off("clicks", 1, 5)], reset=False)
     assert again == stored
     assert len(objects(stores.blobs)) == 1  # the repeated mark uploaded nothing that stayed
 

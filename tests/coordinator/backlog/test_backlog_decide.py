@@ -18,6 +18,7 @@ from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
     ShardProgress,
+    boundaries_digest,
     boundaries_key,
     empty_shard,
     remaining,
@@ -34,7 +35,7 @@ JOB = f"{JOBS}/job"
 ITEMS = (Offset("o", 0, 10), Offset("o", 1, 0), Offset("o", 2, 5))  # o/1 is finished at once
 OURS = Boundaries("job", "new", ITEMS)
 MARK = MarkRequest(OURS, b"boundaries", reset=False, shard_size=2)
-RECORD = JobRecord("job", "new", 3, 2, NOW)
+RECORD = JobRecord("job", "new", 3, 2, NOW, boundaries_digest(b"boundaries"))
 OLD = JobRecord("job", "old", 1, 2, NOW - 10)
 
 

@@ -168,7 +168,9 @@ def test_a_stale_copy_naming_none_of_the_reported_partitions_does_not_answer_for
     assert here.report("job", [off("a", 0, 10)]) == Progress("job", (off("a", 0, 10),), False)
     elsewhere.mark("job", [off("a", 0, 10), off("b", 0, 5), off("c", 0, 5)], reset=True)
 
-    assert here.report("job", [off("z", 0, 1)]) == Progress("job", (), processing_backlog=True)
+    assert here.report("job", [off("z", 0, 1)]) == Progress(
+        "job", (), processing_backlog=True, unmarked=(off("z", 0, 1),)
+    )
     assert here.report("job", [off("b", 0, 5)]) == Progress("job", (off("b", 0, 5),), True)
     assert [p.finished for p in elsewhere.status("job").partitions] == [False, True, False]
 

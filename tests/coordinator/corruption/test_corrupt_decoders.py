@@ -96,6 +96,11 @@ CODECS = [
         lambda data: backlog_codec.decode_shard(data, 2),
     ),
     Codec(
+        "backlog_unmarked_set",
+        backlog_codec.encode_unmarked(frozenset({"0123456789abcdef", "fedcba9876543210"})),
+        backlog_codec.decode_unmarked,
+    ),
+    Codec(
         "upload_intent",
         intents.encode(intents.Intent(("k",), 5, intents.UploadInfo("app", 3, "a", "state", 3, "ab"))),
         intents.decode,

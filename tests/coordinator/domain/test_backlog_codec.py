@@ -14,7 +14,10 @@ from snapcoord.coordinator.domain.backlog import (
     Positions,
     ShardProgress,
     apply_positions,
+    boundaries_digest,
+    carry_progress,
     empty_shard,
+    grow,
     is_finished,
     job_of_object,
     remaining,
@@ -54,6 +57,42 @@ def test_job_record_v1_bytes_are_pinned() -> None:
     assert encode_job_record(RECORD) == golden
     assert decode_job_record(golden) == RECORD
     assert RECORD.object_key == f"backlog/orders-job/{MARK}.json"
+
+
+def test_job_record_v1_with_the_boundaries_digest_is_pinned() -> None:
+    """The digest is an optional field of version 1: a record without it (above) reads as before,
+    one with it carries the SHA-256 of the boundaries object, and a malformed one is refused."""
+    golden = (GOLDEN / "backlog_job_record_v1_digest.json").read_bytes()
+    boundaries = (GOLDEN / "backlog_boundaries_v1.json").read_bytes()
+    record = JobRecord("orders-job", MARK, 5, 1024, 1_700_000_000_000, boundaries_digest(boundaries))
+    assert encode_job_record(record) == golden
+    assert decode_job_record(golden) == record
+    for bad in ('"XYZ"', '"' + "0" * 63 + '"', '"' + "A" * 64 + '"'):
+        edited = golden.replace(f'"{record.boundaries_digest}"'.encode(), bad.encode())
+        with pytest.raises(CorruptRecord, match="malformed boundaries_sha256"):
+            decode_job_record(edited)
+
+
+def test_a_grown_mark_keeps_each_first_boundary_and_carries_positions_and_tags() -> None:
+    old = Boundaries("j", "m1", (Offset("b", 0, 10), Offset("b", 1, 10), Offset("d", 0, 10)))
+    shards = {0: ShardProgress((10, 4), {0: "tag-b0"}), 1: ShardProgress((None,), {})}
+    requested = [Offset("b", 0, 99), Offset("a", 0, 5), Offset("c", 3, 7), Offset("d", 0, 1)]
+    growth = grow(old, requested, "m2")
+    assert growth is not None
+    assert growth.added == (Offset("a", 0, 5), Offset("c", 3, 7))
+    assert growth.boundaries == Boundaries(
+        "j",
+        "m2",
+        (Offset("a", 0, 5), Offset("b", 0, 10), Offset("b", 1, 10), Offset("c", 3, 7), Offset("d", 0, 10)),
+    )
+    carried = carry_progress(old, shards, 2, growth.boundaries, 2)
+    # a/0 | b/0 (10, tagged), b/1 (4) | c/3, d/0: every index moved, across shards.
+    assert carried == (
+        ShardProgress((None, 10), {1: "tag-b0"}),
+        ShardProgress((4, None), {}),
+        ShardProgress((None,), {}),
+    )
+    assert grow(old, [Offset("d", 0, 3), Offset("b", 1, 1)], "m3") is None
 
 
 def test_boundaries_v1_bytes_are_pinned() -> None:

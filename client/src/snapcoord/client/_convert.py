@@ -264,6 +264,8 @@ def backlog_status_from_pb(pb: backlog_pb2.BacklogStatus) -> BacklogStatus:
         tuple(
             PartitionBacklog(p.stream, p.partition, p.boundary, p.position, p.finished) for p in pb.partitions
         ),
+        offsets_from_pb(pb.added),
+        pb.unmarked_partitions,
     )
 
 
@@ -280,7 +282,9 @@ def progress_request(
 
 
 def progress_from_pb(pb: backlog_pb2.ReportProgressResponse) -> ProgressResult:
-    return ProgressResult(offsets_from_pb(pb.newly_finished), backlog_status_from_pb(pb.status))
+    return ProgressResult(
+        offsets_from_pb(pb.newly_finished), backlog_status_from_pb(pb.status), offsets_from_pb(pb.unmarked)
+    )
 
 
 def get_backlog_request(job_id: str) -> backlog_pb2.GetBacklogStatusRequest:

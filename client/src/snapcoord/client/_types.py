@@ -183,11 +183,16 @@ class PartitionBacklog:
 @dataclass(frozen=True)
 class BacklogStatus:
     """Whether a job is still processing its backlog. ReportProgress answers without
-    ``partitions``; MarkBacklog and GetBacklogStatus list every marked partition."""
+    ``partitions``; MarkBacklog and GetBacklogStatus list every marked partition, and MarkBacklog
+    in ``added`` the partitions this call added to a stored mark (with their boundaries)."""
 
     job_id: str
     processing_backlog: bool
     partitions: tuple[PartitionBacklog, ...] = ()
+    added: tuple[Offset, ...] = ()
+    #: How many partitions progress reports named that the mark does not (MarkBacklog and
+    #: GetBacklogStatus; mark them to track them).
+    unmarked_partitions: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,9 @@ class ProgressResult:
 
     newly_finished: tuple[Offset, ...]
     status: BacklogStatus
+    #: The reported positions of partitions the mark does not name (not backlog, not stored), in
+    #: (stream, partition) order: mark them (``mark_backlog`` adds them to the stored mark).
+    unmarked: tuple[Offset, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -556,7 +556,8 @@ class CoordinatorClient:
         timeout_s: float | None = None,
     ) -> BacklogStatus:
         """Mark the backlog boundary of each partition; the first mark wins (kept across driver
-        restarts) and later ones return it, unless ``reset``."""
+        restarts) and later ones return it, unless ``reset``. A later mark naming partitions the
+        stored one lacks adds them (each keeps its first boundary) and lists them in ``added``."""
         return self._call(
             "MarkBacklog", cv.mark_request(job_id, boundaries, reset), cv.backlog_status_from_pb, timeout_s
         )
@@ -569,7 +570,8 @@ class CoordinatorClient:
         report_id: str | None = None,
         timeout_s: float | None = None,
     ) -> ProgressResult:
-        """Report positions; ``newly_finished`` holds the partitions this report finished.
+        """Report positions; ``newly_finished`` holds the partitions this report finished, and
+        ``unmarked`` the positions of partitions the mark does not name (mark them).
 
         Safe to retry: the report goes with a ``report_id`` (a fresh UUID unless given), kept
         across the client's own retries on UNAVAILABLE, and a retry with the same id answers the

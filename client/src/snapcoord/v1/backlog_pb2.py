@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from snapcoord.v1 import common_pb2 as snapcoord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asnapcoord/v1/backlog.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"k\n\x10PartitionBacklog\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08\x62oundary\x18\x03 \x01(\x03\x12\x10\n\x08position\x18\x04 \x01(\x03\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\"o\n\rBacklogStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12processing_backlog\x18\x02 \x01(\x08\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.snapcoord.v1.PartitionBacklog\"]\n\x12MarkBacklogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\nboundaries\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\r\n\x05reset\x18\x03 \x01(\x08\"c\n\x15ReportProgressRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\tpositions\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x11\n\treport_id\x18\x03 \x01(\t\"s\n\x16ReportProgressResponse\x12,\n\x0enewly_finished\x18\x01 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12+\n\x06status\x18\x02 \x01(\x0b\x32\x1b.snapcoord.v1.BacklogStatus\")\n\x17GetBacklogStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"%\n\x13\x43learBacklogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x14\x43learBacklogResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\x32\xfe\x02\n\x0e\x42\x61\x63klogService\x12Q\n\x0bMarkBacklog\x12 .snapcoord.v1.MarkBacklogRequest\x1a\x1b.snapcoord.v1.BacklogStatus\"\x03\x90\x02\x02\x12`\n\x0eReportProgress\x12#.snapcoord.v1.ReportProgressRequest\x1a$.snapcoord.v1.ReportProgressResponse\"\x03\x90\x02\x02\x12[\n\x10GetBacklogStatus\x12%.snapcoord.v1.GetBacklogStatusRequest\x1a\x1b.snapcoord.v1.BacklogStatus\"\x03\x90\x02\x01\x12Z\n\x0c\x43learBacklog\x12!.snapcoord.v1.ClearBacklogRequest\x1a\".snapcoord.v1.ClearBacklogResponse\"\x03\x90\x02\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asnapcoord/v1/backlog.proto\x12\x0csnapcoord.v1\x1a\x19snapcoord/v1/common.proto\"k\n\x10PartitionBacklog\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08\x62oundary\x18\x03 \x01(\x03\x12\x10\n\x08position\x18\x04 \x01(\x03\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\"\xb1\x01\n\rBacklogStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12processing_backlog\x18\x02 \x01(\x08\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.snapcoord.v1.PartitionBacklog\x12#\n\x05\x61\x64\x64\x65\x64\x18\x04 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x1b\n\x13unmarked_partitions\x18\x05 \x01(\x05\"]\n\x12MarkBacklogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\nboundaries\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\r\n\x05reset\x18\x03 \x01(\x08\"c\n\x15ReportProgressRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\tpositions\x18\x02 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12\x11\n\treport_id\x18\x03 \x01(\t\"\x9b\x01\n\x16ReportProgressResponse\x12,\n\x0enewly_finished\x18\x01 \x03(\x0b\x32\x14.snapcoord.v1.Offset\x12+\n\x06status\x18\x02 \x01(\x0b\x32\x1b.snapcoord.v1.BacklogStatus\x12&\n\x08unmarked\x18\x03 \x03(\x0b\x32\x14.snapcoord.v1.Offset\")\n\x17GetBacklogStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"%\n\x13\x43learBacklogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x14\x43learBacklogResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\x32\xfe\x02\n\x0e\x42\x61\x63klogService\x12Q\n\x0bMarkBacklog\x12 .snapcoord.v1.MarkBacklogRequest\x1a\x1b.snapcoord.v1.BacklogStatus\"\x03\x90\x02\x02\x12`\n\x0eReportProgress\x12#.snapcoord.v1.ReportProgressRequest\x1a$.snapcoord.v1.ReportProgressResponse\"\x03\x90\x02\x02\x12[\n\x10GetBacklogStatus\x12%.snapcoord.v1.GetBacklogStatusRequest\x1a\x1b.snapcoord.v1.BacklogStatus\"\x03\x90\x02\x01\x12Z\n\x0c\x43learBacklog\x12!.snapcoord.v1.ClearBacklogRequest\x1a\".snapcoord.v1.ClearBacklogResponse\"\x03\x90\x02\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,20 +42,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BACKLOGSERVICE'].methods_by_name['ClearBacklog']._serialized_options = b'\220\002\002'
   _globals['_PARTITIONBACKLOG']._serialized_start=71
   _globals['_PARTITIONBACKLOG']._serialized_end=178
-  _globals['_BACKLOGSTATUS']._serialized_start=180
-  _globals['_BACKLOGSTATUS']._serialized_end=291
-  _globals['_MARKBACKLOGREQUEST']._serialized_start=293
-  _globals['_MARKBACKLOGREQUEST']._serialized_end=386
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=388
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=487
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=489
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=604
-  _globals['_GETBACKLOGSTATUSREQUEST']._serialized_start=606
-  _globals['_GETBACKLOGSTATUSREQUEST']._serialized_end=647
-  _globals['_CLEARBACKLOGREQUEST']._serialized_start=649
-  _globals['_CLEARBACKLOGREQUEST']._serialized_end=686
-  _globals['_CLEARBACKLOGRESPONSE']._serialized_start=688
-  _globals['_CLEARBACKLOGRESPONSE']._serialized_end=727
-  _globals['_BACKLOGSERVICE']._serialized_start=730
-  _globals['_BACKLOGSERVICE']._serialized_end=1112
+  _globals['_BACKLOGSTATUS']._serialized_start=181
+  _globals['_BACKLOGSTATUS']._serialized_end=358
+  _globals['_MARKBACKLOGREQUEST']._serialized_start=360
+  _globals['_MARKBACKLOGREQUEST']._serialized_end=453
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=455
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=554
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=557
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=712
+  _globals['_GETBACKLOGSTATUSREQUEST']._serialized_start=714
+  _globals['_GETBACKLOGSTATUSREQUEST']._serialized_end=755
+  _globals['_CLEARBACKLOGREQUEST']._serialized_start=757
+  _globals['_CLEARBACKLOGREQUEST']._serialized_end=794
+  _globals['_CLEARBACKLOGRESPONSE']._serialized_start=796
+  _globals['_CLEARBACKLOGRESPONSE']._serialized_end=835
+  _globals['_BACKLOGSERVICE']._serialized_start=838
+  _globals['_BACKLOGSERVICE']._serialized_end=1220
 # @@protoc_insertion_point(module_scope)

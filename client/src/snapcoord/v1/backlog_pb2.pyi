@@ -21,14 +21,18 @@ class PartitionBacklog(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., boundary: _Optional[int] = ..., position: _Optional[int] = ..., finished: bool = ...) -> None: ...
 
 class BacklogStatus(_message.Message):
-    __slots__ = ("job_id", "processing_backlog", "partitions")
+    __slots__ = ("job_id", "processing_backlog", "partitions", "added", "unmarked_partitions")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_BACKLOG_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    UNMARKED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     processing_backlog: bool
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionBacklog]
-    def __init__(self, job_id: _Optional[str] = ..., processing_backlog: bool = ..., partitions: _Optional[_Iterable[_Union[PartitionBacklog, _Mapping]]] = ...) -> None: ...
+    added: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
+    unmarked_partitions: int
+    def __init__(self, job_id: _Optional[str] = ..., processing_backlog: bool = ..., partitions: _Optional[_Iterable[_Union[PartitionBacklog, _Mapping]]] = ..., added: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., unmarked_partitions: _Optional[int] = ...) -> None: ...
 
 class MarkBacklogRequest(_message.Message):
     __slots__ = ("job_id", "boundaries", "reset")
@@ -51,12 +55,14 @@ class ReportProgressRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., report_id: _Optional[str] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
-    __slots__ = ("newly_finished", "status")
+    __slots__ = ("newly_finished", "status", "unmarked")
     NEWLY_FINISHED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    UNMARKED_FIELD_NUMBER: _ClassVar[int]
     newly_finished: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
     status: BacklogStatus
-    def __init__(self, newly_finished: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., status: _Optional[_Union[BacklogStatus, _Mapping]] = ...) -> None: ...
+    unmarked: _containers.RepeatedCompositeFieldContainer[_common_pb2.Offset]
+    def __init__(self, newly_finished: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ..., status: _Optional[_Union[BacklogStatus, _Mapping]] = ..., unmarked: _Optional[_Iterable[_Union[_common_pb2.Offset, _Mapping]]] = ...) -> None: ...
 
 class GetBacklogStatusRequest(_message.Message):
     __slots__ = ("job_id",)

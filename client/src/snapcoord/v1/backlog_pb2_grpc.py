@@ -64,8 +64,9 @@ class BacklogServiceServicer(object):
     """
 
     def MarkBacklog(self, request, context):
-        """First mark wins and is kept across driver restarts; a second mark returns the stored one
-        unless reset=true.
+        """First mark wins and is kept across driver restarts; a second mark returns the stored one,
+        grown by the partitions it names that the stored one lacks (listed in `added`), unless
+        reset=true.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

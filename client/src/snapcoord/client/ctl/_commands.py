@@ -267,7 +267,11 @@ def drop_lease(client: CoordinatorClient, args: argparse.Namespace) -> Output:
 
 
 def _backlog_tables(status: BacklogStatus) -> tuple[Table, ...]:
-    head = fields(("job_id", status.job_id), ("processing_backlog", str(status.processing_backlog).lower()))
+    head = fields(
+        ("job_id", status.job_id),
+        ("processing_backlog", str(status.processing_backlog).lower()),
+        ("unmarked_partitions", str(status.unmarked_partitions)),
+    )
     partitions = Table(
         ("STREAM", "PARTITION", "BOUNDARY", "POSITION", "FINISHED"),
         tuple(

@@ -33,8 +33,9 @@ class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
 
     Errors are the registry's ``SnapcoordError``s; the interceptor maps them to status codes.
     ReportProgress's status carries ``job_id`` and ``processing_backlog`` without partitions (its
-    answer grows with what changed: ``domain.backlog.Progress``); MarkBacklog and GetBacklogStatus
-    list every partition.
+    answer grows with what changed: ``domain.backlog.Progress``), and its ``unmarked`` the
+    positions of partitions the mark does not name; MarkBacklog and GetBacklogStatus list every
+    partition, MarkBacklog also the partitions it ``added``.
     """
 
     def __init__(self, services: Services) -> None:
@@ -59,6 +60,7 @@ class BacklogService(backlog_pb2_grpc.BacklogServiceServicer):
             status=backlog_pb2.BacklogStatus(
                 job_id=progress.job_id, processing_backlog=progress.processing_backlog
             ),
+            unmarked=offsets_to_pb(progress.unmarked),
         )
 
     def GetBacklogStatus(

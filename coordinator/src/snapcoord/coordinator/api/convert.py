@@ -43,6 +43,8 @@ def backlog_status_to_pb(status: BacklogStatus) -> backlog_pb2.BacklogStatus:
             )
             for p in status.partitions
         ],
+        added=offsets_to_pb(status.added),
+        unmarked_partitions=status.unmarked_partitions,
     )
 
 

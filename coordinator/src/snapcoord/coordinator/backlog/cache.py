@@ -42,7 +42,7 @@ class JobCopies:
     """job id -> the job record this process last read or wrote (thread-safe, bounded).
 
     A copy is only a guess at the current mark, never trusted on its own: a record never changes
-    within a mark (a reset writes a new mark id), and every progress node carries its mark id in
+    within a mark (a reset or a grow writes a new mark id), and every progress node carries its mark id in
     its name and goes in the same transaction as the record that names it. So reading a copy's
     shards proves its mark current, and a stale copy finds them gone (``MarkGone``): the caller
     then reads the record. ZooKeeper versions play no part (they restart when a job is cleared
@@ -75,7 +75,7 @@ class ShardCopies:
     is behind (another reporter, another replica wrote since) fails the commit, and the kernel
     re-reads the shard and merges again, so a stale copy costs a retry and never writes a wrong
     shard. A shard path names its mark, and the shard goes with its mark's record, so a copy of a
-    reset or cleared mark fails its commit too (no node) and the re-read finds it gone
+    reset, grown or cleared mark fails its commit too (no node) and the re-read finds it gone
     (``MarkGone``). A report that would write nothing reads the shards instead (``decide``): its
     answer then rests on what is stored, as without copies."""
 

@@ -2,7 +2,7 @@
 
 Each takes the request, the kernel's ``Reads`` and the commit still in doubt (``pending``), and
 returns ``Done``, ``Commit`` or ``More`` (see ``kernel.decision``); refusals raise. ``MarkGone`` says the
-mark a call was working on was reset or cleared meanwhile: the caller starts again from the record.
+mark a call was working on was reset, grown or cleared meanwhile: the caller starts again from the record.
 """
 
 from __future__ import annotations
@@ -11,32 +11,39 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path
+from snapcoord.coordinator.backlog.layout import JOBS, job_path, marker_path, shard_path, unmarked_path
 from snapcoord.coordinator.domain.backlog import (
     Boundaries,
     JobRecord,
     ShardProgress,
+    add_unmarked,
     apply_positions,
+    boundaries_digest,
     boundaries_key,
+    carry_progress,
     empty_shard,
     remaining,
+    unmarked_tag,
 )
 from snapcoord.coordinator.domain.backlog_codec import (
     decode_job_record,
     decode_shard,
+    decode_unmarked,
     encode_job_record,
     encode_shard,
+    encode_unmarked,
 )
 from snapcoord.coordinator.domain.documents import corrupt
-from snapcoord.coordinator.errors import NotFound
+from snapcoord.coordinator.domain.offsets import Offset
+from snapcoord.coordinator.errors import FailedPrecondition, NotFound, Reason
 from snapcoord.coordinator.kernel import intents
 from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import Commit, Done, More, ReadChildren, ReadNode, Reads, landed
-from snapcoord.coordinator.storage.metadata import Create, Delete, Node, Op, SetData
+from snapcoord.coordinator.storage.metadata import Check, Create, Delete, Node, Op, SetData
 
 
 class MarkGone(Exception):
-    """The mark a call was working on was reset or cleared meanwhile: start again from the record."""
+    """The mark a call was working on was reset, grown or cleared meanwhile: start again from the record."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,14 @@ def stored_shard(record: JobRecord, shard: int, node: Node | None) -> StoredShar
         return StoredShard(decode_shard(node.data, len(record.shard_span(shard))), node.version)
 
 
+def stored_unmarked(record: JobRecord, node: Node | None) -> frozenset[str]:
+    """The mark's unmarked set (empty when no report named an unmarked partition)."""
+    if node is None:
+        return frozenset()
+    with at(unmarked_path(record.job_id, record.mark_id)):
+        return decode_unmarked(node.data)
+
+
 def not_marked(job_id: str) -> str:
     return f"no backlog is marked for job_id {job_id!r}; call MarkBacklog first"
 
@@ -96,12 +111,17 @@ class MarkRequest:
 
 @dataclass(frozen=True)
 class Marked:
-    """What a mark did: "marked" (a first mark), "reset" (replacing ``replaced``) or "existing"
-    (the stored ``record`` is returned)."""
+    """What a mark did: "marked" (a first mark), "reset" (replacing ``replaced``), "grown"
+    (``added`` to mark ``replaced``, whose progress the new ``shards`` carry) or "existing" (the
+    stored ``record`` is returned)."""
 
-    outcome: Literal["marked", "reset", "existing"]
+    outcome: Literal["marked", "reset", "grown", "existing"]
     record: JobRecord
     replaced: str | None = None
+    added: tuple[Offset, ...] = ()
+    shards: tuple[ShardProgress, ...] = ()
+    #: "grown": the partitions reports named unmarked that the grown mark still lacks.
+    unmarked: int = 0
 
 
 def mark(
@@ -115,7 +135,9 @@ def mark(
         return landed(pending)
     if current is not None and not request.reset:
         return Done(Marked("existing", current.record))
-    record = JobRecord(job_id, ours.mark_id, len(ours.items), request.shard_size, now)
+    record = JobRecord(
+        job_id, ours.mark_id, len(ours.items), request.shard_size, now, boundaries_digest(request.payload)
+    )
     ops: list[Op]
     if current is None:
         ops = [Create(path, encode_job_record(record))]
@@ -151,6 +173,141 @@ def mark(
         buckets=((intents.ROOT, now),),
         ensure=(JOBS,),
     )
+
+
+@dataclass(frozen=True)
+class GrowRequest:
+    """Grow ``record``'s mark (``old``) to ``grown`` (a new mark id, made once per call so that
+    every round commits the same upload; ``payload`` its encoding), carrying its progress over."""
+
+    record: JobRecord
+    old: Boundaries
+    grown: Boundaries
+    added: tuple[Offset, ...]
+    payload: bytes
+    #: Most bytes of carried progress the one transaction may hold (``registry.CHUNK_BYTES``).
+    max_bytes: int
+
+    def shard_reads(self) -> list[ReadNode]:
+        r = self.record
+        return [ReadNode(shard_path(r.job_id, r.mark_id, k)) for k in range(r.shard_count)]
+
+    def unmarked_read(self) -> ReadNode:
+        return ReadNode(unmarked_path(self.record.job_id, self.record.mark_id))
+
+
+def grow(
+    request: GrowRequest, reads: Reads, pending: Commit[Marked] | None, now: int
+) -> Done[Marked] | Commit[Marked] | More:
+    """Replace the mark by the grown one in one transaction: the record by version, the old
+    mark's shards deleted by version (a report that wrote one meanwhile fails the commit, which
+    then reads and carries its position over: no progress is lost), its other nodes deleted, the
+    new mark's shards created with the carried progress and their markers. ``MarkGone`` when the
+    record no longer names the mark grown (reset, cleared, or grown by another call)."""
+    old_record, grown = request.record, request.grown
+    job_id, path = old_record.job_id, job_path(old_record.job_id)
+    current = stored_job(job_id, reads.node(path))
+    if pending is not None and current is not None and current.record.mark_id == grown.mark_id:
+        return landed(pending)
+    if current is None or current.record.mark_id != old_record.mark_id:
+        raise MarkGone
+    wanted: list[ReadChildren | ReadNode] = [ReadChildren(path), request.unmarked_read()]
+    wanted += request.shard_reads()
+    if not all(map(reads.has, wanted)):
+        return More(wanted)
+    old_shards = {
+        k: stored_shard(old_record, k, reads.node(read.path)) for k, read in enumerate(request.shard_reads())
+    }
+    shards = carry_progress(
+        request.old,
+        {k: s.progress for k, s in old_shards.items()},
+        old_record.shard_size,
+        grown,
+        old_record.shard_size,
+    )
+    record = JobRecord(
+        job_id,
+        grown.mark_id,
+        len(grown.items),
+        old_record.shard_size,
+        old_record.marked_at_ms,
+        boundaries_digest(request.payload),
+    )
+    versions = {read.path: old_shards[k].version for k, read in enumerate(request.shard_reads())}
+    # The partitions reports named unmarked stay counted, less the ones this grow adds.
+    unmarked_node = reads.node(request.unmarked_read().path)
+    if unmarked_node is not None:
+        versions[request.unmarked_read().path] = unmarked_node.version
+    added = {unmarked_tag(o.stream, o.partition) for o in request.added}
+    unmarked = stored_unmarked(old_record, unmarked_node) - added
+    encoded = [encode_shard(progress) for progress in shards]
+    size = sum(map(len, encoded))
+    if size > request.max_bytes:
+        # Only past the default --backlog-max-partitions: 10,000 partitions carry at most ~460 KB.
+        raise FailedPrecondition(
+            f"the progress of job_id {job_id!r} ({len(grown.items)} partitions once grown) takes "
+            f"{size} bytes, more than one ZooKeeper transaction carries ({request.max_bytes}); a "
+            "mark this large cannot grow: mark again with reset=true naming every partition",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "boundaries", "limit": request.max_bytes, "size": size},
+        )
+    ops: list[Op] = [SetData(path, encode_job_record(record), current.version)]
+    for name in reads.children(path):
+        child = f"{path}/{name}"
+        ops.append(Delete(child, versions.get(child)))
+    for shard, (progress, data) in enumerate(zip(shards, encoded, strict=True)):
+        ops.append(Create(shard_path(job_id, record.mark_id, shard), data))
+        unfinished = remaining(progress, grown.values(record.shard_span(shard)))
+        if unfinished:
+            ops.append(Create(marker_path(job_id, record.mark_id, shard, unfinished), b""))
+    if unmarked:
+        ops.append(Create(unmarked_path(job_id, record.mark_id), encode_unmarked(unmarked)))
+    replaced = old_record.mark_id
+    doomed, doom = intents.doom([boundaries_key(job_id, replaced)], now, replaced)
+    return Commit(
+        [*ops, doom],
+        Marked("grown", record, replaced, request.added, shards, len(unmarked)),
+        uploads={boundaries_key(job_id, grown.mark_id): request.payload},
+        cleanup=(boundaries_key(job_id, replaced),),
+        withdraw=(doomed,),
+        buckets=((intents.ROOT, now),),
+    )
+
+
+# --- ReportProgress: the unmarked set --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnmarkedRequest:
+    """Add ``tags`` (``unmarked_tag``) to the unmarked set of ``record``'s mark, up to ``limit``."""
+
+    record: JobRecord
+    tags: frozenset[str]
+    limit: int
+
+    def reads(self) -> list[ReadNode]:
+        r = self.record
+        return [ReadNode(shard_path(r.job_id, r.mark_id, 0)), ReadNode(unmarked_path(r.job_id, r.mark_id))]
+
+
+def count_unmarked(
+    request: UnmarkedRequest, reads: Reads, pending: Commit[frozenset[str]] | None
+) -> Done[frozenset[str]] | Commit[frozenset[str]]:
+    """The set as stored with ``tags`` added; the write checks the mark's first shard, so it never
+    lands on a mark that is gone (``MarkGone`` when it is). Idempotent: a set holding the tags (a
+    commit in doubt that landed, another report's write) is the answer."""
+    first, path = (read.path for read in request.reads())
+    shard = reads.node(first)
+    if shard is None:
+        raise MarkGone
+    node = reads.node(path)
+    stored = stored_unmarked(request.record, node)
+    merged = add_unmarked(stored, request.tags, request.limit)
+    if merged == stored:
+        return Done(stored)
+    data = encode_unmarked(merged)
+    write: Op = Create(path, data) if node is None else SetData(path, data, node.version)
+    return Commit([write, Check(first, shard.version)], merged)
 
 
 # --- ClearBacklog -------------------------------------------------------------------------------

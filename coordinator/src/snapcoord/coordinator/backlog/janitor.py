@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from snapcoord.coordinator.backlog.decide import stored_job
-from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker
+from snapcoord.coordinator.backlog.layout import JOBS, job_path, parse_marker, shard_name
 from snapcoord.coordinator.domain.backlog import OBJECT_PREFIX, job_of_object
+from snapcoord.coordinator.domain.backlog_codec import decode_unmarked
 from snapcoord.coordinator.domain.clock import Clock
+from snapcoord.coordinator.errors import CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel
 from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.orphans import sweep_unreferenced
@@ -34,9 +36,11 @@ class BacklogJanitor:
         self._clock = clock
         self._metrics = metrics
         self._gauges_stale_after_ms = gauges_stale_after_ms
-        self._gauges: tuple[int, int, int] | None = None  # (jobs, partitions, computed at ms)
+        # (jobs, partitions remaining, partitions unmarked, computed at ms)
+        self._gauges: tuple[int, int, int, int] | None = None
         metrics.backlog_jobs_processing.set_function(lambda: self._gauge(0))
         metrics.backlog_partitions_remaining.set_function(lambda: self._gauge(1))
+        metrics.backlog_partitions_unmarked.set_function(lambda: self._gauge(2))
 
     def sweep_orphans(self, grace_ms: int, limit: int) -> int:
         """Delete up to ``limit`` boundaries objects that no job record references and that are
@@ -65,18 +69,36 @@ class BacklogJanitor:
 
     def refresh_gauges(self) -> int:
         """Count jobs still processing backlog and their unfinished partitions: one ``children``
-        call per job (the remaining markers), none per partition. Removes nothing: returns 0."""
-        jobs = partitions = 0
+        call per job (the remaining markers), none per partition; and the partitions reports
+        named unmarked: one read per job that has an unmarked set (of its current mark, the one
+        whose first shard is listed). Removes nothing: returns 0."""
+        jobs = partitions = unmarked = 0
         for job_id in self._metadata.children(JOBS):
-            counts = [m[2] for m in map(parse_marker, self._metadata.children(job_path(job_id))) if m]
+            names = self._metadata.children(job_path(job_id))
+            counts = [m[2] for m in map(parse_marker, names) if m]
             if counts:
                 jobs += 1
                 partitions += sum(counts)
-        self._gauges = (jobs, partitions, self._clock.now_ms())
+            listed = set(names)
+            for name in names:
+                if name.startswith("u-") and shard_name(name[2:], 0) in listed:
+                    unmarked += self._unmarked_count(f"{job_path(job_id)}/{name}")
+        self._gauges = (jobs, partitions, unmarked, self._clock.now_ms())
         return 0
+
+    def _unmarked_count(self, path: str) -> int:
+        node = self._metadata.get(path)
+        if node is None:
+            return 0  # a grow, reset or clear since the listing
+        try:
+            with at(path):
+                return len(decode_unmarked(node.data))
+        except CorruptRecord as e:
+            skipped(self._metrics, e, "backlog gauges")
+            return 0
 
     def _gauge(self, which: int) -> float:
         gauges = self._gauges
-        if gauges is None or self._clock.now_ms() - gauges[2] > self._gauges_stale_after_ms:
+        if gauges is None or self._clock.now_ms() - gauges[3] > self._gauges_stale_after_ms:
             return 0.0
         return float(gauges[which])

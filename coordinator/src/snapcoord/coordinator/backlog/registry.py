@@ -15,25 +15,30 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from snapcoord.coordinator.backlog import decide
-from snapcoord.coordinator.backlog.cache import BoundariesCache, JobCopies, ShardCopies
+from snapcoord.coordinator.backlog.cache import SHARD_PARTITIONS, BoundariesCache, JobCopies, ShardCopies
 from snapcoord.coordinator.backlog.decide import MarkGone, StoredShard
 from snapcoord.coordinator.backlog.janitor import BacklogJanitor
-from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path
+from snapcoord.coordinator.backlog.layout import job_path, shard_name, shard_path, unmarked_path
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
     BacklogPolicy,
     BacklogStatus,
     Boundaries,
+    Growth,
     JobRecord,
     PartitionBacklog,
     Positions,
     Progress,
+    boundaries_digest,
     boundaries_key,
+    check_growth,
     empty_shard,
+    grow,
     new_mark_id,
     partition_backlog,
     remaining,
     report_tag,
+    unmarked_tag,
     validate_mark,
     validate_report,
     validate_report_id,
@@ -42,6 +47,7 @@ from snapcoord.coordinator.domain.backlog_codec import decode_boundaries, encode
 from snapcoord.coordinator.domain.clock import Clock
 from snapcoord.coordinator.domain.documents import corrupt
 from snapcoord.coordinator.domain.ids import require_id
+from snapcoord.coordinator.domain.lru import Lru
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.errors import BlobNotFound, CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
@@ -91,6 +97,9 @@ class BacklogRegistry:
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
         self._shards = ShardCopies()
+        #: unmarked set path -> the set as last read or written (a report naming only partitions
+        #: it holds writes nothing); counted in tags.
+        self._unmarked: Lru[str, frozenset[str]] = Lru(SHARD_PARTITIONS)
         self._janitor = BacklogJanitor(
             self._kernel, metadata, blobs, clock, metrics, gauges_stale_after_ms=gauges_stale_after_ms
         )
@@ -98,19 +107,26 @@ class BacklogRegistry:
     # --- the API ----------------------------------------------------------------------------
 
     def mark(self, job_id: str, boundaries: Iterable[Offset], reset: bool) -> BacklogStatus:
-        """Mark the boundaries unless a mark exists (then return it), or replace it with ``reset``."""
+        """Mark the boundaries unless a mark exists, or replace it with ``reset``. A stored mark
+        lacking some of the partitions named grows by them (``_grow``); one naming them all is
+        returned as it is."""
         items = validate_mark(job_id, boundaries, self._policy)
         ours = Boundaries(job_id, new_mark_id(), items)
         request = decide.MarkRequest(ours, encode_boundaries(ours), reset, self._shard_size)
 
-        def present(marked: decide.Marked) -> BacklogStatus:
+        def present(marked: decide.Marked) -> tuple[decide.Marked, BacklogStatus]:
             if marked.outcome == "existing":
                 try:
+                    stored = self._boundaries(marked.record)
+                    growth = grow(stored, items, new_mark_id())
+                    if growth is not None:
+                        check_growth(job_id, len(stored.items), len(growth.added), self._policy)
+                        return self._grow(marked.record, stored, growth)
                     status = self._full_status(marked.record)
                 except MarkGone:
-                    raise Reread from None  # reset or cleared between our reads: decide again
+                    raise Reread from None  # reset, grown or cleared between our reads: decide again
                 self._jobs.remember(marked.record)
-                return status
+                return marked, status
             self._cache.remember(ours)
             self._jobs.remember(marked.record)
             # The shards this commit created, empty at version 0: the first report reads none.
@@ -125,25 +141,67 @@ class BacklogRegistry:
             if marked.replaced is not None:
                 self._cache.forget(marked.replaced)
             partitions = tuple(partition_backlog(b, None) for b in items)
-            return BacklogStatus(job_id, any(not p.finished for p in partitions), partitions)
+            return marked, BacklogStatus(job_id, any(not p.finished for p in partitions), partitions)
 
         marked, status = self._kernel.run(
             "backlog_mark",
             {"job_id": job_id},
             [ReadNode(job_path(job_id))],
             lambda reads, pending: decide.mark(request, reads, pending, self._clock.now_ms()),
-            finish=lambda marked: (marked, present(marked)),
+            finish=present,
             # A reset always uploads: its intent rides with the first read. A plain mark usually
             # finds the mark of an earlier run (a restarted job) and uploads nothing; announcing
             # it up front would cost that call a withdrawal round trip, so it announces at commit.
             announce=(boundaries_key(job_id, ours.mark_id),) if reset else (),
         )
         self._metrics.backlog_marks.labels(marked.outcome).inc()
-        if marked.outcome != "existing":
+        if marked.outcome == "grown":
+            self._metrics.backlog_partitions_added.inc(len(marked.added))
+            _log.info(
+                "backlog of %s grown by %d partitions to %d (mark %s replaces %s)",
+                job_id,
+                len(marked.added),
+                marked.record.partition_count,
+                marked.record.mark_id,
+                marked.replaced,
+            )
+        elif marked.outcome != "existing":
             _log.info(
                 "backlog of %s marked: %d partitions (mark %s)", job_id, len(items), marked.record.mark_id
             )
         return status
+
+    def _grow(
+        self, record: JobRecord, stored: Boundaries, growth: Growth
+    ) -> tuple[decide.Marked, BacklogStatus]:
+        """Commit ``growth`` of ``record``'s mark (``decide.grow``) and present the grown mark with
+        the partitions added; ``MarkGone`` when the mark changed meanwhile (the caller decides
+        again on the record then stored)."""
+        grown = growth.boundaries
+        request = decide.GrowRequest(
+            record, stored, grown, growth.added, encode_boundaries(grown), self._chunk_bytes
+        )
+        path = job_path(record.job_id)
+        marked = self._kernel.run(
+            "backlog_grow",
+            {"job_id": record.job_id},
+            [ReadNode(path), ReadChildren(path), request.unmarked_read(), *request.shard_reads()],
+            lambda reads, pending: decide.grow(request, reads, pending, self._clock.now_ms()),
+        )
+        new = marked.record
+        self._cache.remember(grown)
+        self._cache.forget(record.mark_id)
+        self._jobs.remember(new)
+        # The shards this commit created, at version 0.
+        self._remember_shards(new, {k: StoredShard(p, 0) for k, p in enumerate(marked.shards)})
+        partitions: list[PartitionBacklog] = []
+        for shard, progress in enumerate(marked.shards):
+            span = new.shard_span(shard)
+            positions = progress.positions
+            partitions += [partition_backlog(grown.items[i], positions[i - span.start]) for i in span]
+        processing = any(not p.finished for p in partitions)
+        status = BacklogStatus(record.job_id, processing, tuple(partitions), growth.added, marked.unmarked)
+        return marked, status
 
     def report(self, job_id: str, positions: Positions | Iterable[Offset], report_id: str = "") -> Progress:
         """Record positions (each only forward) and return the partitions this report finished.
@@ -160,6 +218,8 @@ class BacklogRegistry:
         )
         if progress.newly_finished:
             self._metrics.backlog_partitions_finished.inc(len(progress.newly_finished))
+        if progress.unmarked:
+            self._metrics.backlog_unmarked_positions.inc(len(progress.unmarked))
         return progress
 
     def status(self, job_id: str) -> BacklogStatus:
@@ -208,13 +268,13 @@ class BacklogRegistry:
             try:
                 return use(copy)
             except MarkGone:
-                self._jobs.forget(job_id, copy.mark_id)  # reset or cleared since: read the record
+                self._jobs.forget(job_id, copy.mark_id)  # reset, grown or cleared since: read the record
 
         def on_record(record: JobRecord) -> T:
             try:
                 result = use(record)
             except MarkGone:
-                raise Reread from None  # reset or cleared meanwhile: apply to what is there now
+                raise Reread from None  # reset, grown or cleared meanwhile: apply to what is there now
             self._jobs.remember(record)
             return result
 
@@ -246,6 +306,12 @@ class BacklogRegistry:
                 path=record.object_key,
             ) from None
         with at(record.object_key):
+            if record.boundaries_digest and boundaries_digest(payload) != record.boundaries_digest:
+                raise corrupt(
+                    "backlog boundaries payload",
+                    "does not match the SHA-256 its job record holds (the object was changed)",
+                    payload,
+                )
             boundaries = decode_boundaries(payload)
             if (boundaries.job_id, boundaries.mark_id, len(boundaries.items)) != (
                 record.job_id,
@@ -262,14 +328,25 @@ class BacklogRegistry:
         nodes = self._metadata.get_many(list(wanted.values()))
         return {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
 
+    def _read_shards_and_unmarked(self, record: JobRecord) -> tuple[dict[int, StoredShard], frozenset[str]]:
+        """Every shard of the mark and its unmarked set, read together; ``MarkGone`` if a shard is
+        missing."""
+        job_id, mark_id = record.job_id, record.mark_id
+        wanted = {shard: shard_path(job_id, mark_id, shard) for shard in range(record.shard_count)}
+        upath = unmarked_path(record.job_id, record.mark_id)
+        nodes = self._metadata.get_many([*wanted.values(), upath])
+        shards = {shard: decide.stored_shard(record, shard, nodes[path]) for shard, path in wanted.items()}
+        return shards, decide.stored_unmarked(record, nodes[upath])
+
     def _remember_shards(self, record: JobRecord, shards: Mapping[int, StoredShard]) -> None:
         for shard, stored in shards.items():
             self._shards.remember(shard_path(record.job_id, record.mark_id, shard), stored)
 
     def _full_status(self, record: JobRecord) -> BacklogStatus:
         boundaries = self._boundaries(record)
-        shards = self._read_shards(record, range(record.shard_count))
+        shards, unmarked = self._read_shards_and_unmarked(record)
         self._remember_shards(record, shards)
+        self._unmarked.put(unmarked_path(record.job_id, record.mark_id), unmarked, max(1, len(unmarked)))
         partitions: list[PartitionBacklog] = []
         for shard in range(record.shard_count):
             progress = shards[shard].progress
@@ -281,11 +358,14 @@ class BacklogRegistry:
             record.job_id,
             processing_backlog=any(not p.finished for p in partitions),
             partitions=tuple(partitions),
+            unmarked_partitions=len(unmarked),
         )
 
     def _report_on(self, record: JobRecord, items: Positions, report_id: str) -> Progress:
         boundaries = self._boundaries(record)
         updates = boundaries.by_shard(items, record.shard_size)
+        placed = sum(map(len, updates.values()))
+        unmarked = boundaries.unmarked(items) if placed < len(items) else ()
         todo = tuple(sorted(updates))
         # The shards this process holds copies of are not read: the commit checks them (its
         # compare-and-set), and ``write_chunk`` reads those it would not write.
@@ -332,7 +412,26 @@ class BacklogRegistry:
             counts[k] if k in counts else remaining(s.progress, boundaries.values(record.shard_span(k)))
             for k, s in shards.items()
         ) or self._has_markers(record)
-        return Progress(record.job_id, tuple(newly), processing)
+        if unmarked:
+            self._count_unmarked(record, unmarked)
+        return Progress(record.job_id, tuple(newly), processing, unmarked)
+
+    def _count_unmarked(self, record: JobRecord, unmarked: tuple[Offset, ...]) -> None:
+        """Add the partitions to the mark's unmarked set unless this process knows it holds them
+        (or it is full); ``MarkGone`` when the mark is gone."""
+        path = unmarked_path(record.job_id, record.mark_id)
+        tags = frozenset(unmarked_tag(o.stream, o.partition) for o in unmarked)
+        known = self._unmarked.get(path)
+        if known is not None and (tags <= known or len(known) >= self._policy.max_partitions):
+            return
+        request = decide.UnmarkedRequest(record, tags, self._policy.max_partitions)
+        stored = self._kernel.run(
+            "backlog_unmarked",
+            {"job_id": record.job_id},
+            request.reads(),
+            functools.partial(decide.count_unmarked, request),
+        )
+        self._unmarked.put(path, stored, max(1, len(stored)))
 
     def _has_markers(self, record: JobRecord) -> bool:
         """Whether a remaining marker of the mark is listed; ``MarkGone`` when its first shard is

@@ -30,14 +30,29 @@ The rules:
   finished each partition (the report's own position for it).
 - **A report's answer** is ``newly_finished`` and the job-wide ``processing_backlog``, with no
   per-partition status (``Progress``); MarkBacklog and GetBacklogStatus list every partition.
-- **Not marked, not backlog.** Positions for partitions the mark does not name are validated,
-  then ignored.
+- **Not marked, not backlog, never dropped silently.** Positions for partitions the mark does
+  not name are validated, left out of the progress, and listed back in the report's ``unmarked``
+  (in (stream, partition) order): the driver learns in the same call that its source has a
+  partition the mark lacks, and marks it (``grow``). The mark also keeps the set of partitions
+  reports named unmarked (as ``unmarked_tag`` hashes, at most ``max_partitions``), so that
+  GetBacklogStatus and the gauges count them; a grow drops the ones it adds.
+- **A mark grows.** A mark naming partitions the stored one lacks adds them (``grow``): each
+  partition's first boundary wins, the partitions already marked keep their boundary and
+  progress. The grown mark is a new mark id (so ``Boundaries`` and ``JobRecord`` stay immutable
+  per mark id, and a partition's index stays its place in (stream, partition) order); its
+  progress is the old mark's, carried over partition by partition with the report tags
+  (``carry_progress``), so nothing reported before is lost and a report retried after the grow
+  still finds what it finished.
+- **Tamper-evident boundaries.** The job record holds the SHA-256 of its boundaries object
+  (``boundaries_digest``); an object that no longer matches is a corrupt record. Records written
+  before the digest existed have none and are read without the check.
 - **Status position.** -1 (``NO_POSITION``) until a position is reported.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,7 +62,7 @@ from typing import cast
 
 from snapcoord.coordinator.domain.ids import is_valid_id, require_id
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, NO_DATA, Offset, validate_offsets
-from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.errors import InvalidArgument, Reason
 
 #: Partitions per progress shard. A shard stores one position (at most 20 characters) and, once
 #: finished, one report tag (about 25 characters) per partition: at most ~46 KB, far below
@@ -83,6 +98,9 @@ class JobRecord:
     partition_count: int
     shard_size: int
     marked_at_ms: int
+    #: SHA-256 (hex) of the boundaries object; empty in records written before it was kept (their
+    #: object is read unchecked).
+    boundaries_digest: str = ""
 
     @property
     def object_key(self) -> str:
@@ -137,6 +155,74 @@ class Boundaries:
                 shard, local = divmod(i, shard_size)
                 updates.setdefault(shard, {})[local] = o
         return updates
+
+    def unmarked(self, positions: Positions) -> tuple[Offset, ...]:
+        """The reported positions of partitions this mark does not name, in (stream, partition)
+        order (only asked when ``by_shard`` placed fewer positions than were reported)."""
+        index = self._index
+        return tuple(
+            sorted(
+                Offset(s, p, o)
+                for s, p, o in zip(positions.streams, positions.partitions, positions.offsets, strict=True)
+                if (s, p) not in index
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A mark grown by the partitions a later mark names that it lacks: the grown boundaries
+    (under a new mark id) and the partitions added, with their boundaries, in (stream, partition)
+    order."""
+
+    boundaries: Boundaries
+    added: tuple[Offset, ...]
+
+
+def grow(stored: Boundaries, requested: Iterable[Offset], mark_id: str) -> Growth | None:
+    """``stored`` with the partitions of ``requested`` it does not name added (each partition's
+    first boundary wins: a partition already marked keeps its own); None when it names them all."""
+    added = tuple(sorted(o for o in requested if stored.index_of(o.stream, o.partition) is None))
+    if not added:
+        return None
+    items = tuple(sorted(itertools.chain(stored.items, added)))
+    return Growth(Boundaries(stored.job_id, mark_id, items), added)
+
+
+def carry_progress(
+    old: Boundaries,
+    old_shards: Mapping[int, ShardProgress],
+    old_shard_size: int,
+    new: Boundaries,
+    shard_size: int,
+) -> tuple[ShardProgress, ...]:
+    """The progress of ``old`` (its shards, all of them) re-indexed for ``new``, a grown mark
+    naming every partition of ``old``: each position and report tag moves to the partition's index
+    in ``new``; the added partitions start with none."""
+    positions: list[int | None] = [None] * len(new.items)
+    tags: dict[int, str] = {}
+    for shard, progress in old_shards.items():
+        start = shard * old_shard_size
+        for local, position in enumerate(progress.positions):
+            if position is None and local not in progress.finished_by:
+                continue
+            o = old.items[start + local]
+            i = new.index_of(o.stream, o.partition)
+            if i is None:
+                raise ValueError(f"{o.stream}/{o.partition} of the old mark is missing from the grown one")
+            positions[i] = position
+            if local in progress.finished_by:
+                tags[i] = progress.finished_by[local]
+    shards: list[ShardProgress] = []
+    for start in range(0, len(new.items), shard_size):
+        stop = min(start + shard_size, len(new.items))
+        shards.append(
+            ShardProgress(
+                tuple(positions[start:stop]),
+                {i - start: tag for i, tag in tags.items() if start <= i < stop},
+            )
+        )
+    return tuple(shards)
 
 
 @dataclass(frozen=True)
@@ -225,6 +311,11 @@ class BacklogStatus:
     #: True while any marked partition is behind its boundary.
     processing_backlog: bool
     partitions: tuple[PartitionBacklog, ...]
+    #: MarkBacklog only: the partitions this call added to a stored mark, with their boundaries,
+    #: in (stream, partition) order (empty for a first mark, a reset, or a mark naming nothing new).
+    added: tuple[Offset, ...] = ()
+    #: How many partitions reports named that the mark does not (at most ``max_partitions``).
+    unmarked_partitions: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +333,9 @@ class Progress:
     newly_finished: tuple[Offset, ...]
     #: True while any marked partition of the job is behind its boundary.
     processing_backlog: bool
+    #: The reported positions of partitions the mark does not name, in (stream, partition) order:
+    #: not backlog, not stored; the driver marks them (MarkBacklog adds them to the mark).
+    unmarked: tuple[Offset, ...] = ()
 
 
 def partition_backlog(boundary: Offset, position: int | None) -> PartitionBacklog:
@@ -294,6 +388,37 @@ def validate_report(job_id: str, positions: Positions, policy: BacklogPolicy) ->
     ):
         validate_offsets(positions.items(), field="positions", max_count=policy.max_partitions)
     return positions
+
+
+def check_growth(job_id: str, marked: int, added: int, policy: BacklogPolicy) -> None:
+    """Refuse a grown mark over ``max_partitions`` (nothing is stored: the check comes first)."""
+    if marked + added > policy.max_partitions:
+        raise InvalidArgument(
+            f"adding {added} partitions to the backlog mark of job_id {job_id!r} ({marked} marked) "
+            f"would track {marked + added}; this coordinator tracks at most {policy.max_partitions} "
+            "partitions per job (--backlog-max-partitions): raise the limit, or mark again with "
+            "reset=true naming fewer partitions",
+            reason=Reason.TOO_LARGE,
+            metadata={"field": "boundaries", "limit": policy.max_partitions},
+        )
+
+
+def unmarked_tag(stream: str, partition: int) -> str:
+    """How the mark's unmarked set names a partition: 16 hex characters whatever the stream
+    name's length (a stream name never holds ``/``), so the set's node stays bounded."""
+    return hashlib.sha256(f"{stream}/{partition}".encode()).hexdigest()[:16]
+
+
+def add_unmarked(stored: frozenset[str], tags: Iterable[str], limit: int) -> frozenset[str]:
+    """``stored`` with ``tags`` added, up to ``limit`` tags in all (the smallest new ones first,
+    so that every replica adds the same)."""
+    new = sorted(set(tags) - stored)[: max(0, limit - len(stored))]
+    return stored | frozenset(new) if new else stored
+
+
+def boundaries_digest(payload: bytes) -> str:
+    """The digest a job record keeps of its boundaries object: SHA-256, hex."""
+    return hashlib.sha256(payload).hexdigest()
 
 
 def new_mark_id() -> str:

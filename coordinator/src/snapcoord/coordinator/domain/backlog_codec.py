@@ -1,11 +1,16 @@
 """Stored formats of backlog tracking (versioned JSON; see ``codec`` for the conventions).
 
-- The job record (ZooKeeper): a few hundred bytes.
+- The job record (ZooKeeper): a few hundred bytes, with the SHA-256 of its boundaries object
+  (``boundaries_sha256``; absent in records written before it was kept, and then not checked).
+  The field is optional within version 1: a coordinator that does not know it reads the record
+  as before, so replicas of either kind can share a store.
 - The boundaries (S3): grouped by stream, so a stream name is stored once however many partitions
   it has; partitions and offsets as parallel lists, in (stream, partition) order, which defines
   the partition indices that progress shards use.
 - A progress shard (ZooKeeper): positions by index within the shard (``null``: none reported;
   trailing nulls are left out), and the report tag of each finished partition.
+- The unmarked set (ZooKeeper): the sorted ``unmarked_tag`` of each partition reports named that
+  the mark does not; at most ~17 bytes a partition.
 """
 
 from __future__ import annotations
@@ -20,21 +25,23 @@ from snapcoord.coordinator.domain.offsets import Offset
 JOB_RECORD_VERSION = 1
 BOUNDARIES_VERSION = 1
 SHARD_VERSION = 1
+UNMARKED_VERSION = 1
 
 _INT_OR_NULL = {int, type(None)}
 
 
 def encode_job_record(record: JobRecord) -> bytes:
-    return dump(
-        {
-            "version": JOB_RECORD_VERSION,
-            "job_id": record.job_id,
-            "mark_id": record.mark_id,
-            "partition_count": record.partition_count,
-            "shard_size": record.shard_size,
-            "marked_at_ms": record.marked_at_ms,
-        }
-    )
+    doc: dict[str, Any] = {
+        "version": JOB_RECORD_VERSION,
+        "job_id": record.job_id,
+        "mark_id": record.mark_id,
+        "partition_count": record.partition_count,
+        "shard_size": record.shard_size,
+        "marked_at_ms": record.marked_at_ms,
+    }
+    if record.boundaries_digest:
+        doc["boundaries_sha256"] = record.boundaries_digest
+    return dump(doc)
 
 
 def decode_job_record(data: bytes) -> JobRecord:
@@ -46,11 +53,15 @@ def decode_job_record(data: bytes) -> JobRecord:
             partition_count=int(doc["partition_count"]),
             shard_size=int(doc["shard_size"]),
             marked_at_ms=int(doc["marked_at_ms"]),
+            boundaries_digest=str(doc.get("boundaries_sha256", "")),
         )
     except SHAPE_ERRORS as e:
         raise malformed("backlog job record", e, data) from e
     if record.partition_count < 1 or record.shard_size < 1:
         raise corrupt("backlog job record", f"of {record.job_id!r} has no partitions or shards", data)
+    digest = record.boundaries_digest
+    if "boundaries_sha256" in doc and (len(digest) != 64 or digest.strip("0123456789abcdef")):
+        raise corrupt("backlog job record", f"of {record.job_id!r} has a malformed boundaries_sha256", data)
     return record
 
 
@@ -125,3 +136,18 @@ def decode_shard(data: bytes, size: int) -> ShardProgress:
     if len(stored) > size or any(not 0 <= k < size for k in finished_by):
         raise corrupt("backlog progress shard", f"holds more than its {size} partitions", data)
     return ShardProgress(positions=tuple(stored) + (None,) * (size - len(stored)), finished_by=finished_by)
+
+
+def encode_unmarked(tags: frozenset[str]) -> bytes:
+    return dump({"version": UNMARKED_VERSION, "tags": sorted(tags)})
+
+
+def decode_unmarked(data: bytes) -> frozenset[str]:
+    doc = load(data, "backlog unmarked set", UNMARKED_VERSION)
+    try:
+        tags = doc["tags"]
+        if type(tags) is not list or not all(type(t) is str for t in tags):
+            raise TypeError(f"tags is not a list of strings: {tags!r}"[:200])
+    except SHAPE_ERRORS as e:
+        raise malformed("backlog unmarked set", e, data) from e
+    return frozenset(tags)

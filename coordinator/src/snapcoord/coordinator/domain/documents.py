@@ -36,6 +36,7 @@ RECORD_KINDS = (
     "backlog_job_record",
     "backlog_boundaries_payload",
     "backlog_progress_shard",
+    "backlog_unmarked_set",
     "upload_intent",
 )
 

@@ -106,7 +106,8 @@ class CoordinatorMetrics:
         )
         self.backlog_marks = Counter(
             "snapcoord_backlog_marks",
-            "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned) or reset.",
+            "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned), "
+            "grown (partitions added to the stored mark) or reset.",
             ("outcome",),
             registry=registry,
         )
@@ -115,7 +116,18 @@ class CoordinatorMetrics:
             "Partitions a progress report moved to their backlog boundary (each counted once).",
             registry=registry,
         )
-        # The two backlog gauges describe the whole cluster; the elected janitor computes them each
+        self.backlog_partitions_added = Counter(
+            "snapcoord_backlog_partitions_added",
+            "Partitions MarkBacklog added to a stored mark (a source that grew while its job ran).",
+            registry=registry,
+        )
+        self.backlog_unmarked_positions = Counter(
+            "snapcoord_backlog_unmarked_positions",
+            "Positions ReportProgress received for partitions the job's mark does not name (answered "
+            "in its unmarked field; a driver that keeps reporting them has not marked them).",
+            registry=registry,
+        )
+        # The three backlog gauges describe the whole cluster; the elected janitor computes them each
         # pass and other replicas export 0 (like snapcoord_janitor_leader): aggregate with max().
         self.backlog_jobs_processing = Gauge(
             "snapcoord_backlog_jobs_processing",
@@ -126,6 +138,13 @@ class CoordinatorMetrics:
         self.backlog_partitions_remaining = Gauge(
             "snapcoord_backlog_partitions_remaining",
             "Marked partitions behind their backlog boundary, over all jobs (from the elected janitor).",
+            multiprocess_mode=_CLUSTER_GAUGE,
+            registry=registry,
+        )
+        self.backlog_partitions_unmarked = Gauge(
+            "snapcoord_backlog_partitions_unmarked",
+            "Partitions progress reports named that their job's mark does not, over all jobs (from "
+            "the elected janitor).",
             multiprocess_mode=_CLUSTER_GAUGE,
             registry=registry,
         )

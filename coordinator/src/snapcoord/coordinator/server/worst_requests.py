@@ -32,7 +32,6 @@ from snapcoord.coordinator.domain.backlog import (
     JobRecord,
     ShardProgress,
     boundaries_key,
-    empty_shard,
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
@@ -488,7 +487,7 @@ def drop_lease(limits: Limits) -> list[Op]:
 
 
 def _job(limits: Limits) -> JobRecord:
-    return JobRecord(_id("j"), _uuid(), limits.backlog.max_partitions, SHARD_SIZE, _NOW_MS)
+    return JobRecord(_id("j"), _uuid(), limits.backlog.max_partitions, SHARD_SIZE, _NOW_MS, "f" * 64)
 
 
 def _old_children(job: JobRecord, mark_id: str) -> list[Op]:
@@ -505,16 +504,24 @@ def _doom_boundaries(job: JobRecord, mark_id: str) -> Op:
 
 
 def mark_backlog(limits: Limits) -> list[Op]:
-    """A reset: the record rewritten, the old mark's nodes deleted (and its boundaries' intent
-    made), the new ones created."""
+    """A grow (``backlog.decide.grow``), the largest mark: the record rewritten, the old mark's
+    nodes deleted (and its boundaries' intent made), the new ones created with the progress
+    carried over, here every partition's (the largest a shard gets: each finished, with its tag);
+    a reset creates the same nodes empty."""
     job = _job(limits)
     old = "0" * 32
     ops: list[Op] = [SetData(job_path(job.job_id), encode_job_record(job), _BIG_INT)]
     ops += _old_children(job, old)
     for shard in range(job.shard_count):
-        ops.append(Create(shard_path(job.job_id, job.mark_id, shard), encode_shard(empty_shard(0))))
+        ops.append(Create(shard_path(job.job_id, job.mark_id, shard), encode_shard(_full_shard(job, shard))))
         ops.append(Create(marker_path(job.job_id, job.mark_id, shard, SHARD_SIZE), b""))
     return [*ops, _retire(), _doom_boundaries(job, old)]
+
+
+def _full_shard(job: JobRecord, shard: int) -> ShardProgress:
+    """A shard at its largest: every partition at the longest position, finished with a tag."""
+    span = job.shard_span(shard)
+    return ShardProgress(tuple([_BIG_INT] * len(span)), {i: "f" * 16 for i in range(len(span))})
 
 
 def report_progress(limits: Limits) -> list[Op]:
@@ -525,7 +532,7 @@ def report_progress(limits: Limits) -> list[Op]:
     ops: list[Op] = []
     for shard in range(job.shard_count):
         span = job.shard_span(shard)
-        full = ShardProgress(tuple([_BIG_INT] * len(span)), {i: "f" * 16 for i in range(len(span))})
+        full = _full_shard(job, shard)
         ops.append(SetData(shard_path(job.job_id, job.mark_id, shard), encode_shard(full), _BIG_INT))
         ops.append(Delete(marker_path(job.job_id, job.mark_id, shard, len(span)), None))
     return ops

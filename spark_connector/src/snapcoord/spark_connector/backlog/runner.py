@@ -16,7 +16,8 @@ runner needs none for its job). The phases:
   delivered (retried until it is), a run that read nothing more or caught up goes steady, one that
   read data but is still behind its boundary starts another catch-up run.
 - **steady -> catch-up** when the tracker turned the flag on again: the query fell behind its
-  sources by more than ``BacklogBound.max_lag``.
+  sources by more than ``BacklogBound.max_lag``, or its source gained a partition that is behind
+  the latest offset the tracker marked it at (``tracker``: sources that grow).
 
 ``switches`` records each switch with the time ``query.stop()`` took (the batch it interrupted).
 
