@@ -193,13 +193,19 @@ def _named(line: str) -> str:
     return line.split(" ", 2)[1].split("(", 1)[0].rsplit(".", 1)[1]
 
 
+def _qualified(line: str) -> str:
+    """The item of a wire line with its message or service: ``BacklogStatus.added``."""
+    return ".".join(line.split(" ", 2)[1].split("(", 1)[0].rsplit(".", 2)[-2:])
+
+
 def undocumented(old: Contract, new: Contract, section: str) -> list[str]:
     """The changes from ``old`` to ``new`` that the changelog ``section`` does not mention: each
     new or changed format version as "format version N", each added or removed method, field or
-    enum value by its name."""
+    enum value by its name (alone or after its message or service: `added`, `BacklogStatus.added`)."""
     missing = []
     for line in sorted(set(old.wire) ^ set(new.wire)):
-        if f"`{_named(line)}`" not in section and _named(line) not in section.split():
+        named = (f"`{_named(line)}`", f"`{_qualified(line)}`")
+        if not any(n in section for n in named) and _named(line) not in section.split():
             missing.append(f"wire: {'added' if line in new.wire else 'removed'} {line}")
     for name in sorted(new.storage.keys() | old.storage.keys()):
         after = new.storage.get(name)

@@ -99,6 +99,7 @@ def test_a_development_version_names_each_change_in_its_changelog_section() -> N
         "wire: added field snapcoord.v1.Lease.holder = 7 optional string"
     ]
     assert undocumented(BASE, NEW_FIELD, "**Wire**: new field `holder` of `Lease`.") == []
+    assert undocumented(BASE, NEW_FIELD, "**Wire**: new field `Lease.holder`.") == []
     assert undocumented(BASE, NEW_FORMAT, "**Storage**: leases change.") == [
         "storage: leases.LEASE_VERSION 1 -> 2"
     ]
