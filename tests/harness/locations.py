@@ -22,6 +22,9 @@ from snapcoord.spark_connector.storage import LocalStorage, Storage, clean_path
 #: The kinds ``test_dir`` makes, for ``pytest.mark.parametrize`` / fixture params.
 KINDS = ("local", "sftp", "s3a", "hdfs")
 
+#: The fixture (tests/spark_connector/conftest.py) that makes a ``TestDir`` of each kind.
+FIXTURE_OF_KIND = {"local": "local_dir", "sftp": "remote", "s3a": "s3a_dir", "hdfs": "hdfs_dir"}
+
 
 @dataclass(frozen=True)
 class TestDir:

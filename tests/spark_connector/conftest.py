@@ -32,7 +32,7 @@ from harness import s3a
 from harness.coordinator import CoordinatorProcess
 from harness.hdfs import HdfsCluster
 from harness.hdfs import hdfs_dir as make_hdfs_dir
-from harness.locations import KINDS, TestDir, sftp_dir
+from harness.locations import FIXTURE_OF_KIND, KINDS, TestDir, sftp_dir
 from harness.locations import local_dir as make_local_dir
 from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
@@ -84,10 +84,6 @@ def hdfs_dir(request: pytest.FixtureRequest, hdfs: HdfsCluster) -> Iterator[Test
     """A fresh ``hdfs://`` directory (``TestDir.storage`` views it through WebHDFS)."""
     with make_hdfs_dir(hdfs, request.node.name) as d:
         yield d
-
-
-#: The fixture that makes a ``TestDir`` of each kind.
-FIXTURE_OF_KIND = {"local": "local_dir", "sftp": "remote", "s3a": "s3a_dir", "hdfs": "hdfs_dir"}
 
 
 @pytest.fixture(params=KINDS)
