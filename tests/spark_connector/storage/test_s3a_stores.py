@@ -67,3 +67,20 @@ def test_hadoop_aws_3_3_creates_by_check_then_put(s3_server: SeaweedS3Server, s3
     assert result["atomic_exclusive"] is False
     assert result["second"] == "FileExistsError" and result["stored"] == "first"
     assert s3a_dir.storage.read_bytes("log/0") == b"first"  # as SeaweedFS keeps it
+
+
+def test_a_directory_marker_is_neither_a_file_nor_an_entry(
+    spark: SparkSession, s3_server: SeaweedS3Server, s3a_dir: TestDir
+) -> None:
+    """S3A keeps an empty ``dir/`` object for each directory it makes (Spark's ``_spark_metadata``,
+    a checkpoint's ``offsets``); read without a JVM (s3fs, as under Spark Connect) the directory
+    still lists its files."""
+    prefix = s3a_dir.uri.split("/", 3)[3]
+    client = s3_server.client()
+    client.put_object(Bucket=s3_server.bucket, Key=f"{prefix}/dir/", Body=b"")
+    client.put_object(Bucket=s3_server.bucket, Key=f"{prefix}/dir/f", Body=b"x")
+    jvm_free = open_location(s3a_dir.uri, use_jvm=False, storage_options=s3a.s3fs_options(s3_server))
+    through_s3a = open_location(s3a_dir.uri, spark=spark)
+    for storage in (jvm_free, through_s3a):
+        assert [(e.name, e.is_dir) for e in storage.list()] == [("dir", True)], storage
+        assert [(e.name, e.size) for e in storage.list("dir")] == [("f", 1)], storage
