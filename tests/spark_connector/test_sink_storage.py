@@ -32,6 +32,8 @@ pytestmark = pytest.mark.spark
 
 #: The stores of the heavier cases: sftp's cases are the small ones (its reads go byte by byte).
 HEAVY = pytest.mark.parametrize("test_dir", ["local", "s3a", "hdfs"], indirect=True)
+#: Reading a table back, whatever the store: the local disk and one remote file system suffice.
+SMALL = pytest.mark.parametrize("test_dir", ["local", "sftp"], indirect=True)
 #: Remote stores only, for a whole streaming query.
 REMOTE = pytest.mark.parametrize("test_dir", ["s3a", "hdfs"], indirect=True)
 
@@ -148,6 +150,7 @@ def _expect_fenced(write: Callable[[], Any]) -> None:
         write()
 
 
+@SMALL
 def test_an_unpartitioned_table_reads_back_whole(spark: SparkSession, test_dir: TestDir) -> None:
     table = test_dir.uri_of("flat")
     sink = PartitionedFileSink(table, file_format="parquet")
@@ -210,6 +213,7 @@ def test_a_location_is_never_taken_for_a_local_directory(
     assert os.listdir(tmp_path) == []  # no "sftp:" or "abfss:" directory, nothing at all
 
 
+@SMALL
 def test_a_table_of_the_earlier_log_format_is_refused(spark: SparkSession, test_dir: TestDir) -> None:
     table = test_dir.uri_of("old")
     test_dir.storage.write_bytes("old/_commits/000000000000-e000000000001.json", b'{"files": []}')
