@@ -1,6 +1,6 @@
 """Snapshot size and time, taking and restoring, for a stateful query with ~100 MB of state.
 
-    bench/run spark_snapshot_restore [--keys 1000000] [--embedded] [--smoke] [--sftp]
+    bench/run spark_snapshot_restore [--keys 1000000] [--embedded] [--smoke] [--sftp] [--s3a] [--hdfs]
 
 One local[2] SparkSession runs a file-source query that deduplicates random 96-character keys
 (``dropDuplicates``: every key stays in the HDFS-backed state store) over two input files, one
@@ -13,7 +13,8 @@ keys half repeat the first one yields only its new keys. Printed: the state dire
 disk, the archive's size, and both times. ``--smoke``: 20 000 keys (a quick check for CI).
 ``--sftp``: the same query a second time in the same run with its checkpoint (and the restored one)
 on a real sshd on loopback, reached through Hadoop's ``sftp://`` FileSystem, and both rows side by
-side.
+side; ``--s3a``: likewise on ``s3a://`` (hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its
+own); ``--hdfs``: likewise on ``hdfs://`` (the tests' HDFS minicluster).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from typing import Any
 
 from common import coordinator_process
 
+from harness import s3a
+from harness.hdfs import HdfsCluster
+from harness.seaweed import SeaweedS3Server
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.savepoints.app_snapshots import ARCHIVE_KEY, SnapshotQuery, take_snapshot
@@ -139,6 +143,10 @@ def main() -> int:
     parser.add_argument("--embedded", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--sftp", action="store_true", help="also with the checkpoints on a local sshd")
+    parser.add_argument("--s3a", action="store_true", help="also with the checkpoints on s3a:// (SeaweedFS)")
+    parser.add_argument(
+        "--hdfs", action="store_true", help="also with the checkpoints on an HDFS minicluster"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.keys = 20_000
@@ -158,6 +166,11 @@ def main() -> int:
             sshd = stack.enter_context(SshServer(tmp / "sshd"))
             for key, value in sshd.spark_conf().items():
                 builder = builder.config(key, value)
+        s3 = stack.enter_context(SeaweedS3Server(tmp / "s3a")) if args.s3a else None
+        if s3 is not None:
+            for key, value in s3a.spark_conf(s3).items():
+                builder = builder.config(key, value)
+        hdfs = stack.enter_context(HdfsCluster(tmp / "hdfs")) if args.hdfs else None
         spark = (
             builder.master("local[2]")
             .appName("snapcoord-bench-snapshot")
@@ -175,6 +188,12 @@ def main() -> int:
             rows.append(
                 measure(spark, client, coord.target, tmp / "sftp", sshd.uri(remote), args.keys, "sftp")
             )
+        if s3 is not None:
+            location = f"s3a://{s3.bucket}/bench"
+            rows.append(measure(spark, client, coord.target, tmp / "s3a-work", location, args.keys, "s3a"))
+        if hdfs is not None:
+            location = hdfs.uri("bench")
+            rows.append(measure(spark, client, coord.target, tmp / "hdfs-work", location, args.keys, "hdfs"))
         print(f"# spark_snapshot_restore: {args.keys} keys, local[2]; coordinator on {backend}")
         print("| checkpoint | state | archive | take_snapshot | restore_snapshot | resumed |")
         print("|---|---|---|---|---|---|")

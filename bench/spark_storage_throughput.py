@@ -4,10 +4,11 @@
 
 One file of random bytes (``--mb`` MiB) is uploaded to and downloaded from each backend the connector
 uses for checkpoints and tables, and checked byte for byte: a local directory (``LocalStorage``);
-Spark's Hadoop FileSystem from a classic driver over ``file:`` and over ``sftp://`` (a real sshd on
-loopback, as in the tests); fsspec over the same sftp server (paramiko) and over S3 (s3fs on a real
-SeaweedFS). Each direction is timed alone; printed in MiB/s. ``--smoke``: 4 MiB (a quick check for CI).
-Spark's own S3A cannot be measured here (its jars are not obtainable), so S3 appears through fsspec only.
+Spark's Hadoop FileSystem from a classic driver over ``file:``, ``sftp://`` (a real sshd on loopback,
+as in the tests), ``s3a://`` (hadoop-aws 3.5.0 on a real SeaweedFS, the jar set ``s3a``) and
+``hdfs://`` (the tests' HDFS minicluster); fsspec over the same sftp server (paramiko) and over S3
+(s3fs on the same SeaweedFS). Each direction is timed alone; printed in MiB/s. ``--smoke``: 4 MiB (a
+quick check for CI).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 
 from common import ROOT  # noqa: F401  (puts tests/ on sys.path for the harness)
 
+from harness import s3a
+from harness.hdfs import HdfsCluster
 from harness.seaweed import SeaweedS3Server
 from harness.sshd import SshServer
 from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
@@ -47,12 +50,13 @@ def timed(op: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def spark_session(sshd: SshServer) -> Any:
+def spark_session(sshd: SshServer, s3: SeaweedS3Server) -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName("storage-throughput")
-    for key, value in {**sshd.spark_conf(), "spark.ui.enabled": "false"}.items():
+    conf = {**sshd.spark_conf(), **s3a.spark_conf(s3), "spark.ui.enabled": "false"}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -68,7 +72,8 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-storage-")))
         sshd = stack.enter_context(SshServer(tmp / "sshd"))
         s3 = stack.enter_context(SeaweedS3Server(tmp / "seaweedfs"))
-        spark = spark_session(sshd)
+        hdfs = stack.enter_context(HdfsCluster(tmp / "hdfs"))
+        spark = spark_session(sshd, s3)
         stack.callback(spark.stop)
         s3_options = {"endpoint_url": s3.endpoint_url, "key": s3.access_key, "secret": s3.secret_key}
 
@@ -77,6 +82,8 @@ def main() -> None:
             ("local directory", LocalStorage(tmp / "local")),
             ("Hadoop, file:", hadoop_storage(spark, (tmp / "hadoop-file").as_uri())),
             ("Hadoop, sftp://", open_location(sshd.uri("hadoop"), spark=spark)),
+            ("Hadoop, s3a:// (SeaweedFS)", open_location(f"s3a://{s3.bucket}/hadoop", spark=spark)),
+            ("Hadoop, hdfs://", open_location(hdfs.uri("hadoop"), spark=spark)),
             (
                 "fsspec, sftp://",
                 open_location(sshd.uri("fsspec"), use_jvm=False, storage_options=sftp_options),

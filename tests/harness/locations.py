@@ -1,10 +1,10 @@
-"""Fresh directories for a test, on the local disk or on the test sshd, handed out alike.
+"""Fresh directories for a test, on the local disk or on a test server, handed out alike.
 
-A ``TestDir`` is what a test gives the code under test (``uri``: a plain local path, or an ``sftp://``
-URI that Spark's Hadoop configuration reaches) together with a ``Storage`` on the same directory as the
-server keeps it (``storage``), for the test's own inspection and for planting files. That view is a
-``LocalStorage`` on the server's side of the directory in both cases, so what a test asserts through it
-does not depend on the connector's own remote backends, the code under test.
+A ``TestDir`` is what a test gives the code under test (``uri``: a plain local path, or an ``sftp://``,
+``s3a://`` or ``hdfs://`` URI that Spark's Hadoop configuration reaches) together with a ``Storage`` on
+the same directory (``storage``), for the test's own inspection and for planting files. That view never
+goes through the Hadoop FileSystem the code under test uses: it is a ``LocalStorage`` on the server's
+side for local and sftp directories, s3fs for s3a (``harness.s3a``), WebHDFS for hdfs (``harness.hdfs``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from harness.sshd import SshServer
 from snapcoord.spark_connector.storage import LocalStorage, Storage, clean_path
 
 #: The kinds ``test_dir`` makes, for ``pytest.mark.parametrize`` / fixture params.
-KINDS = ("local", "sftp")
+KINDS = ("local", "sftp", "s3a", "hdfs")
+
+#: The fixture (tests/spark_connector/conftest.py) that makes a ``TestDir`` of each kind.
+FIXTURE_OF_KIND = {"local": "local_dir", "sftp": "remote", "s3a": "s3a_dir", "hdfs": "hdfs_dir"}
 
 
 @dataclass(frozen=True)

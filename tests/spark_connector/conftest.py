@@ -1,9 +1,19 @@
 """A real local PySpark driver for connector tests (Java and pyspark: scripts/install-test-deps).
 
-Remote storage: the session's ``sshd`` serves ``sftp://`` with its paths in a chroot (they exist nowhere
-on the local filesystem), and both the ``spark`` session and the Spark Connect server reach it through
-Hadoop's sftp FileSystem. ``remote`` gives a test a fresh directory there, ``local_dir`` one on the local
-disk, and ``test_dir`` either one (parametrized over both kinds): see ``harness.locations.TestDir``.
+Remote storage, each reached by the ``spark`` session and the Spark Connect server through Spark's own
+Hadoop FileSystem:
+
+- ``sftp://`` on the session's ``sshd``, its paths in a chroot (they exist nowhere on the local
+  filesystem): ``remote`` gives a test a fresh directory there;
+- ``s3a://`` (hadoop-aws 3.5.0, ``harness.s3a``) on the session's SeaweedFS: ``s3a_dir``;
+- ``hdfs://`` on the session's HDFS minicluster (``harness.hdfs``, started by the first test that
+  needs it): ``hdfs_dir``.
+
+``local_dir`` gives one on the local disk, and ``test_dir`` any of them (parametrized over ``KINDS``;
+a module narrows it with ``pytest.mark.parametrize("test_dir", [...], indirect=True)``): see
+``harness.locations.TestDir``. The s3a settings go into the session before it starts, so the ``spark``
+session needs the SeaweedFS server; the hadoop-aws 3.3 store (``s3a-3.3``, a non-atomic create) needs a
+JVM of its own: a driver subprocess given ``harness.s3a.spark_conf(server, "s3a-3.3")``.
 """
 
 from __future__ import annotations
@@ -18,8 +28,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from harness import s3a
 from harness.coordinator import CoordinatorProcess
-from harness.locations import KINDS, TestDir, sftp_dir
+from harness.hdfs import HdfsCluster
+from harness.hdfs import hdfs_dir as make_hdfs_dir
+from harness.locations import FIXTURE_OF_KIND, KINDS, TestDir, sftp_dir
 from harness.locations import local_dir as make_local_dir
 from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
@@ -50,23 +63,54 @@ def local_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestDi
         yield d
 
 
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HdfsCluster]:
+    """The session's HDFS: a NameNode and a DataNode in one JVM on loopback."""
+    cluster = HdfsCluster(tmp_path_factory.mktemp("hdfs"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def s3a_dir(request: pytest.FixtureRequest, s3_server: SeaweedS3Server) -> Iterator[TestDir]:
+    """A fresh ``s3a://`` prefix on the session's SeaweedFS (``TestDir.storage`` views it through s3fs)."""
+    with s3a.s3a_dir(s3_server, request.node.name) as d:
+        yield d
+
+
+@pytest.fixture
+def hdfs_dir(request: pytest.FixtureRequest, hdfs: HdfsCluster) -> Iterator[TestDir]:
+    """A fresh ``hdfs://`` directory (``TestDir.storage`` views it through WebHDFS)."""
+    with make_hdfs_dir(hdfs, request.node.name) as d:
+        yield d
+
+
 @pytest.fixture(params=KINDS)
 def test_dir(request: pytest.FixtureRequest) -> TestDir:
-    """``local_dir`` or ``remote``: a test using it runs once on each."""
+    """A fresh directory of each kind in turn: a test using it runs once on each (see the module
+    docstring for narrowing the kinds)."""
     kind: str = request.param
-    d: TestDir = request.getfixturevalue("remote" if kind == "sftp" else "local_dir")
+    d: TestDir = request.getfixturevalue(FIXTURE_OF_KIND[kind])
     return d
 
 
+def remote_spark_conf(sshd: SshServer, s3_server: SeaweedS3Server) -> dict[str, str]:
+    """What a Spark JVM of the tests needs to reach the sftp and s3a test stores."""
+    return {**sshd.spark_conf(), **s3a.spark_conf(s3_server)}
+
+
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory, sshd: SshServer) -> Iterator[SparkSession]:
+def spark(
+    tmp_path_factory: pytest.TempPathFactory, sshd: SshServer, s3_server: SeaweedS3Server
+) -> Iterator[SparkSession]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the interpreter that has snapcoord installed, not the PATH default.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     builder = SparkSession.builder
-    for key, value in sshd.spark_conf().items():
+    for key, value in remote_spark_conf(sshd, s3_server).items():
         builder = builder.config(key, value)
     # local[2,4]: a failed task is tried up to 4 times, as spark.task.maxFailures does on a cluster
     # (local mode otherwise fails the job at once). Hadoop's SFTPFileSystem.mkdirs is check-then-
@@ -87,14 +131,15 @@ def spark(tmp_path_factory: pytest.TempPathFactory, sshd: SshServer) -> Iterator
 
 @pytest.fixture(scope="session")
 def spark_connect_server(
-    tmp_path_factory: pytest.TempPathFactory, sshd: SshServer
+    tmp_path_factory: pytest.TempPathFactory, sshd: SshServer, s3_server: SeaweedS3Server
 ) -> Iterator[SparkConnectServer]:
     """One local Spark Connect server (its own JVM) shared by every Connect test of the session; it
-    reaches the session's sftp server as the ``spark`` session does.
+    reaches the session's sftp and s3a stores as the ``spark`` session does.
 
     A server that cannot start fails the tests that need it, with its log; nothing skips.
     """
-    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"), conf=sshd.spark_conf())
+    conf = remote_spark_conf(sshd, s3_server)
+    server = SparkConnectServer(tmp_path_factory.mktemp("spark-connect"), conf=conf)
     server.start()
     yield server
     server.stop()

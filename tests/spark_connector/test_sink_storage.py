@@ -1,8 +1,10 @@
 """``PartitionedFileSink`` on any location, read by Spark readers that know nothing of it.
 
-Tables live in a local directory and on a real sshd reached through Hadoop's ``sftp://`` FileSystem (the
-``test_dir`` fixture runs each test on both). The readers are plain ``spark.read.json(table)`` and
-``spark.readStream`` on the table: they honour the sink's ``_spark_metadata`` log and nothing else.
+Tables live in a local directory and on real servers reached through Spark's Hadoop FileSystems:
+``s3a://`` (SeaweedFS), ``hdfs://`` (the minicluster) and ``sftp://`` (an sshd; a file system with
+directories and no atomic create, kept for the small cases). The readers are plain
+``spark.read.json(table)`` and ``spark.readStream`` on the table: they honour the sink's
+``_spark_metadata`` log and nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import UnsupportedLocation
 
 pytestmark = pytest.mark.spark
+
+#: The stores of the heavier cases: sftp's cases are the small ones (its reads go byte by byte).
+HEAVY = pytest.mark.parametrize("test_dir", ["local", "s3a", "hdfs"], indirect=True)
+#: Reading a table back, whatever the store: the local disk and one remote file system suffice.
+SMALL = pytest.mark.parametrize("test_dir", ["local", "sftp"], indirect=True)
+#: Remote stores only, for a whole streaming query.
+REMOTE = pytest.mark.parametrize("test_dir", ["s3a", "hdfs"], indirect=True)
 
 SCHEMA = "id long, bucket string"
 
@@ -78,6 +87,7 @@ class Paused(PartitionedFileSink):
         super()._create_entry(commit, files)
 
 
+@HEAVY
 def test_plain_readers_see_only_committed_batches(spark: SparkSession, test_dir: TestDir) -> None:
     table = test_dir.uri_of("t")
     sink = Paused(table, partition_by=["bucket"])
@@ -140,6 +150,7 @@ def _expect_fenced(write: Callable[[], Any]) -> None:
         write()
 
 
+@SMALL
 def test_an_unpartitioned_table_reads_back_whole(spark: SparkSession, test_dir: TestDir) -> None:
     table = test_dir.uri_of("flat")
     sink = PartitionedFileSink(table, file_format="parquet")
@@ -196,12 +207,13 @@ def test_a_location_is_never_taken_for_a_local_directory(
     assert remote.storage.exists("t/_spark_metadata/1")
     with pytest.raises(UnsupportedLocation, match="scheme"):
         PartitionedFileSink("unknown-scheme://host/table")
-    # Spark's Hadoop configuration names a FileSystem class for s3a that is not on the class path here.
-    with pytest.raises(UnsupportedLocation, match="hadoop-aws"):
-        PartitionedFileSink("s3a://bucket/table")
-    assert os.listdir(tmp_path) == []  # no "sftp:" or "s3a:" directory, nothing at all
+    # Spark's Hadoop configuration names a FileSystem class for abfss that is not on the class path here.
+    with pytest.raises(UnsupportedLocation, match="hadoop-azure"):
+        PartitionedFileSink("abfss://container@account.dfs.core.windows.net/table")
+    assert os.listdir(tmp_path) == []  # no "sftp:" or "abfss:" directory, nothing at all
 
 
+@SMALL
 def test_a_table_of_the_earlier_log_format_is_refused(spark: SparkSession, test_dir: TestDir) -> None:
     table = test_dir.uri_of("old")
     test_dir.storage.write_bytes("old/_commits/000000000000-e000000000001.json", b'{"files": []}')
@@ -212,10 +224,11 @@ def test_a_table_of_the_earlier_log_format_is_refused(spark: SparkSession, test_
     assert [e.name for e in test_dir.storage.list("old")] == ["_commits"]  # nothing written
 
 
-def test_a_streaming_query_writes_an_sftp_table_exactly_once(
-    spark: SparkSession, remote: TestDir, tmp_path: Path, zk_coordinator: CoordinatorProcess
+@REMOTE
+def test_a_streaming_query_writes_a_remote_table_exactly_once(
+    spark: SparkSession, test_dir: TestDir, tmp_path: Path, zk_coordinator: CoordinatorProcess
 ) -> None:
-    """A file-source query through ``exactly_once`` into a table on the sshd; batch 1 fails once
+    """A file-source query through ``exactly_once`` into a table on a remote store; batch 1 fails once
     after its write (a crash between the sink write and Spark's commit), and the re-run rolls it back."""
     source = tmp_path / "in"
     source.mkdir()
@@ -223,7 +236,7 @@ def test_a_streaming_query_writes_an_sftp_table_exactly_once(
         (source / f"in-{n}.json").write_text(
             "".join(f'{{"id": {10 * n + i}, "bucket": "b{i % 2}"}}\n' for i in range(4))
         )
-    table = remote.uri_of("t")
+    table = test_dir.uri_of("t")
     sink = PartitionedFileSink(table, partition_by=["bucket"])
     failed: list[int] = []
 
@@ -236,7 +249,7 @@ def test_a_streaming_query_writes_an_sftp_table_exactly_once(
     writer = exactly_once(
         sink,
         zk_coordinator.target,
-        query_name=f"sftp-{uuid.uuid4().hex[:6]}",
+        query_name=f"{test_dir.kind}-{uuid.uuid4().hex[:6]}",
         batch_function=write_then_fail_once,
     )
     checkpoint = str(tmp_path / "cp")

@@ -25,11 +25,12 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from harness import s3a
 from harness.coordinator import CoordinatorProcess
-from harness.locations import TestDir
+from harness.locations import FIXTURE_OF_KIND, TestDir
 from harness.process import wait_until
+from harness.seaweed import SeaweedS3Server
 from harness.spark_connect import SparkConnectServer
-from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient, Offset, SnapshotState
 from snapcoord.spark_connector.savepoints import restore as restore_module
 from snapcoord.spark_connector.savepoints.app_snapshots import (
@@ -54,6 +55,9 @@ from snapcoord.spark_connector.sink.writer import exactly_once
 from snapcoord.spark_connector.storage import Storage, open_location
 
 pytestmark = pytest.mark.spark
+
+#: The stores of the heavy cases (sftp, whose reads go byte by byte, keeps the crashed restore only).
+HEAVY = pytest.mark.parametrize("test_dir", ["local", "s3a", "hdfs"], indirect=True)
 
 SCHEMA = "id INT"
 RECORDS_PER_FILE = 10
@@ -210,11 +214,12 @@ def test_sink_restore_keeps_everything_the_snapshot_includes(spark: SparkSession
 # -- restores on classic Spark ----------------------------------------------------------------------------
 
 
+@HEAVY
 def test_restore_into_the_same_sink_after_retention_is_exactly_once(
     spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path, test_dir: TestDir
 ) -> None:
     """minBatchesToRetain=3: snapshot at batch 1, run to batch 8 (Spark purges batch 1), restore.
-    Checkpoints on the local disk and on sftp."""
+    Checkpoints on the local disk, on S3 (s3a://) and on HDFS."""
     name, app = f"ret-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
     source, table = tmp_path / "in", tmp_path / "table"
     checkpoint, restored_cp = test_dir.uri_of("cp"), test_dir.uri_of("restored")
@@ -275,7 +280,9 @@ ROCKSDB = {
 
 
 @pytest.mark.parametrize(
-    ("where", "conf"), [("local", {}), ("sftp", ROCKSDB)], ids=["local-hdfs-state", "sftp-rocksdb-v2"]
+    ("where", "conf"),
+    [("local", {}), ("s3a", ROCKSDB), ("hdfs", ROCKSDB)],
+    ids=["local-hdfs-state", "s3a-rocksdb-v2", "hdfs-rocksdb-v2"],
 )
 def test_stateful_restore_after_the_checkpoint_is_deleted(
     spark: SparkSession,
@@ -287,9 +294,9 @@ def test_stateful_restore_after_the_checkpoint_is_deleted(
     conf: dict[str, str],
 ) -> None:
     """The default state store on the local disk; RocksDB with changelog checkpointing and
-    checkpoint format v2 on sftp (the state files' names carry unique ids there)."""
+    checkpoint format v2 on S3 (s3a://) and on HDFS (the state files' names carry unique ids there)."""
     name, app = f"agg-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
-    directory: TestDir = request.getfixturevalue("remote" if where == "sftp" else "local_dir")
+    directory: TestDir = request.getfixturevalue(FIXTURE_OF_KIND[where])
     source, table = tmp_path / "in", tmp_path / "table"
     checkpoint, restored_cp = directory.uri_of("cp"), directory.uri_of("restored")
     sink = PartitionedFileSink(table, name=name)
@@ -350,16 +357,19 @@ def start_continuous(
 
 
 def test_two_query_pipeline_cut_holds_and_restore_is_exactly_once_end_to_end(
-    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path, remote: TestDir
+    spark: SparkSession,
+    coordinator: str,
+    client: CoordinatorClient,
+    tmp_path: Path,
+    s3a_dir: TestDir,
+    hdfs_dir: TestDir,
 ) -> None:
     """A: files -> table A; B: table A (a file stream over it) -> table B. Snapshot both while they run.
-    A's checkpoints are on sftp, B's on the local disk. (Not both on sftp: Hadoop's SFTPFileSystem
-    is not safe for two queries writing through it at once in one JVM, "Can't make directory for
-    path ...": a limit of that test stand-in, not of the stores it stands for.)"""
+    A's checkpoints are on S3 (s3a://), B's on HDFS."""
     app, run = f"pipe-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
     a, b = f"a-{run}", f"b-{run}"
     source, table_a, table_b = tmp_path / "in", tmp_path / "table-a", tmp_path / "table-b"
-    cp = {a: remote.uri_of("cp-a"), b: str(tmp_path / "cp-b")}
+    cp = {a: s3a_dir.uri_of("cp-a"), b: hdfs_dir.uri_of("cp-b")}
     sink_a, sink_b = PartitionedFileSink(table_a, name=a), PartitionedFileSink(table_b, name=b)
     table_a.mkdir()
     publish(source, 0, 8)
@@ -395,13 +405,13 @@ def test_two_query_pipeline_cut_holds_and_restore_is_exactly_once_end_to_end(
         app,
         snapshot.generation,
         [
-            RestoreTarget(a, remote.uri_of("cp-a2"), sink_a),
+            RestoreTarget(a, s3a_dir.uri_of("cp-a2"), sink_a),
             RestoreTarget(b, str(tmp_path / "cp-b2"), sink_b),
         ],
     )
     assert ids(sink_a) == snap_a and ids(sink_b) == snap_b
     publish(source, 8, 1)
-    run_available_now(spark, coordinator, a, source, remote.uri_of("cp-a2"), table_a)
+    run_available_now(spark, coordinator, a, source, s3a_dir.uri_of("cp-a2"), table_a)
     run_available_now(spark, coordinator, b, table_a, tmp_path / "cp-b2", table_b)
     assert ids(sink_a) == expected(9)
     assert ids(sink_b) == expected(9)  # every record once, end to end
@@ -463,16 +473,17 @@ def test_snapshot_and_restore_under_spark_connect(
     coordinator: str,
     client: CoordinatorClient,
     tmp_path: Path,
-    remote: TestDir,
-    sshd: SshServer,
+    s3a_dir: TestDir,
+    s3_server: SeaweedS3Server,
 ) -> None:
-    """The queries run on the Connect server, their checkpoints on sftp: the server's Python worker
-    (``exactly_once``) and this client process (snapshot and restore, given the Connect session: no
-    JVM here) reach them through fsspec with the same ``storage_options``. The local-disk case of the
+    """The queries run on the Connect server, their checkpoints on S3 (``s3a://``, which the server's
+    Spark reaches through hadoop-aws): the server's Python worker (``exactly_once``) and this client
+    process (snapshot and restore, given the Connect session: no JVM here) reach them through fsspec
+    (s3fs) with the same ``storage_options``. The local-disk case of the
     Connect worker's checkpoint reads is covered by test_exactly_once_connect."""
     name, app = f"connect-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
-    checkpoint, restored = remote.uri_of("chk"), remote.uri_of("chk-restored")
-    options = sshd.storage_options()
+    checkpoint, restored = s3a_dir.uri_of("chk"), s3a_dir.uri_of("chk-restored")
+    options = s3a.s3fs_options(s3_server)
     sink = PartitionedFileSink(tmp_path / "table", partition_by=["bucket"], name="connect-table")
     publish(tmp_path / "input", 0, 2, bucket=True)
     result = run_connect_job(spark_connect_server, coordinator, tmp_path, checkpoint, name, options)
@@ -534,6 +545,7 @@ def start_count(spark: SparkSession, source: Path, checkpoint: str, name: str) -
     )
 
 
+@HEAVY
 def test_spark_refuses_a_half_restored_checkpoint(
     spark: SparkSession, tmp_path: Path, test_dir: TestDir
 ) -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from harness import s3a
 from harness.coordinator import CoordinatorProcess
 from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
 from harness.locations import TestDir
-from harness.sshd import SshServer
+from harness.seaweed import SeaweedS3Server
 from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.savepoints.app_snapshots import SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
@@ -29,6 +30,9 @@ from snapcoord.spark_connector.sink.spark_sink_log import COMPACT_INTERVAL_CONF,
 from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
 
 pytestmark = pytest.mark.spark
+
+#: Tables on the local disk, S3 (s3a://) and HDFS; sftp (reads byte by byte) is left to the small cases.
+HEAVY = pytest.mark.parametrize("test_dir", ["local", "s3a", "hdfs"], indirect=True)
 
 ROWS = 5
 RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
@@ -112,11 +116,15 @@ def log_bytes(table: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in (table / LOG_DIR).iterdir()}
 
 
-def table_storage(test_dir: TestDir, sshd: SshServer) -> Storage:
-    """The table of ``test_dir`` as the connector reaches it without Spark's JVM (fsspec for sftp, as
-    under Spark Connect)."""
-    options = sshd.storage_options() if test_dir.kind == "sftp" else None
-    return open_location(test_dir.uri_of("table"), use_jvm=False, storage_options=options)
+def table_storage(test_dir: TestDir, s3_server: SeaweedS3Server, spark: SparkSession) -> Storage:
+    """The table of ``test_dir`` as the connector reaches it without Spark's JVM where it can (s3fs for
+    s3a, as under Spark Connect). HDFS has no JVM-free path here (fsspec's needs the native libhdfs):
+    it is reached through Spark's Hadoop file system, as the query reaches it."""
+    location = test_dir.uri_of("table")
+    if test_dir.kind == "hdfs":
+        return open_location(location, spark=spark)
+    options = s3a.s3fs_options(s3_server) if test_dir.kind == "s3a" else None
+    return open_location(location, use_jvm=False, storage_options=options)
 
 
 def snapshot(client: CoordinatorClient, app: str, name: str, cp: Path, sink: SparkFileSink) -> int:
@@ -124,6 +132,7 @@ def snapshot(client: CoordinatorClient, app: str, name: str, cp: Path, sink: Spa
     return snap.generation
 
 
+@HEAVY
 def test_restore_then_run_again_shows_each_batch_once(
     spark: SparkSession,
     client: CoordinatorClient,
@@ -131,8 +140,8 @@ def test_restore_then_run_again_shows_each_batch_once(
     test_dir: TestDir,
     compact_every_3: None,
 ) -> None:
-    """Local and on the sftp server (the table; the checkpoints stay local). The connector reaches
-    the table as the query does: through Spark's Hadoop file system."""
+    """Local, on S3 (s3a://) and on HDFS (the table; the checkpoints stay local). The connector
+    reaches the table as the query does: through Spark's Hadoop file system."""
     source, cp, table = tmp_path / "in", tmp_path / "cp", test_dir.uri_of("table")
     publish(source, range(5))
     run(spark, source, cp, table, "parquet")
@@ -164,21 +173,22 @@ def test_restore_then_run_again_shows_each_batch_once(
     ) == ids_of(range(12))
 
 
+@HEAVY
 def test_restore_writes_back_what_spark_cleaned_up_below_a_compaction(
     spark: SparkSession,
     client: CoordinatorClient,
     tmp_path: Path,
     test_dir: TestDir,
-    sshd: SshServer,
+    s3_server: SeaweedS3Server,
     eager_log_cleanup: None,
 ) -> None:
     """The data-loss case: Spark's retention deleted the log entries of the snapshot's batch; only a
     compaction above the cut still lists those files. Deleting it would empty the table: the restore
-    writes the entries back first. Local and on the sftp server."""
+    writes the entries back first. Local, on S3 (s3a://) and on HDFS."""
     source, cp, table = tmp_path / "in", tmp_path / "cp", test_dir.uri_of("table")
     publish(source, range(5))
     run(spark, source, cp, table, "json")
-    sink = SparkFileSink(table_storage(test_dir, sshd), spark=spark)
+    sink = SparkFileSink(table_storage(test_dir, s3_server, spark), spark=spark)
     generation = snapshot(client, f"fs-cleanup-{test_dir.kind}", "q", cp, sink)
 
     publish(source, range(5, 12))

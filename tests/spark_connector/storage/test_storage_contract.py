@@ -1,7 +1,9 @@
 """One contract for every ``Storage`` backend, each on a real store.
 
-Backends: a local directory; Spark's Hadoop FileSystem over sftp (the test sshd) and over ``file:``;
-fsspec over sftp (paramiko, the same sshd) and over S3 (s3fs on SeaweedFS). Each test gets a fresh root.
+Backends: a local directory; Spark's Hadoop FileSystem over sftp (the test sshd), over ``file:``, over
+``s3a://`` (hadoop-aws 3.5.0 on SeaweedFS: conditional create) and over ``hdfs://`` (the HDFS
+minicluster); fsspec over sftp (paramiko, the same sshd) and over S3 (s3fs on SeaweedFS). Each test gets
+a fresh root.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from harness.concurrency import run_threads
-from harness.locations import sftp_dir
+from harness.locations import TestDir, sftp_dir
 from harness.seaweed import SeaweedS3Server
 from harness.sshd import SshServer
 from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
@@ -23,7 +25,7 @@ from snapcoord.spark_connector.storage.hadoop import HadoopStorage, hadoop_stora
 
 pytestmark = pytest.mark.spark
 
-BACKENDS = ("local", "hadoop-file", "hadoop-sftp", "fsspec-sftp", "fsspec-s3")
+BACKENDS = ("local", "hadoop-file", "hadoop-sftp", "hadoop-s3a", "hadoop-hdfs", "fsspec-sftp", "fsspec-s3")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -46,6 +48,12 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
                 storage = open_location(d.uri, use_jvm=False, storage_options=sshd.storage_options())
                 assert isinstance(storage, FsspecStorage)
             yield storage
+    elif kind in ("hadoop-s3a", "hadoop-hdfs"):
+        fixture = "s3a_dir" if kind == "hadoop-s3a" else "hdfs_dir"
+        directory: TestDir = request.getfixturevalue(fixture)
+        storage = open_location(directory.uri, spark=request.getfixturevalue("spark"))
+        assert isinstance(storage, HadoopStorage)
+        yield storage
     else:
         s3_uri: str = request.getfixturevalue("s3_uri")
         s3: SeaweedS3Server = request.getfixturevalue("s3_server")
@@ -197,7 +205,9 @@ def test_paths_outside_the_root_are_refused(storage: Storage, bad: str) -> None:
 def test_atomic_exclusive_is_honest(storage: Storage) -> None:
     expected: dict[type, Callable[[Storage], bool]] = {
         LocalStorage: lambda s: True,
-        HadoopStorage: lambda s: False,  # sftp and local file systems through Hadoop: check, then rename
+        # S3A with conditional create (hadoop-aws 3.5.0 on SeaweedFS) and HDFS (the NameNode's rename)
+        # are atomic; sftp and local file systems through Hadoop check, then rename.
+        HadoopStorage: lambda s: isinstance(s, HadoopStorage) and s.scheme in ("s3a", "hdfs"),
         FsspecStorage: lambda s: isinstance(s, FsspecStorage) and s.protocol == "s3",
     }
     assert storage.atomic_exclusive == expected[type(storage)](storage)

@@ -174,9 +174,14 @@ class FsspecStorage:
             return []
         out = []
         for info in infos:
-            name = str(info["name"]).rstrip("/").rpartition("/")[2]
+            full = str(info["name"])
+            name = full.rstrip("/").rpartition("/")[2]
             is_dir = info["type"] == "directory"
-            if not is_dir and str(info["name"]).rstrip("/") == target.rstrip("/"):
+            if not is_dir and full.rstrip("/") == target.rstrip("/"):
+                if full.endswith("/"):
+                    # S3's directory marker (an empty ``path/`` object: S3A keeps one for every
+                    # directory it makes, as consoles do for folders): not a file, and not listed.
+                    continue
                 return []  # ``path`` is a file: nothing is below it
             out.append(Entry(name, is_dir, 0 if is_dir else int(info.get("size") or 0)))
         return sorted(out, key=lambda e: e.name)

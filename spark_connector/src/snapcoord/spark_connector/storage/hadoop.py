@@ -75,6 +75,8 @@ _NO_FILESYSTEM = "org.apache.hadoop.fs.UnsupportedFileSystemException"
 #: A scheme whose FileSystem class is configured (core-default.xml names S3AFileSystem for s3a://) but
 #: not on the class path: Hadoop wraps it in a RuntimeException.
 _NO_CLASS = "java.lang.ClassNotFoundException"
+#: The AWS SDK v2's S3 error (``statusCode()`` is the HTTP status), named by suffix: S3A may shade it.
+_S3_EXCEPTION = "awssdk.services.s3.model.S3Exception"
 
 
 class _Jvm:
@@ -136,6 +138,16 @@ def _caused_by(jvm: _Jvm, java: Any, class_name: str) -> bool:
     seen = 0
     while java is not None and seen < 16:
         if jvm.is_a(java, class_name):
+            return True
+        java, seen = java.getCause(), seen + 1
+    return False
+
+
+def _precondition_failed(java: Any) -> bool:
+    """Whether ``java`` or an exception in its cause chain is an S3 answer with HTTP status 412."""
+    seen = 0
+    while java is not None and seen < 16:
+        if str(java.getClass().getName()).endswith(_S3_EXCEPTION) and int(java.statusCode()) == 412:
             return True
         java, seen = java.getCause(), seen + 1
     return False
@@ -332,7 +344,8 @@ class HadoopStorage:
         target = self._path(path)
         with self._errors("exclusive write" if exclusive else "write", path):
             if self._object_store:
-                fill(target, not exclusive)
+                with self._lost_condition(path, exclusive=exclusive):
+                    fill(target, not exclusive)
                 return
             if exclusive and self._fs.exists(target):
                 raise FileExistsError(f"exclusive write {self.uri(path)}: the object exists")
@@ -343,6 +356,20 @@ class HadoopStorage:
             finally:
                 with contextlib.suppress(Exception):
                     self._fs.delete(temp, False)
+
+    @contextlib.contextmanager
+    def _lost_condition(self, path: str, *, exclusive: bool) -> Iterator[None]:
+        """A conditional create that found the object as ``FileExistsError``: S3A reports the store's
+        refusal (HTTP 412 Precondition Failed, at the upload's close) as a ``RemoteFileChangedException``
+        wrapping the SDK's ``S3Exception``, not as ``FileAlreadyExistsException``."""
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            yield
+        except Py4JJavaError as e:
+            if exclusive and self._conditional_create and _precondition_failed(e.java_exception):
+                raise FileExistsError(f"exclusive write {self.uri(path)}: the object exists") from None
+            raise
 
     def _rename_into_place(self, temp: Any, target: Any, path: str, *, exclusive: bool) -> None:
         from py4j.protocol import Py4JJavaError
