@@ -5,9 +5,10 @@ store, so that a race replays the real backend's calls in a chosen order.
   each call that reaches the store (``exists``, ``create``, ``rename``, ``listStatus``, ...), and a
   stream it creates takes one before ``close`` (where an object store uploads the object). So an
   exclusive write on sftp is the backend's own ``exists``, then the write of its temporary file, then
-  ``rename`` (Hadoop's sftp rename checks the target and renames, inside one call), each a step; on
+  ``rename``, each a step; on
   S3A without conditional create it is ``create(overwrite=false)`` (S3A checks there) and the
-  stream's ``close`` (the PUT).
+  stream's ``close`` (the PUT). A check and a write inside one call (Hadoop's sftp ``rename`` checks
+  the target, then posix-renames over it) stay one step: the harness cannot see between them.
 - ``FsspecStorage``: its fsspec filesystem is replaced the same way (``exists``, ``open``, ``mv``, ...).
 - any other ``Storage`` (``LocalStorage``): each ``Storage`` call is one step; the local store's exclusive
   write is one ``link`` system call, atomic, so there is nothing finer to interleave.
