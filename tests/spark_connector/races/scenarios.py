@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 from snapcoord.spark_connector.sink import PartitionedFileSink
 from snapcoord.spark_connector.sink.commit_log import FileLine
+from snapcoord.spark_connector.sink.epochs import Fenced
 from snapcoord.spark_connector.sink.spark_sink_log import SinkLogError, SparkSinkLog
 from snapcoord.spark_connector.storage import Storage, join
 
@@ -134,7 +135,7 @@ def _outcome(
     """Each writer's class (``classify``); with ``rerun``, the batch is re-run by a newer run, so a
     writer's batch still visible is exposed whether or not its write returned."""
     for actor, result in sorted(results.items()):
-        if actor not in writers and result.error is not None:
+        if result.error is not None and not (actor in writers and _refusal(result.error)):
             return f"{actor}:error:{type(result.error).__name__}: {result.error}"
     try:
         seen = visible_writers(store.reader.child(table), writers)
@@ -144,6 +145,13 @@ def _outcome(
         f"{w}:{classify(results[w].error is None and not rerun, w in seen, seen.get(w, True))}"
         for w in writers
     )
+
+
+def _refusal(error: BaseException) -> bool:
+    """Whether a writer's error is the sink refusing the commit (``Fenced``, or the plain
+    ``RuntimeError`` of another writer of its epoch holding the number), not a failure of the store
+    (``StorageError`` is a ``RuntimeError`` too, so the class must be exactly that)."""
+    return isinstance(error, Fenced) or type(error) is RuntimeError
 
 
 def _write_batch(sink: RaceSink, batch_id: int) -> int:
