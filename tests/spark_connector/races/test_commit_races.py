@@ -1,0 +1,104 @@
+"""Issue #42, point 1: how often a reader of the exactly-once sink's table sees a batch it must not see,
+on each store, before anything changes.
+
+Two races of the commit (``scenarios``), each replayed under ``RANDOM_RUNS`` seeded random
+interleavings of the two actors' store calls (``scheduler.PriorityChoice``; every interleaving is
+far too many: a run has 30 to 60 store calls). Counted per store and scenario: runs in which a
+reader sees a batch whose writer did not report it written and whose batch is re-run (``exposed``),
+and runs in which a batch reported written is not what a reader sees (``lost``: a later create
+replaced it).
+
+Where the exclusive create is atomic (the local store) both counts are 0, asserted. Where it is a
+check and then a write, they are not: those combinations are listed in ``KNOWN_GAPS`` and their
+"nothing exposed or lost" assertion is an ``xfail(strict=True)``, so the test fails the day the gap
+closes unnoticed (point 2 of the issue, the coordinator as the commit point, removes them from the
+list). The counts are printed, recorded (``record_property``) and written down in
+docs/spark-storage.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from pyspark.sql import SparkSession
+
+from .conftest import fsspec_sftp_store
+from .scenarios import (
+    EXPOSED,
+    Store,
+    exposures,
+    losses,
+    two_drivers,
+    visible_writers,
+    zombie_vs_fence,
+)
+from .scheduler import Exploration, Pause, Run, explore
+
+SCENARIOS = {"zombie_vs_fence": zombie_vs_fence, "two_drivers": two_drivers}
+RANDOM_RUNS = 200
+SEED = 42
+#: (store, scenario) pairs where a reader sees a batch it must not see, today: fsspec's sftp rename
+#: is posix-rename@openssh.com, which replaces an existing entry, so the create is only as exclusive
+#: as the existence check before it. Hadoop's sftp store is not listed although its create is not
+#: atomic either: ``SFTPFileSystem.rename`` checks the target and then posix-renames inside one call
+#: into the JVM, which the harness grants as one step, so it cannot see that window (see
+#: docs/spark-storage.md); its 0 is what the harness sees, not a proof.
+KNOWN_GAPS = frozenset({("fsspec-sftp", "zombie_vs_fence"), ("fsspec-sftp", "two_drivers")})
+
+
+def _summary(store: Store, scenario: str, found: Exploration) -> str:
+    outcomes = ", ".join(f"{n} {o}" for o, n in found.outcomes.most_common())
+    return (
+        f"{store.name} {scenario}: {found.runs} runs ({found.mode} interleavings, {found.distinct} "
+        f"distinct): {exposures(found.outcomes)} exposed, {losses(found.outcomes)} lost; {outcomes}"
+    )
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_commit_race(
+    store: Store,
+    scenario: str,
+    request: pytest.FixtureRequest,
+    record_property: Callable[[str, object], None],
+) -> None:
+    found = explore(SCENARIOS[scenario](store, scenario), every_up_to=0, random_runs=RANDOM_RUNS, seed=SEED)
+    summary = _summary(store, scenario, found)
+    print(summary)
+    record_property("races", summary)
+    errors = [o for o in found.outcomes if ":error:" in o or o.startswith("unreadable")]
+    assert not errors, f"{summary}; example interleaving: {found.examples[errors[0]]}"
+    if (store.name, scenario) in KNOWN_GAPS:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason=f"issue #42: {store.name}'s exclusive create is a check and then a write "
+                "(point 2 makes the coordinator the commit point there)",
+            )
+        )
+    assert exposures(found.outcomes) == 0 and losses(found.outcomes) == 0, summary
+
+
+@pytest.mark.spark
+@pytest.mark.process
+def test_the_race_reader_reads_what_spark_reads(request: pytest.FixtureRequest, spark: SparkSession) -> None:
+    """The counts read the table with ``SparkSinkLog``; Spark's own reader of the same tables returns
+    exactly the rows of the writers counted visible (or fails where the log lists a file that is gone),
+    for an exposed zombie batch and a refused one."""
+    tables: dict[str, str] = {}
+    with fsspec_sftp_store(request) as store:
+        scenario = zombie_vs_fence(store, "spark-check", tables)
+        for steps in range(1, 30):  # the zombie pauses after each of its steps in turn
+            scenario(Run(Pause("zombie", steps)))
+            if any(f"zombie:{EXPOSED}" in o for o in tables) and len(tables) > 1:
+                break
+        assert any(f"zombie:{EXPOSED}" in o for o in tables), tables
+        sshd_uri = store.storage_for("zombie").uri()
+        for outcome, table in sorted(tables.items()):
+            seen = visible_writers(store.reader.child(table), ["zombie"])
+            df = spark.read.schema("v string").json(f"{sshd_uri}/{table}")
+            if seen and not seen["zombie"]:  # the log lists a file that is gone
+                with pytest.raises(Exception, match=r"FileNotFound|does not exist|No such file"):
+                    df.collect()
+            else:
+                assert {r.v for r in df.collect()} == set(seen), (outcome, df.inputFiles())
