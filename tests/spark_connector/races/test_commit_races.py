@@ -45,6 +45,10 @@ SEED = 42
 #: into the JVM, which the harness grants as one step, so it cannot see that window (see
 #: docs/spark-storage.md); its 0 is what the harness sees, not a proof.
 KNOWN_GAPS = frozenset({("fsspec-sftp", "zombie_vs_fence"), ("fsspec-sftp", "two_drivers")})
+#: Fewer runs where the harness cannot see the window (above) and each run is slowest (a JVM call per
+#: store step, about 0.5 s a run): they still check that the sink's code path works there and reports
+#: no error, at a quarter of the time.
+RUNS_BY_STORE = {"hadoop-sftp": 50}
 
 
 def _summary(store: Store, scenario: str, found: Exploration) -> str:
@@ -62,7 +66,8 @@ def test_commit_race(
     request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
 ) -> None:
-    found = explore(SCENARIOS[scenario](store, scenario), every_up_to=0, random_runs=RANDOM_RUNS, seed=SEED)
+    runs = RUNS_BY_STORE.get(store.name, RANDOM_RUNS)
+    found = explore(SCENARIOS[scenario](store, scenario), every_up_to=0, random_runs=runs, seed=SEED)
     summary = _summary(store, scenario, found)
     print(summary)
     record_property("races", summary)
