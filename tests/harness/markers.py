@@ -35,6 +35,7 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "spark": ("spark",),
     "spark_connect_server": ("spark",),
     "sshd": ("process",),
+    "kafka": ("process",),
     "zk_coordinator": ("process",),
     "cluster": ("zookeeper", "process"),
 }
