@@ -8,19 +8,21 @@ controller quorum. Ready means a client's metadata request lists this broker. Th
 
 Topics are fed and read with confluent-kafka (librdkafka): ``produce`` (an idempotent producer, every
 record acknowledged before it returns), ``end_offsets`` (the broker's end offset per partition, what a
-reader's ``latest`` means), ``add_partitions``.
+reader's ``latest`` means), ``add_partitions``; ``json_topic`` is Spark's Kafka source over such a topic.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import shutil
 import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -45,6 +47,24 @@ rootLogger.appenderRef.out.ref = OUT
 logger.request.name = kafka.request.logger
 logger.request.level = WARN
 """
+
+
+def json_topic(spark: Any, bootstrap: str, topic: str, schema: Any, *, max_offsets_per_trigger: int) -> Any:
+    """A streaming DataFrame of ``topic``'s JSON values (the columns of ``schema``) through Spark's Kafka
+    source, from the earliest offsets when the checkpoint is new, at most ``max_offsets_per_trigger``
+    records a batch (Spark splits them over the partitions in proportion to what each has)."""
+    from pyspark.sql.functions import col, from_json
+
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", max_offsets_per_trigger)
+        .load()
+        .select(from_json(col("value").cast("string"), schema).alias("r"))
+        .select("r.*")
+    )
 
 
 def _cluster_id() -> str:
@@ -314,6 +334,10 @@ class KafkaBroker:
         left = self._producer.flush(60)
         if left or errors:
             raise HarnessError(f"producing to {topic}: {left} records unacknowledged, errors {errors[:5]}")
+
+    def produce_ids(self, topic: str, ids: Iterable[int], partitions: int = 2) -> None:
+        """``{"id": n}`` records, ``n`` into partition ``n % partitions``, in order."""
+        self.produce(topic, [(n % partitions, json.dumps({"id": n})) for n in ids])
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         """The end offset of each partition of ``topic`` (the next offset to be written, what a reader's
