@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.batch_sink import Sink
@@ -236,13 +236,14 @@ def test_switches_both_ways_on_lag_and_after_downtime(
         spark.conf.unset(SFTP_NO_CACHE)
 
 
-def test_kafka_boundaries_are_the_brokers_end_offsets_and_switch_both_ways(
+def test_kafka_boundaries_are_the_brokers_end_offsets_switch_both_ways_and_grow(
     spark: SparkSession, client: CoordinatorClient, tmp_path: Path, kafka: KafkaBroker
 ) -> None:
     """A topic of two partitions read ten records a batch, with no ``latest_offsets``: the runner's
     tracker marks from the Kafka source's latest offsets, which Spark asks of the broker. Catch-up
     through the backlog, steady; a burst more than the bound behind: catch-up, steady; stopped while
-    records arrive, restarted after the downtime bound: catch-up, steady. Each record once."""
+    records arrive, restarted after the downtime bound: catch-up, steady; a partition added while it
+    runs is read, marked and reported. Each record once."""
     job = f"kafka-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(job, partitions=2)
     kafka.produce_ids(job, range(40))  # 20 a partition: four batches of backlog
@@ -296,6 +297,37 @@ def test_kafka_boundaries_are_the_brokers_end_offsets_and_switch_both_ways(
         assert boundaries() == [(stream, 0, 50, True), (stream, 1, 50, True)]
         assert sink.ids() == list(range(100))
         assert [t for t, _ in starter.seen_at_start] == [CATCH_UP, STEADY, CATCH_UP, STEADY, CATCH_UP, STEADY]
+
+        # The topic grows by a partition while the query runs: Spark's source reads it from its
+        # earliest offset, the tracker adds it to the mark at the broker's end offset for it as of
+        # the batch that showed it first, the reports bring it to that boundary; nothing is lost.
+        kafka.add_partitions(job, 3)
+        kafka.produce(job, [(2, json.dumps({"id": n})) for n in range(100, 130)])
+        tracker = again.tracker
+        assert tracker is not None
+
+        def read_and_reported() -> bool:
+            again.poll()  # the runner feeds its tracker when polled
+            marked = boundaries()
+            return sink.ids() == list(range(130)) and len(marked) == 3 and marked[2][3]
+
+        try:
+            wait_until(read_and_reported, timeout=180, what="the new partition to be read and reported")
+        except TimeoutError as e:
+            state = f"{boundaries()} added={tracker.added} phase={again.phase} errors={tracker.errors}"
+            raise AssertionError(f"{state} last={tracker.last_batch}") from e
+        again.await_steady(timeout_s=120)
+        (added,) = tracker.added
+        assert added.stream == stream and added.partition == 2
+        # The broker's end for it when a batch first showed it: 0 if that was before the records
+        # above reached it (the partition exists before they do), at most 30.
+        assert 0 <= added.offset <= 30
+        # Its boundary is the grow's, or 30 where the grow left it more than max_lag behind and the
+        # tracker marked again (a reset) at the broker's end; either way it was reached.
+        marked = boundaries()
+        assert marked[:2] == [(stream, 0, 50, True), (stream, 1, 50, True)]
+        assert marked[2][:2] == (stream, 2) and marked[2][2] in (added.offset, 30) and marked[2][3], marked
+        assert kafka.end_offsets(job) == {0: 50, 1: 50, 2: 30}
         again.stop()
     finally:
         first.stop()
