@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
@@ -47,6 +47,17 @@ rootLogger.appenderRef.out.ref = OUT
 logger.request.name = kafka.request.logger
 logger.request.level = WARN
 """
+
+
+#: What a broker answers for a partition it does not serve yet (created or grown a moment ago).
+_NOT_SERVED_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
 
 
 def json_topic(spark: Any, bootstrap: str, topic: str, schema: Any, *, max_offsets_per_trigger: int) -> Any:
@@ -351,12 +362,24 @@ class KafkaBroker:
             }
         )
         try:
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                for p in sorted(partitions)
-            }
+            return {p: self._end_offset(consumer, TopicPartition(topic, p)) for p in sorted(partitions)}
         finally:
             consumer.close()
+
+    @staticmethod
+    def _end_offset(consumer: Consumer, partition: TopicPartition) -> int:
+        """One partition's end offset, asked again while the broker answers a retriable error (a
+        partition just created or grown: its leader is known to the controller a moment before the
+        broker serves it)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return consumer.get_watermark_offsets(partition, timeout=30)[1]
+            except KafkaException as e:
+                error = e.args[0]
+                if time.monotonic() > deadline or not (error.retriable() or error.code() in _NOT_SERVED_YET):
+                    raise
+            time.sleep(0.1)
 
     def __enter__(self) -> KafkaBroker:
         return self.start()
