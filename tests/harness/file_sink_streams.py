@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,18 @@ def publish_inputs(source: Path, files: range, rows: int) -> None:
         os.replace(tmp, path)
 
 
-def run_file_sink(spark: Any, source: Path, checkpoint: str | Path, table: str | Path, fmt: str) -> None:
+def run_file_sink(
+    spark: Any, source: Path | Callable[[Any], Any], checkpoint: str | Path, table: str | Path, fmt: str
+) -> None:
     """One ``availableNow`` run of Spark's file sink (``format(fmt).option("path", table)``) over
-    every input file the checkpoint has not read, one file per batch; fails on the query's error."""
+    every input file the checkpoint has not read, one file per batch (or over ``source(spark)``, a
+    streaming DataFrame of ``SCHEMA``); fails on the query's error."""
+    if callable(source):
+        df = source(spark)
+    else:
+        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
     query = (
-        spark.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .writeStream.format(fmt)
+        df.writeStream.format(fmt)
         .option("path", str(table))
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)

@@ -36,6 +36,7 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "spark_connect_server": ("spark",),
     "sshd": ("process",),
     "hdfs": ("process",),
+    "kafka": ("process",),
     "zk_coordinator": ("process",),
     "cluster": ("zookeeper", "process"),
 }

@@ -168,6 +168,16 @@ class ManagedProcess:
     def returncode(self) -> int | None:
         return self.popen.poll()
 
+    def check_running(self, start_error: Callable[[str], ServerStartError]) -> None:
+        """Raise ``start_error(what)`` if the process exited while starting: a ``PortInUseError`` when its
+        output says a port was taken (a first start then retries on fresh ports)."""
+        if self.alive():
+            return
+        error = start_error(f"exited with code {self.returncode} during start")
+        if "Address already in use" in self.output():
+            raise PortInUseError(str(error))
+        raise error
+
     def _signal_group(self, sig: int) -> None:
         # The server leads its own process group (start_new_session), so killpg also reaches any children.
         # Only signal while we have not reaped it: after wait() the pid may belong to someone else.

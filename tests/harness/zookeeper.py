@@ -229,11 +229,7 @@ class ZooKeeperServer:
         deadline = time.monotonic() + self.start_timeout_s
         last_error = ""
         while time.monotonic() < deadline:
-            if not self._proc.alive():
-                error = self._start_error(f"exited with code {self._proc.returncode} during start")
-                if "Address already in use" in self._proc.output():
-                    raise PortInUseError(str(error))
-                raise error
+            self._proc.check_running(self._start_error)
             # `ruok` answers before the server serves; `srvr` shows `Mode:` only once it does.
             try:
                 if "Mode:" in four_letter_word(self.host, self.port, "srvr", timeout=1.0):

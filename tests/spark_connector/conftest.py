@@ -32,6 +32,8 @@ from harness import s3a
 from harness.coordinator import CoordinatorProcess
 from harness.hdfs import HdfsCluster
 from harness.hdfs import hdfs_dir as make_hdfs_dir
+from harness.jars import jar_set
+from harness.kafka import KafkaBroker
 from harness.locations import FIXTURE_OF_KIND, KINDS, TestDir, sftp_dir
 from harness.locations import local_dir as make_local_dir
 from harness.seaweed import SeaweedS3Server
@@ -123,10 +125,18 @@ def spark(
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.jars", ",".join(str(j) for j in jar_set("spark-kafka")))  # format("kafka")
         .getOrCreate()
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The session's Kafka broker (KRaft, one node, loopback); tests make topics of their own names."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The backlog-aware runner, on a real coordinator (ZooKeeper + SeaweedFS) and real PySpark: catch-up
 trigger until the coordinator says the backlog is done, steady trigger after it, and back to
 catch-up when the query falls behind by more than the bound or restarts after downtime; an
-unfinished boundary survives a driver restart; a final report lost to an outage is delivered."""
+unfinished boundary survives a driver restart; a final report lost to an outage is delivered. The
+same over a Kafka topic, where the boundaries are the broker's end offsets."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from harness.batch_sink import Sink
 from harness.coordinator import CoordinatorProcess
 from harness.faults import TcpProxy
+from harness.kafka import KafkaBroker, json_topic
 from harness.locations import TestDir
 from harness.process import wait_until
 from harness.spark_connect import start_with_retries
@@ -60,20 +62,29 @@ def ids_of(files: range) -> list[int]:
 
 
 class QueryStarter:
-    """``start_query`` for the runner: one file per batch, same checkpoint every time; records what
-    the sink had seen when each trigger was started."""
+    """``start_query`` for the runner: one file per batch (or ``read(spark)``), same checkpoint every
+    time; records what the sink had seen when each trigger was started."""
 
-    def __init__(self, spark: SparkSession, source: Path, checkpoint: Path | str, sink: Sink) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        source: Path,
+        checkpoint: Path | str,
+        sink: Sink,
+        read: Callable[[SparkSession], DataFrame] | None = None,
+    ) -> None:
         self.spark, self.source, self.checkpoint, self.sink = spark, source, checkpoint, sink
+        self.read = read
         self.seen_at_start: list[tuple[dict[str, Any], list[int]]] = []
 
     def __call__(self, trigger: Mapping[str, Any]) -> StreamingQuery:
         self.seen_at_start.append((dict(trigger), self.sink.ids()))
+        if self.read is not None:
+            df = self.read(self.spark)
+        else:
+            df = self.spark.readStream.schema("id INT").option("maxFilesPerTrigger", 1).json(str(self.source))
         return (
-            self.spark.readStream.schema("id INT")
-            .option("maxFilesPerTrigger", 1)
-            .json(str(self.source))
-            .writeStream.queryName("events")
+            df.writeStream.queryName("events")
             .option("checkpointLocation", str(self.checkpoint))
             .foreachBatch(self.sink)
             .trigger(**trigger)
@@ -102,7 +113,8 @@ def runner_for(
         CATCH_UP,
         STEADY,
         bound=bound,
-        latest_offsets=lambda: files_latest(starter.source),
+        # A Kafka source reports the broker's latest offsets itself; files need the stand-in.
+        latest_offsets=None if starter.read is not None else (lambda: files_latest(starter.source)),
         stream_names=[STREAM],
         checkpoint_location=str(starter.checkpoint),
         poll_interval_s=0.1,
@@ -222,6 +234,103 @@ def test_switches_both_ways_on_lag_and_after_downtime(
     finally:
         runner.stop()
         spark.conf.unset(SFTP_NO_CACHE)
+
+
+def test_kafka_boundaries_are_the_brokers_end_offsets_switch_both_ways_and_grow(
+    spark: SparkSession, client: CoordinatorClient, tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """A topic of two partitions read ten records a batch, with no ``latest_offsets``: the runner's
+    tracker marks from the Kafka source's latest offsets, which Spark asks of the broker. Catch-up
+    through the backlog, steady; a burst more than the bound behind: catch-up, steady; stopped while
+    records arrive, restarted after the downtime bound: catch-up, steady; a partition added while it
+    runs is read, marked and reported. Each record once."""
+    job = f"kafka-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(job, partitions=2)
+    kafka.produce_ids(job, range(40))  # 20 a partition: four batches of backlog
+    stream = f"{STREAM}:{job}"
+    sink, checkpoint = Sink(), tmp_path / "cp"
+    starter = QueryStarter(
+        spark,
+        tmp_path / "unused",
+        checkpoint,
+        sink,
+        read=lambda s: json_topic(s, kafka.bootstrap, job, "id INT", max_offsets_per_trigger=10),
+    )
+    bound = BacklogBound(max_lag=5, max_downtime_s=1.0)
+
+    def boundaries() -> list[tuple[str, int, int, bool]]:
+        status = client.get_backlog_status(job)
+        return [(p.stream, p.partition, p.boundary, p.finished) for p in status.partitions]
+
+    first = runner_for(starter, client, job, bound)
+    try:
+        first.start()
+        first.await_steady(timeout_s=120)
+        # The first batch ended at 5 a partition; the boundary is the broker's end, 20 a partition.
+        assert kafka.end_offsets(job) == {0: 20, 1: 20}
+        assert boundaries() == [(stream, 0, 20, True), (stream, 1, 20, True)]
+        assert starter.seen_at_start[1] == (STEADY, list(range(40)))
+
+        # A burst of 20 a partition: the steady query's first batch over it leaves it 30 behind.
+        kafka.produce_ids(job, range(40, 80))
+        first.await_phase("catch_up", timeout_s=120)
+        assert first.tracker is not None and first.tracker.resets == 1
+        first.await_steady(timeout_s=120)
+        marked = boundaries()
+        # The new boundary is where the broker's end was when the lag was seen: past the batch
+        # that saw it, at most the burst's end.
+        assert [(s, p, f) for s, p, _, f in marked] == [(stream, 0, True), (stream, 1, True)]
+        assert all(25 < b <= 40 for _, _, b, _ in marked), marked
+        assert sink.ids() == list(range(80))
+        first.stop()
+
+        # Down for longer than max_downtime_s while records arrive: the restart starts in catch-up
+        # with the broker's end offsets as the boundary.
+        kafka.produce_ids(job, range(80, 100))
+        last = last_batch_time_ms(LocalStorage(checkpoint))
+        assert last is not None
+        wait_until(lambda: time.time() * 1000 - last > 1500, timeout=30, what="the downtime bound to pass")
+        again = runner_for(starter, client, job, bound)
+        again.start()
+        assert again.phase == "catch_up"
+        again.await_steady(timeout_s=120)
+        assert boundaries() == [(stream, 0, 50, True), (stream, 1, 50, True)]
+        assert sink.ids() == list(range(100))
+        assert [t for t, _ in starter.seen_at_start] == [CATCH_UP, STEADY, CATCH_UP, STEADY, CATCH_UP, STEADY]
+
+        # The topic grows by a partition while the query runs: Spark's source reads it from its
+        # earliest offset, the tracker adds it to the mark at the broker's end offset for it as of
+        # the batch that showed it first, the reports bring it to that boundary; nothing is lost.
+        kafka.add_partitions(job, 3)
+        kafka.produce(job, [(2, json.dumps({"id": n})) for n in range(100, 130)])
+        tracker = again.tracker
+        assert tracker is not None
+
+        def read_and_reported() -> bool:
+            again.poll()  # the runner feeds its tracker when polled
+            marked = boundaries()
+            return sink.ids() == list(range(130)) and len(marked) == 3 and marked[2][3]
+
+        try:
+            wait_until(read_and_reported, timeout=180, what="the new partition to be read and reported")
+        except TimeoutError as e:
+            state = f"{boundaries()} added={tracker.added} phase={again.phase} errors={tracker.errors}"
+            raise AssertionError(f"{state} last={tracker.last_batch}") from e
+        again.await_steady(timeout_s=120)
+        (added,) = tracker.added
+        assert added.stream == stream and added.partition == 2
+        # The broker's end for it when a batch first showed it: 0 if that was before the records
+        # above reached it (the partition exists before they do), at most 30.
+        assert 0 <= added.offset <= 30
+        # Its boundary is the grow's, or 30 where the grow left it more than max_lag behind and the
+        # tracker marked again (a reset) at the broker's end; either way it was reached.
+        marked = boundaries()
+        assert marked[:2] == [(stream, 0, 50, True), (stream, 1, 50, True)]
+        assert marked[2][:2] == (stream, 2) and marked[2][2] in (added.offset, 30) and marked[2][3], marked
+        assert kafka.end_offsets(job) == {0: 50, 1: 50, 2: 30}
+        again.stop()
+    finally:
+        first.stop()
 
 
 def test_a_final_report_lost_to_an_outage_is_delivered(

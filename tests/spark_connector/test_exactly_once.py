@@ -1,4 +1,5 @@
-"""Exactly-once foreachBatch: file-source streaming drivers SIGKILLed, reset and run twice on one checkpoint.
+"""Exactly-once foreachBatch: streaming drivers SIGKILLed, reset and run twice on one checkpoint, reading
+files or a Kafka topic (the kill and zombie tests run once per source).
 
 Each driver is its own process group (``jobs/exactly_once_job.py``); a kill takes Python and the JVM
 down together, like a lost driver machine. Kill points come from the job's ``EO_PAUSE`` hook (the job
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from harness.coordinator import CoordinatorProcess
+from harness.jars import jar_set
+from harness.kafka import KafkaBroker
 from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.sink.epochs import Fenced
 from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
@@ -39,13 +43,26 @@ RECORDS_PER_FILE = 10
 EVENT_TIMEOUT_S = 300.0  # a driver start under a loaded 2-core CI box took over 150 s
 
 
+@pytest.fixture(params=["files", "kafka"])
+def kafka_source(request: pytest.FixtureRequest) -> KafkaBroker | None:
+    """None: the driver reads input files; else the broker whose topic it reads."""
+    broker: KafkaBroker | None = request.getfixturevalue("kafka") if request.param == "kafka" else None
+    return broker
+
+
 @dataclass
 class Driver:
-    """Starts, watches and kills one driver process of the job."""
+    """Starts, watches and kills one driver process of the job.
+
+    With ``kafka`` the input is a topic of two partitions instead of a directory: "file" ``i`` is ten
+    records, five in each partition, and a batch reads ten (``--max-offsets``), which Spark's Kafka
+    source splits in proportion to what each partition has: five of each, so a batch is still one
+    whole file."""
 
     root: Path
     mode: str
     target: str = ""
+    kafka: KafkaBroker | None = None
     lives: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,19 +71,27 @@ class Driver:
         self.table = self.root / "table"
         self.events = self.root / "events.log"
         self.events.touch()
+        self.topic = f"eo-{uuid.uuid4().hex[:8]}"
+        self.sent: list[int] = []  # the ids produced to the topic
+        if self.kafka is not None:
+            self.kafka.create_topic(self.topic, partitions=2)
 
     def publish(self, first_file: int, count: int) -> None:
-        """Input files of unique ids, each made visible by an atomic rename."""
+        """Input files of unique ids, each made visible by an atomic rename (or produced to the topic)."""
         for i in range(first_file, first_file + count):
+            ids = [i * RECORDS_PER_FILE + j for j in range(RECORDS_PER_FILE)]
+            records = [{"id": n, "bucket": f"b{(i + j) % 3}"} for j, n in enumerate(ids)]
+            if self.kafka is not None:
+                self.kafka.produce(self.topic, [(j % 2, json.dumps(r)) for j, r in enumerate(records)])
+                self.sent += ids
+                continue
             tmp = self.root / f"tmp-{i}.json"
-            lines = (
-                json.dumps({"id": i * RECORDS_PER_FILE + j, "bucket": f"b{(i + j) % 3}"})
-                for j in range(RECORDS_PER_FILE)
-            )
-            tmp.write_text("\n".join(lines) + "\n")
+            tmp.write_text("\n".join(json.dumps(r) for r in records) + "\n")
             os.replace(tmp, self.input / f"in-{i:03d}.json")
 
     def input_ids(self) -> list[int]:
+        if self.kafka is not None:
+            return list(self.sent)
         ids = []
         for f in sorted(self.input.glob("*.json")):
             ids += [json.loads(line)["id"] for line in f.read_text().splitlines() if line]
@@ -93,6 +118,9 @@ class Driver:
         ]  # fmt: skip
         if not finish:
             argv.append("--no-finish")
+        if self.kafka is not None:
+            jars = ",".join(str(j) for j in jar_set("spark-kafka"))
+            argv += ["--kafka", self.kafka.bootstrap, "--topic", self.topic, "--jars", jars]
         log = (self.root / f"driver-{len(self.lives)}.log").open("wb")
         self.lives.append(pause or "run")
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -219,19 +247,24 @@ FIXED_KILLS = [
 LEAVES_A_RECORD = ("after_write", "mid_write", "mid_rollback", "after_register", "staging", "commit")
 
 
-@pytest.mark.timeout(900)  # 11 driver lives, each a JVM start, on 2 shared cores
-def test_killed_driver_writes_every_record_exactly_once(tmp_path: Path, zk_uri: str, s3_uri: str) -> None:
+@pytest.mark.timeout(1200)  # up to 11 driver lives, each a JVM start, on 2 shared cores
+def test_killed_driver_writes_every_record_exactly_once(
+    tmp_path: Path, zk_uri: str, s3_uri: str, kafka_source: KafkaBroker | None
+) -> None:
     seed = int(os.environ.get("EO_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     args = ["--metadata", zk_uri, "--blobs", s3_uri]
     with CoordinatorProcess(tmp_path / "coordinator", args=args) as coord:
-        driver = Driver(tmp_path / "wrapped", "wrapped", coord.target)
+        driver = Driver(tmp_path / "wrapped", "wrapped", coord.target, kafka_source)
         files = 2
         driver.publish(0, files)
         reader = Reader(driver.sink())
         reader.start()
         kills: list[str] = []
         schedule = [*FIXED_KILLS, f"delay:{rng.uniform(3.0, 12.0):.1f}"]
+        if kafka_source is not None:  # each distinct point once: the source changes none of them
+            points = [k.partition(":")[0] for k in FIXED_KILLS]
+            schedule = [k for i, k in enumerate(FIXED_KILLS) if points[i] not in points[:i]]
         try:
             while len(kills) < len(schedule):
                 spec = schedule[len(kills)] if len(driver.lives) < 14 else ""
@@ -259,7 +292,7 @@ def test_killed_driver_writes_every_record_exactly_once(tmp_path: Path, zk_uri: 
 
         rollbacks = [ln for ln in driver.events.read_text().splitlines() if " rolled back " in ln]
         context = f"seed={seed} kills={kills} rollbacks={len(rollbacks)}"
-        assert len(kills) >= 10, context
+        assert len(kills) == len(schedule), context
         expected = Counter(driver.input_ids())
         assert len(expected) == files * RECORDS_PER_FILE
         got = driver.table_ids()
@@ -300,11 +333,13 @@ def test_same_kill_without_the_wrapper_duplicates_a_batch(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(600)
-def test_zombie_driver_stays_invisible_and_a_checkpoint_reset_loses_nothing(tmp_path: Path) -> None:
+def test_zombie_driver_stays_invisible_and_a_checkpoint_reset_loses_nothing(
+    tmp_path: Path, kafka_source: KafkaBroker | None
+) -> None:
     """Two run changes on one table, sharing driver processes: a second driver on the checkpoint of
-    a stalled one, then a reset of that checkpoint."""
+    a stalled one, then a reset of that checkpoint (which re-reads a topic from its earliest offsets)."""
     with CoordinatorProcess(tmp_path / "coordinator") as coord:
-        driver = Driver(tmp_path / "zombie", "wrapped", coord.target)
+        driver = Driver(tmp_path / "zombie", "wrapped", coord.target, kafka_source)
         driver.publish(0, 4)
         release = tmp_path / "release-zombie"
         # The zombie passes its fence check for batch 1 and stalls just before its commit file...

@@ -3,12 +3,14 @@
 Real local PySpark (classic, and Spark Connect through the Connect job of the exactly-once tests), a
 real ``snapcoord serve`` on the shared ZooKeeper + S3. The last tests are about a restore's completion
 point (``restore_target``). Queries read JSON files (one file per batch,
-``availableNow`` unless a test needs a running query) into ``exactly_once`` over a
-``PartitionedFileSink``; every input record has a unique id, so "exactly once" is a ``Counter`` check.
+``availableNow`` unless a test needs a running query), or a Kafka topic of the session's broker (ten
+records per batch), into ``exactly_once`` over a ``PartitionedFileSink``; every input record has a
+unique id, so "exactly once" is a ``Counter`` check.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from pyspark.sql import functions as F
 
 from harness import s3a
 from harness.coordinator import CoordinatorProcess
+from harness.kafka import KafkaBroker, json_topic
 from harness.locations import FIXTURE_OF_KIND, TestDir
 from harness.process import wait_until
 from harness.seaweed import SeaweedS3Server
@@ -86,6 +89,18 @@ def publish(directory: Path, first: int, count: int, *, bucket: bool = False) ->
         os.replace(tmp, directory / f"in-{i:03d}.json")
 
 
+def kafka_input(kafka: KafkaBroker, topic: str) -> Callable[[SparkSession], DataFrame]:
+    """``topic`` as a query's source; "file" ``i`` of ``feed`` is one batch (five records a partition)."""
+    return lambda spark: json_topic(
+        spark, kafka.bootstrap, topic, SCHEMA, max_offsets_per_trigger=RECORDS_PER_FILE
+    )
+
+
+def feed(kafka: KafkaBroker, topic: str, first: int, count: int) -> None:
+    """The records of "files" ``first .. first+count-1`` (as ``publish`` writes them) to ``topic``."""
+    kafka.produce_ids(topic, range(first * RECORDS_PER_FILE, (first + count) * RECORDS_PER_FILE))
+
+
 def expected(files: int) -> Counter[int]:
     return Counter(range(files * RECORDS_PER_FILE))
 
@@ -127,7 +142,7 @@ def run_available_now(
     spark: SparkSession,
     coordinator: str,
     name: str,
-    source: Path,
+    source: Path | Callable[[SparkSession], DataFrame],
     checkpoint: Path | str,
     table: Path,
     *,
@@ -135,15 +150,19 @@ def run_available_now(
     output_mode: str = "append",
     finish: bool = True,
 ) -> list[int]:
-    """One availableNow run (one input file per batch) to the end; returns the executed batch ids.
-    ``finish=False`` leaves the last batch's record in the coordinator, as a crashed driver does."""
+    """One availableNow run (one input file per batch, or ``source(spark)``) to the end; returns the
+    executed batch ids. ``finish=False`` leaves the last batch's record in the coordinator, as a
+    crashed driver does."""
     writer = exactly_once(
         PartitionedFileSink(table, name=name),
         coordinator,
         query_name=name,
         checkpoint_location=str(checkpoint),
     )
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    if callable(source):
+        df = source(spark)
+    else:
+        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
     stream = (transform(df) if transform else df).writeStream.queryName(name).outputMode(output_mode)
     query = (
         stream.foreachBatch(writer)
@@ -266,6 +285,49 @@ def test_restore_into_the_same_sink_after_retention_is_exactly_once(
         spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
 
 
+def test_restore_rewinds_a_kafka_query_to_the_snapshots_offsets(
+    spark: SparkSession, coordinator: str, client: CoordinatorClient, tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Snapshot a query over a two-partition topic, read on, restore: the snapshot's committed offsets
+    are the topic's offsets in Spark's offsets log (the broker's end offsets, all read by then), and
+    the restored query goes on from them, each record once."""
+    name, app = f"kafka-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    table, checkpoint, restored_cp = tmp_path / "table", tmp_path / "cp", tmp_path / "restored"
+    kafka.create_topic(name, partitions=2)
+    source, sink = kafka_input(kafka, name), PartitionedFileSink(table, name=name)
+    feed(kafka, name, 0, 2)
+    assert run_available_now(spark, coordinator, name, source, checkpoint, table) == [0, 1]
+
+    snapshot = take_snapshot(client, app, [SnapshotQuery(name, str(checkpoint), sink)], timeout_s=120)
+    assert snapshot.state is SnapshotState.COMPLETED
+    assert kafka.end_offsets(name) == {0: 10, 1: 10}
+    # Spark's offsets log of batch 1 names the topic's offsets; the snapshot's committed offsets are
+    # they, one stream per topic of the query's source 0.
+    logged = (checkpoint / "offsets" / "1").read_text().splitlines()[2]
+    assert json.loads(logged) == {name: {"0": 10, "1": 10}}
+    (task,) = client.get_snapshot(app, snapshot.generation).tasks
+    assert task.committed_offsets == (Offset(f"{name}.0:{name}", 0, 10), Offset(f"{name}.0:{name}", 1, 10))
+    at_snapshot = committed_content(sink)
+
+    feed(kafka, name, 2, 3)
+    assert run_available_now(spark, coordinator, name, source, checkpoint, table, finish=False) == [2, 3, 4]
+    assert ids(sink) == expected(5)
+
+    done = restore_snapshot(client, app, snapshot.generation, [RestoreTarget(name, str(restored_cp), sink)])
+    assert done[name].batch_id == 1
+    assert committed_content(sink) == at_snapshot and ids(sink) == expected(2)
+    # The restored checkpoint ends at the snapshot's batch, with its Kafka offsets: the next batch
+    # starts there (Spark's offsets log, not the broker's latest, says where).
+    restored_offsets = sorted(int(p.name) for p in (restored_cp / "offsets").iterdir() if p.name.isdigit())
+    assert restored_offsets[-1] == 1
+    assert (restored_cp / "offsets" / "1").read_text().splitlines()[2] == logged
+
+    feed(kafka, name, 5, 1)
+    assert run_available_now(spark, coordinator, name, source, restored_cp, table) == [2, 3, 4, 5]
+    assert ids(sink) == expected(6)  # the records after the snapshot once, the ones before it once
+    assert committed_content(sink).items() >= at_snapshot.items()
+
+
 def count_by_key(df: DataFrame) -> DataFrame:
     return df.groupBy((F.col("id") % 7).alias("k")).count()
 
@@ -280,9 +342,14 @@ ROCKSDB = {
 
 
 @pytest.mark.parametrize(
-    ("where", "conf"),
-    [("local", {}), ("s3a", ROCKSDB), ("hdfs", ROCKSDB)],
-    ids=["local-hdfs-state", "s3a-rocksdb-v2", "hdfs-rocksdb-v2"],
+    ("where", "conf", "reads"),
+    [
+        ("local", {}, "files"),
+        ("s3a", ROCKSDB, "files"),
+        ("hdfs", ROCKSDB, "files"),
+        ("local", ROCKSDB, "kafka"),
+    ],
+    ids=["local-hdfs-state", "s3a-rocksdb-v2", "hdfs-rocksdb-v2", "kafka-local-rocksdb-v2"],
 )
 def test_stateful_restore_after_the_checkpoint_is_deleted(
     spark: SparkSession,
@@ -292,12 +359,21 @@ def test_stateful_restore_after_the_checkpoint_is_deleted(
     request: pytest.FixtureRequest,
     where: str,
     conf: dict[str, str],
+    reads: str,
 ) -> None:
     """The default state store on the local disk; RocksDB with changelog checkpointing and
-    checkpoint format v2 on S3 (s3a://) and on HDFS (the state files' names carry unique ids there)."""
+    checkpoint format v2 on S3 (s3a://) and on HDFS (the state files' names carry unique ids there);
+    RocksDB over a Kafka topic (the restored query reads on from the snapshot's Kafka offsets)."""
     name, app = f"agg-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
     directory: TestDir = request.getfixturevalue(FIXTURE_OF_KIND[where])
-    source, table = tmp_path / "in", tmp_path / "table"
+    files, table = tmp_path / "in", tmp_path / "table"
+    source: Path | Callable[[SparkSession], DataFrame] = files
+    add_input: Callable[[int, int], None] = functools.partial(publish, files)
+    if reads == "kafka":
+        kafka: KafkaBroker = request.getfixturevalue("kafka")
+        kafka.create_topic(name, partitions=2)
+        source, add_input = kafka_input(kafka, name), functools.partial(feed, kafka, name)
+
     checkpoint, restored_cp = directory.uri_of("cp"), directory.uri_of("restored")
     sink = PartitionedFileSink(table, name=name)
     for key, value in conf.items():
@@ -314,10 +390,10 @@ def test_stateful_restore_after_the_checkpoint_is_deleted(
             spark, coordinator, name, source, cp, table, transform=count_by_key, output_mode="update"
         )
 
-    publish(source, 0, 2)
+    add_input(0, 2)
     assert run(checkpoint) == [0, 1]
     snapshot = take_snapshot(client, app, [SnapshotQuery(name, checkpoint, sink)], timeout_s=120)
-    publish(source, 2, 1)
+    add_input(2, 1)
     assert run(checkpoint) == [2]
     directory.storage.delete_tree("cp")  # the original checkpoint is gone for good
 
@@ -326,7 +402,7 @@ def test_stateful_restore_after_the_checkpoint_is_deleted(
     assert state_files
     if conf:
         assert any(p.endswith(".zip") or p.endswith(".changelog") for p in state_files), state_files
-    publish(source, 3, 1)
+    add_input(3, 1)
     assert run(restored_cp) == [2, 3]
 
     # Update mode: the latest row of each key is its count over everything read. A run without the

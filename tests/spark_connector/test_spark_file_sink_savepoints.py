@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +19,10 @@ from pyspark.sql import SparkSession
 from harness import s3a
 from harness.coordinator import CoordinatorProcess
 from harness.file_sink_streams import SCHEMA, publish_inputs, run_file_sink
+from harness.kafka import KafkaBroker, json_topic
 from harness.locations import TestDir
 from harness.seaweed import SeaweedS3Server
-from snapcoord.client import CoordinatorClient
+from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.savepoints.app_snapshots import SnapshotQuery, take_snapshot
 from snapcoord.spark_connector.savepoints.restore import RestoreTarget, restore_snapshot
 from snapcoord.spark_connector.savepoints.spark_file_sink import SparkFileSink
@@ -73,7 +74,13 @@ def publish(source: Path, files: range) -> None:
     publish_inputs(source, files, ROWS)
 
 
-def run(spark: SparkSession, source: Path, checkpoint: Path, table: Path | str, fmt: str) -> None:
+def run(
+    spark: SparkSession,
+    source: Path | Callable[[SparkSession], object],
+    checkpoint: Path,
+    table: Path | str,
+    fmt: str,
+) -> None:
     run_file_sink(spark, source, checkpoint, table, fmt)
 
 
@@ -171,6 +178,39 @@ def test_restore_then_run_again_shows_each_batch_once(
     assert streamed_ids(
         spark, table, "parquet", tmp_path / "reader", f"fs_roundtrip_{test_dir.kind}"
     ) == ids_of(range(12))
+
+
+def test_kafka_query_restored_into_the_file_sink_reads_on_from_the_snapshots_offsets(
+    spark: SparkSession, client: CoordinatorClient, tmp_path: Path, kafka: KafkaBroker, compact_every_3: None
+) -> None:
+    """A topic of two partitions, ten records a batch, into Spark's own file sink: the snapshot holds
+    the topic's offsets at its batch; the restored query reads on from them, each record once."""
+    topic, cp, table = f"fs-kafka-{os.getpid()}", tmp_path / "cp", str(tmp_path / "table")
+    kafka.create_topic(topic, partitions=2)
+
+    def read(s: SparkSession) -> object:
+        return json_topic(s, kafka.bootstrap, topic, SCHEMA, max_offsets_per_trigger=10)
+
+    kafka.produce_ids(topic, range(50))  # 25 a partition: batches 0-4, five of each a batch
+    run(spark, read, cp, table, "parquet")
+    sink = SparkFileSink(table, spark=spark)
+    assert sink.last_batch_id() == 4
+    generation = snapshot(client, "fs-kafka", "q", cp, sink)
+    (task,) = client.get_snapshot("fs-kafka", generation).tasks
+    assert task.committed_offsets == (Offset(f"q.0:{topic}", 0, 25), Offset(f"q.0:{topic}", 1, 25))
+
+    kafka.produce_ids(topic, range(50, 120))
+    run(spark, read, cp, table, "parquet")
+    assert sink.last_batch_id() == 11
+    restored = restore_snapshot(
+        client, "fs-kafka", generation, [RestoreTarget("q", str(tmp_path / "cp2"), sink=sink)]
+    )
+    assert restored["q"].batch_id == 4
+    assert table_ids(spark, table, "parquet") == Counter(range(50))
+
+    run(spark, read, tmp_path / "cp2", table, "parquet")
+    assert sink.last_batch_id() == 11
+    assert table_ids(spark, table, "parquet") == Counter(range(120))
 
 
 @HEAVY

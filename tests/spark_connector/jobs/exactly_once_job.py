@@ -4,10 +4,13 @@ Run as its own process (its own session, so the test can SIGKILL Python and JVM 
 
     python exactly_once_job.py --input DIR --checkpoint DIR --table DIR --events FILE
                                --mode wrapped|plain [--target HOST:PORT] [--query-name NAME]
+                               [--kafka HOST:PORT --topic TOPIC --jars JAR,JAR...]
 
 It reads JSON-lines files from --input one file per micro-batch (trigger availableNow), writes every
 batch to the table, and exits 0 when the input is drained. ``--mode wrapped`` goes through
-``exactly_once``; ``plain`` calls ``sink.write`` directly (the control).
+``exactly_once``; ``plain`` calls ``sink.write`` directly (the control). With ``--kafka`` it reads
+the same JSON records from a Kafka topic instead, from its earliest offsets, at most
+``--max-offsets`` records per micro-batch (Spark's Kafka source from ``--jars``).
 
 Kill hooks: ``EO_PAUSE=<point>:<nth>`` makes the driver append ``pause <point> <batch_id>`` to the
 events file and wait at <point> of the <nth> batch this process runs (1-based), so the test can
@@ -37,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the harness
+from harness.kafka import json_topic
 from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
 from snapcoord.spark_connector.sink.writer import ExactlyOnceWriter
 
@@ -146,6 +151,10 @@ def main() -> int:
     p.add_argument("--target", default="")
     p.add_argument("--query-name", default="eo-test")
     p.add_argument("--no-finish", action="store_true")
+    p.add_argument("--kafka", default="", help="bootstrap servers: read --topic instead of --input")
+    p.add_argument("--topic", default="")
+    p.add_argument("--max-offsets", type=int, default=10, help="maxOffsetsPerTrigger of the Kafka source")
+    p.add_argument("--jars", default="", help="spark.jars (Spark's Kafka source)")
     args = p.parse_args()
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -165,6 +174,7 @@ def main() -> int:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.streaming.stopTimeout", "5s")
+        .config("spark.jars", args.jars)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -216,11 +226,12 @@ def main() -> int:
         batch_fn = hooked(write)
 
     schema = StructType([StructField("id", LongType()), StructField("bucket", StringType())])
+    if args.kafka:
+        source = json_topic(spark, args.kafka, args.topic, schema, max_offsets_per_trigger=args.max_offsets)
+    else:
+        source = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(args.input)
     query = (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", 1)
-        .json(args.input)
-        .writeStream.foreachBatch(batch_fn)
+        source.writeStream.foreachBatch(batch_fn)
         .option("checkpointLocation", args.checkpoint)
         .trigger(availableNow=True)
         .start()
