@@ -40,6 +40,7 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SNAPCOORD_JAR_CACHE": "scripts/fetch-maven: where the test jars from Maven Central are kept",
     "SNAPCOORD_FUZZ_EXAMPLES": "tests: examples per fuzzed RPC",
     "SNAPCOORD_FUZZ_SEED": "tests: the fuzzer's seed",
+    "SNAPCOORD_KAFKA_ALL_KILLS": "tests: the Kafka kill run kills at every kill point",
 }
 
 #: Kubernetes service-link variables (``enableServiceLinks``) of a Service named ``snapcoord-*``.
