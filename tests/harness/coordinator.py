@@ -380,6 +380,8 @@ class ProbeService:
                 raise errors.TransactionFailed(f"raised {name}", index=0, cause=errors.NodeExistsError("n"))
             if cls is errors.CorruptRecord:
                 raise errors.CorruptRecord(f"raised {name}", kind="lease")
+            if cls is errors.NewerFormat:
+                raise errors.NewerFormat(f"raised {name}", kind="lease", version=2, supported=1)
             raise cls(f"raised {name}")
         raise getattr(builtins, name)(f"raised {name}")
 
