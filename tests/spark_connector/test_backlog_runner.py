@@ -263,6 +263,7 @@ def test_kafka_boundaries_are_the_brokers_end_offsets_switch_both_ways_and_grow(
         return [(p.stream, p.partition, p.boundary, p.finished) for p in status.partitions]
 
     first = runner_for(starter, client, job, bound)
+    again: BacklogAwareRunner | None = None
     try:
         first.start()
         first.await_steady(timeout_s=120)
@@ -317,20 +318,22 @@ def test_kafka_boundaries_are_the_brokers_end_offsets_switch_both_ways_and_grow(
             state = f"{boundaries()} added={tracker.added} phase={again.phase} errors={tracker.errors}"
             raise AssertionError(f"{state} last={tracker.last_batch}") from e
         again.await_steady(timeout_s=120)
-        (added,) = tracker.added
-        assert added.stream == stream and added.partition == 2
-        # The broker's end for it when a batch first showed it: 0 if that was before the records
-        # above reached it (the partition exists before they do), at most 30.
-        assert 0 <= added.offset <= 30
-        # Its boundary is the grow's, or 30 where the grow left it more than max_lag behind and the
-        # tracker marked again (a reset) at the broker's end; either way it was reached.
+        # The partition reached the mark by a grow (``tracker.added``) or inside a reset: a switch to
+        # catch-up that the new records' lag set off marks every partition at the broker's end.
+        assert [(o.stream, o.partition) for o in tracker.added] in ([], [(stream, 2)]), tracker.added
+        # Either way its boundary is the broker's end for it when a batch showed it: 0 if that was
+        # before the records above reached it (the partition exists before they do), at most 30; a
+        # grow's, or 30 where the grow left it more than max_lag behind and the tracker marked again.
         marked = boundaries()
         assert marked[:2] == [(stream, 0, 50, True), (stream, 1, 50, True)]
-        assert marked[2][:2] == (stream, 2) and marked[2][2] in (added.offset, 30) and marked[2][3], marked
+        allowed = {30, *(o.offset for o in tracker.added)} if tracker.added else set(range(31))
+        assert all(0 <= o.offset <= 30 for o in tracker.added), tracker.added
+        assert marked[2][:2] == (stream, 2) and marked[2][2] in allowed and marked[2][3], marked
         assert kafka.end_offsets(job) == {0: 50, 1: 50, 2: 30}
-        again.stop()
     finally:
-        first.stop()
+        for runner in (again, first):
+            if runner is not None:
+                runner.stop()
 
 
 def test_a_final_report_lost_to_an_outage_is_delivered(

@@ -53,11 +53,13 @@ def test_test_dir_is_local_or_remote(spark: SparkSession, test_dir: TestDir) -> 
     spark.range(3).write.parquet(test_dir.uri_of("t"))
     assert spark.read.parquet(test_dir.uri_of("t")).count() == 3
     assert any(e.name.endswith(".parquet") for e in test_dir.storage.list("t"))
-    if test_dir.kind == "sftp":
-        assert test_dir.uri.startswith("sftp://")
-        _assert_nowhere_local(test_dir)
-    else:
+    if test_dir.kind == "local":
         assert Path(test_dir.uri, "t").is_dir()
+    else:  # a remote store, reached by its own scheme; nothing of it on the local disk
+        assert test_dir.uri.startswith(f"{test_dir.kind}://"), test_dir.uri
+        assert not any(name.startswith(test_dir.kind) for name in os.listdir(".")), os.listdir(".")
+    if test_dir.kind == "sftp":
+        _assert_nowhere_local(test_dir)
 
 
 def test_spark_connect_server_reaches_sftp(spark_connect: Any, remote: TestDir) -> None:
