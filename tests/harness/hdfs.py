@@ -22,7 +22,6 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from harness.isolation import unique_name
@@ -33,8 +32,7 @@ from harness.process import (
     HarnessError,
     ManagedProcess,
     PortInUseError,
-    ServerStartError,
-    log_tail,
+    ServerProcess,
     wait_until,
 )
 from snapcoord.spark_connector.storage import Entry, clean_path
@@ -43,8 +41,10 @@ MAIN_CLASS = "org.apache.hadoop.mapreduce.MiniHadoopClusterManager"
 USER = "root"
 
 
-class HdfsCluster:
+class HdfsCluster(ServerProcess):
     """``MiniHadoopClusterManager -nomr`` on loopback: ``uri()`` for Spark, ``storage()`` for the test."""
+
+    stop_timeout_s = 30.0
 
     def __init__(self, workdir: Path, *, datanodes: int = 1, start_timeout_s: float = 240.0) -> None:
         self.workdir = Path(workdir)
@@ -55,10 +55,6 @@ class HdfsCluster:
         self.port: int | None = None
         self.http_port: int | None = None
         self._proc: ManagedProcess | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
 
     def uri(self, path: str = "") -> str:
         """``hdfs://127.0.0.1:PORT/path``."""
@@ -121,24 +117,8 @@ class HdfsCluster:
             self.stop()
             raise
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"HDFS minicluster (NameNode {LOOPBACK}:{self.port}) {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self._proc is not None:
-            self._proc.terminate(timeout=timeout)
-            self._proc = None
-
-    def __enter__(self) -> HdfsCluster:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    def _describe(self) -> str:
+        return f"HDFS minicluster (NameNode {LOOPBACK}:{self.port})"
 
     def __repr__(self) -> str:
         return f"HdfsCluster({self.port and self.uri()}, {'running' if self.running else 'stopped'})"

@@ -23,7 +23,6 @@ def jar_set(name: str) -> tuple[Path, ...]:
         [sys.executable, str(ROOT / "scripts" / "fetch-maven"), name],
         capture_output=True,
         text=True,
-        env=os.environ.copy(),
     )
     if result.returncode != 0:
         raise RuntimeError(

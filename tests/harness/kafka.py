@@ -14,14 +14,12 @@ reader's ``latest`` means), ``add_partitions``; ``json_topic`` is Spark's Kafka 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import shutil
 import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -30,7 +28,14 @@ from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from harness.jars import class_path
 from harness.ports import LOOPBACK, free_port, is_port_free
-from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerStartError, log_tail
+from harness.process import (
+    HarnessError,
+    ManagedProcess,
+    PortInUseError,
+    ServerProcess,
+    ServerStartError,
+    log_tail,
+)
 
 JAR_SET = "kafka-broker"
 #: librdkafka logs every refused connection (each probe while the broker starts) to stderr; only its
@@ -83,8 +88,10 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-class KafkaBroker:
+class KafkaBroker(ServerProcess):
     """One KRaft node in ``workdir`` (server.properties, log4j2.properties, data/, kafka.log)."""
+
+    stop_timeout_s = 30.0
 
     def __init__(self, workdir: Path, *, heap_mb: int = 384, start_timeout_s: float = 120.0) -> None:
         self.workdir = Path(workdir)
@@ -115,18 +122,12 @@ class KafkaBroker:
         """``127.0.0.1:PORT``, for ``kafka.bootstrap.servers`` and ``bootstrap.servers``."""
         return f"{LOOPBACK}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> KafkaBroker:
         """Start (or restart on the same ports and log dir) and wait until it serves clients."""
         if self.running:
             raise HarnessError(f"Kafka on {self.bootstrap} is already running")
-        if self._proc is not None:  # it died by itself: reap it
-            self._proc.kill()
-            self._proc = None
+        self._reap_dead()
         first = self._port is None
         attempts = 3 if first else 1  # clients know the address after the first start
         for attempt in range(1, attempts + 1):
@@ -256,25 +257,18 @@ class KafkaBroker:
             time.sleep(0.1)
         raise self._start_error(f"not ready after {self.start_timeout_s:.0f}s (last probe: {last_error})")
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"Kafka on {LOOPBACK}:{self._port} {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
+    def _describe(self) -> str:
+        return f"Kafka on {LOOPBACK}:{self._port}"
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Graceful stop (SIGTERM; SIGKILL after ``timeout``). The log dir and ports are kept."""
         self._close_clients()
-        if self._proc is not None:
-            self._proc.terminate(timeout)
-            self._proc = None
+        super().stop(timeout)
 
     def kill(self) -> None:
         """SIGKILL: a crash. Acknowledged records survive in the log dir for the next start()."""
         self._close_clients()
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc = None
+        super().kill()
 
     def _close_clients(self) -> None:
         if self._producer is not None:
@@ -380,15 +374,6 @@ class KafkaBroker:
                 if time.monotonic() > deadline or not (error.retriable() or error.code() in _NOT_SERVED_YET):
                     raise
             time.sleep(0.1)
-
-    def __enter__(self) -> KafkaBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        with contextlib.suppress(Exception):
-            self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
-from typing import TypeVar
+from types import FrameType, TracebackType
+from typing import Self, TypeVar
 
 T = TypeVar("T")
 
@@ -237,6 +237,71 @@ class ManagedProcess:
 
 _live_lock = threading.Lock()
 _live: set[ManagedProcess] = set()
+
+
+class ServerProcess:
+    """What every server wrapper of the harness shares: its one ``ManagedProcess``, whether it runs, a
+    start error that carries the tail of its log, stops that keep its files for the next ``start()``,
+    and use as a context manager (started on entry, stopped on exit).
+
+    A subclass sets ``log_path`` and ``stop_timeout_s``, and gives ``start()`` and ``_describe()``.
+    """
+
+    log_path: Path
+    #: How long a graceful stop waits for the process before SIGKILL.
+    stop_timeout_s: float = 15.0
+    _proc: ManagedProcess | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        """What the server is and where, for messages: ``ZooKeeper on 127.0.0.1:2181``."""
+        raise NotImplementedError
+
+    def _start_error(self, what: str) -> ServerStartError:
+        return ServerStartError(
+            f"{self._describe()} {what}.\nlog: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
+        )
+
+    def _reap_dead(self) -> None:
+        """Before a start: reap a process that died by itself, and release its watchdog."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Graceful stop (SIGTERM; SIGKILL after ``timeout``, default ``stop_timeout_s``); the server's
+        files and ports are kept for ``start()``."""
+        if self._proc is not None:
+            self._proc.terminate(self.stop_timeout_s if timeout is None else timeout)
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. What the server made durable stays for the next ``start()``."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.stop()
+            return
+        with contextlib.suppress(Exception):  # the error that ended the block is the one to see
+            self.stop()
 
 
 def _register(proc: ManagedProcess) -> None:

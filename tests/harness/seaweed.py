@@ -11,14 +11,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
 
 from harness.ports import LOOPBACK, free_port_block, is_port_free, seaweed_ports
-from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerStartError, log_tail
+from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerProcess
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -60,7 +59,7 @@ def _unix_socket_paths_of(pid: int) -> set[str]:
         return set()
 
 
-class SeaweedS3Server:
+class SeaweedS3Server(ServerProcess):
     """``weed mini`` with S3 on ``endpoint_url``, one pre-created bucket, and enforced credentials.
 
     All listeners are pinned to 127.0.0.1 and telemetry is off. ``stop()``/``kill()`` keep the data dir
@@ -68,6 +67,8 @@ class SeaweedS3Server:
     random secret per instance; pass the same ones to several instances so that tests only have to swap
     the endpoint (see the ``private_s3_server`` fixture).
     """
+
+    stop_timeout_s = 20.0
 
     def __init__(
         self,
@@ -115,14 +116,6 @@ class SeaweedS3Server:
     @property
     def endpoint_url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def uri(self, prefix: str = "") -> str:
         """``s3://bucket/prefix`` on this server."""
@@ -305,11 +298,8 @@ class SeaweedS3Server:
             time.sleep(0.1)
         raise self._start_error(f"not ready after {self.start_timeout_s:.0f}s (last probe: {last_error})")
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"SeaweedFS (weed mini) on {self.host}:{self._base} {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
+    def _describe(self) -> str:
+        return f"SeaweedFS (weed mini) on {self.host}:{self._base}"
 
     def _stop_process(self, *, kill: bool, timeout: float = 20.0) -> None:
         proc, self._proc = self._proc, None
@@ -323,9 +313,9 @@ class SeaweedS3Server:
             proc.terminate(timeout)  # about 3.5 s: weed stops its components one by one
         self._remove_owned_sockets()
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """SIGTERM and wait for exit (SIGKILL after ``timeout``); ports are free when this returns."""
-        self._stop_process(kill=False, timeout=timeout)
+        self._stop_process(kill=False, timeout=self.stop_timeout_s if timeout is None else timeout)
 
     def kill(self) -> None:
         """SIGKILL: a crash. The data dir keeps the objects for the next start()."""
@@ -334,15 +324,6 @@ class SeaweedS3Server:
     def restart(self) -> SeaweedS3Server:
         self.stop()
         return self.start()
-
-    def __enter__(self) -> SeaweedS3Server:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        with contextlib.suppress(Exception):
-            self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

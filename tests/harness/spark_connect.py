@@ -22,11 +22,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from harness.ports import LOOPBACK, free_port, is_port_free
-from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerStartError, log_tail
+from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerProcess, log_tail
 
 T = TypeVar("T")
 
@@ -41,9 +40,11 @@ def pyspark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-class SparkConnectServer:
+class SparkConnectServer(ServerProcess):
     """``spark-submit --class SparkConnectServer`` on ``127.0.0.1:<free port>``, ``local[cores,4]``
     (a failed task is retried, as on a cluster)."""
+
+    stop_timeout_s = 30.0
 
     def __init__(
         self,
@@ -70,10 +71,6 @@ class SparkConnectServer:
         if self.port is None:
             raise RuntimeError("the Spark Connect server has not started")
         return f"sc://{LOOPBACK}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> SparkConnectServer:
@@ -195,28 +192,11 @@ class SparkConnectServer:
 
         return ConnectSession.builder.remote(self.url).create()
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"Spark Connect server on {LOOPBACK}:{self.port} {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (Spark's shutdown hooks run), SIGKILL after ``timeout``."""
-        if self._proc is not None:
-            self._proc.terminate(timeout=timeout)
-            self._proc = None
+    def _describe(self) -> str:
+        return f"Spark Connect server on {LOOPBACK}:{self.port}"
 
     def log_tail(self, lines: int = 60) -> str:
         return log_tail(self.log_path, lines)
-
-    def __enter__(self) -> SparkConnectServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

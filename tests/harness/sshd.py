@@ -24,10 +24,9 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 from harness.ports import LOOPBACK, free_port, is_port_free
-from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerStartError, log_tail
+from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerProcess
 
 SSHD = Path("/usr/sbin/sshd")  # sshd re-executes itself and insists on an absolute path
 INSTALL_HINT = "run `bash scripts/install-test-deps` (it installs Debian's openssh-server)"
@@ -61,13 +60,15 @@ def _keygen(path: Path) -> None:
     )
 
 
-class SshServer:
+class SshServer(ServerProcess):
     """``sshd -D`` on ``127.0.0.1:<free port>`` serving ``internal-sftp`` chrooted in ``chroot``.
 
     ``workdir`` holds the config, the keys and the log (any directory); the chroot is made below
     ``chroot_base`` (see the module docstring). ``start()`` returns once the server answers with its
     SSH banner; ``stop()`` ends it and removes the chroot with everything stored in it.
     """
+
+    stop_timeout_s = 10.0
 
     def __init__(
         self,
@@ -87,10 +88,6 @@ class SshServer:
         self._proc: ManagedProcess | None = None
 
     # -- addresses ---------------------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
     def uri(self, path: str = "") -> str:
         """``sftp://root@127.0.0.1:PORT/<path>`` (absolute inside the chroot)."""
         if self.port is None:
@@ -214,26 +211,13 @@ class SshServer:
             time.sleep(0.05)
         raise self._start_error(f"not ready after {self.start_timeout_s:.0f}s (last probe: {last_error})")
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"sshd on {LOOPBACK}:{self.port} {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
+    def _describe(self) -> str:
+        return f"sshd on {LOOPBACK}:{self.port}"
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """SIGTERM (SIGKILL after ``timeout``), then remove the chroot and what the tests stored there."""
-        if self._proc is not None:
-            self._proc.terminate(timeout=timeout)
-            self._proc = None
+        super().stop(timeout)
         shutil.rmtree(self.chroot, ignore_errors=True)
-
-    def __enter__(self) -> SshServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from harness.ports import LOOPBACK, free_port, is_port_free
-from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerStartError, log_tail
+from harness.process import HarnessError, ManagedProcess, PortInUseError, ServerProcess
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 # Without an slf4j binding ZooKeeper logs nothing at all. The jar's manifest Class-Path already names
@@ -58,7 +56,7 @@ def four_letter_word(host: str, port: int, word: str, timeout: float = 2.0) -> s
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(ServerProcess):
     """A standalone ZooKeeper in ``workdir`` (zoo.cfg, data/, zookeeper.log).
 
     ``stop()``/``kill()`` keep the data dir and the port, so ``start()`` brings back the same server with
@@ -113,22 +111,12 @@ class ZooKeeperServer:
         """Connection string for kazoo / zk:// URIs: ``127.0.0.1:PORT``."""
         return f"{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> ZooKeeperServer:
         """Start (or restart on the same port and data dir) and wait until it serves requests."""
         if self.running:
             raise HarnessError(f"ZooKeeper on {self.hosts} is already running")
-        if self._proc is not None:  # it died by itself: reap it and release its watchdog
-            self._proc.kill()
-            self._proc = None
+        self._reap_dead()
         _check_installed()
         # Only the very first start may move to another port: afterwards clients know this address.
         attempts = 3 if (self._starts == 0 and not self._port_fixed) else 1
@@ -239,23 +227,8 @@ class ZooKeeperServer:
             time.sleep(0.05)
         raise self._start_error(f"not ready after {self.start_timeout_s:.0f}s (last probe: {last_error})")
 
-    def _start_error(self, what: str) -> ServerStartError:
-        return ServerStartError(
-            f"ZooKeeper on {LOOPBACK}:{self._port} {what}.\n"
-            f"log: {self.log_path}\n--- last lines ---\n{log_tail(self.log_path)}"
-        )
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Graceful stop (SIGTERM; SIGKILL after ``timeout``). Data dir and port are kept for start()."""
-        if self._proc is not None:
-            self._proc.terminate(timeout)
-            self._proc = None
-
-    def kill(self) -> None:
-        """SIGKILL: a crash. Sessions and znodes survive in the data dir for the next start()."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc = None
+    def _describe(self) -> str:
+        return f"ZooKeeper on {LOOPBACK}:{self._port}"
 
     def restart(self) -> ZooKeeperServer:
         self.stop()
@@ -263,15 +236,6 @@ class ZooKeeperServer:
 
     def four_letter_word(self, word: str) -> str:
         return four_letter_word(self.host, self.port, word)
-
-    def __enter__(self) -> ZooKeeperServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        with contextlib.suppress(Exception):
-            self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
