@@ -17,7 +17,14 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.ports import LOOPBACK, free_port
-from harness.process import HarnessError, ManagedProcess, ServerStartError, log_tail, wait_until
+from harness.process import (
+    HarnessError,
+    ManagedProcess,
+    ServerProcess,
+    ServerStartError,
+    log_tail,
+    wait_until,
+)
 from harness.zookeeper import INSTALL_HINT, SLF4J_SIMPLE_JAR, ZOOKEEPER_JAR, four_letter_word
 
 _MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -26,7 +33,7 @@ _MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 QUORUM_TIMEOUT_S = 120.0
 
 
-class EnsembleNode:
+class EnsembleNode(ServerProcess):
     """One ZooKeeper server of an ensemble: ``start()``, ``kill()`` (SIGKILL), ``stop()``, ``pause()``."""
 
     def __init__(self, ensemble: ZooKeeperEnsemble, myid: int) -> None:
@@ -45,20 +52,11 @@ class EnsembleNode:
     def hosts(self) -> str:
         return f"{self.ensemble.address(self)}:{self.client_port}"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.alive()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def start(self) -> EnsembleNode:
         """Spawn the node; it serves only once a quorum forms (see ``ZooKeeperEnsemble.wait_quorum``)."""
         if self.running:
             raise HarnessError(f"ZooKeeper node {self.myid} is already running")
-        if self._proc is not None:  # died by itself: reap it
-            self._proc.kill()
+        self._reap_dead()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "myid").write_text(f"{self.myid}\n")
         self.config_path.write_text(self.ensemble.config(self))
@@ -83,16 +81,8 @@ class EnsembleNode:
         self._proc = ManagedProcess(argv, log_path=self.log_path, cwd=self.workdir, name=f"zk{self.myid}")
         return self
 
-    def kill(self) -> None:
-        """SIGKILL: a crash; the data dir survives for the next ``start()``."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc = None
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self._proc is not None:
-            self._proc.terminate(timeout)
-            self._proc = None
+    def _describe(self) -> str:
+        return f"ZooKeeper node {self.myid} on {self.hosts}"
 
     def pause(self) -> None:
         """SIGSTOP: the node hangs with its sockets open (a frozen VM, a long GC)."""

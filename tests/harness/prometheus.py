@@ -16,13 +16,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
 from harness.ports import LOOPBACK, free_port
-from harness.process import ManagedProcess, ServerStartError, wait_until
+from harness.process import ManagedProcess, ServerProcess, ServerStartError, wait_until
 
 INSTALL_HINT = "run scripts/install-test-deps (it extracts prometheus from Debian's package into the venv)"
 
@@ -42,12 +41,14 @@ def prometheus_binary() -> Path:
     return Path(found)
 
 
-class PrometheusServer:
+class PrometheusServer(ServerProcess):
     """Prometheus scraping ``targets`` (``host:port``, path ``/metrics``) as job ``job``, with ``rule_files``.
 
     Intervals are short so that a test sees series and alerts within seconds; ``for:`` durations come
     from the rule files (a test shortens them in its own copy).
     """
+
+    stop_timeout_s = 30.0
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class PrometheusServer:
         self.rule_files = list(rule_files)
         self.interval_s = interval_s
         self.port: int | None = None
+        self.log_path = root / "prometheus.log"
         self._proc: ManagedProcess | None = None
 
     @property
@@ -96,7 +98,7 @@ class PrometheusServer:
                 f"--web.listen-address={LOOPBACK}:{self.port}",
                 "--log.level=warn",
             ],
-            log_path=self.root / "prometheus.log",
+            log_path=self.log_path,
             cwd=self.root,
             name="prometheus",
         )
@@ -144,18 +146,8 @@ class PrometheusServer:
     def alerts(self, state: str = "firing") -> list[dict[str, Any]]:
         return [a for a in self.api("alerts")["alerts"] if a["state"] == state]
 
+    def _describe(self) -> str:
+        return f"Prometheus on {LOOPBACK}:{self.port}"
+
     def output(self) -> str:
         return self._proc.output() if self._proc is not None else ""
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate(timeout=30)
-            self._proc = None
-
-    def __enter__(self) -> PrometheusServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
