@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +20,7 @@ from snapcoord.coordinator.domain.leases import Lease
 from snapcoord.coordinator.errors import CorruptRecord
 from upgrades import golden_010
 from upgrades.golden import GOLDEN, SAMPLES, Sample
-from upgrades.installed import install
-from upgrades.releases import find, read_releases
+from upgrades.releases import read_releases
 
 RELEASES = [r.version for r in read_releases()]
 LAST = RELEASES[-1]
@@ -82,13 +79,3 @@ def test_a_format_change_under_the_same_version_is_caught() -> None:
     assert "under the same format version" in (drift(sample, old, changed) or "")
     bumped = json.dumps({**doc, "holder": "x", "version": doc["version"] + 1}).encode()
     assert drift(sample, old, bumped) is None
-
-
-@pytest.mark.process
-def test_0_1_0s_golden_records_are_what_0_1_0_writes(tmp_path: Path) -> None:
-    """The files above are 0.1.0's own bytes: its installed release writes them again, the same."""
-    release = install(find("0.1.0"))
-    script = Path(golden_010.__file__)
-    subprocess.run([str(release.python), str(script), str(tmp_path)], check=True, timeout=120)
-    for name in golden_010.NAMES:
-        assert (tmp_path / name).read_bytes() == (GOLDEN / "0.1.0" / name).read_bytes(), name
