@@ -5,6 +5,7 @@ encoders, kept in ``tests/upgrades/golden/<version>/`` so that every later tree 
 imports: the tree's (``scripts/release`` writes the new release's this way) or an installed
 release's (``InstalledRelease.python``), so it imports nothing but snapcoord and the standard
 library. ``SAMPLES`` names each file, its kind and the decoder of the tree that reads it back.
+0.1.0's modules predate these samples: ``golden_010.py`` writes its records.
 """
 
 from __future__ import annotations
