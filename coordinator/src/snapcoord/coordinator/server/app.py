@@ -174,6 +174,7 @@ def build_server(
     registry: CollectorRegistry | None = None,
     tracing: Tracing | None = None,
     check_clock: bool = True,
+    admit_requests: bool = True,
 ) -> tuple[CoordinatorServer, int]:
     """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port.
 
@@ -182,6 +183,8 @@ def build_server(
     store the server checks its clock against the store's and refuses the calls that compute
     expiries while it is off (``check_clock=False`` only for tests: those showing what the check
     prevents, and those whose injected clock is moved away from ZooKeeper's on purpose).
+    ``admit_requests=False`` serves unary requests without holding their messages from a budget
+    (``server.admission``): only for the benchmark that measures what admission costs.
     """
     registry = registry if registry is not None else new_registry()
     build_info.register(registry, config.metrics.revision)
@@ -270,7 +273,8 @@ def build_server(
         bounds.message_hold_bytes,
         bounds.receive_limit_bytes,
     )
-    admission_interceptor.admit(admission)
+    if admit_requests:
+        admission_interceptor.admit(admission)
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
         deps.metadata,
