@@ -31,6 +31,7 @@ import grpc
 
 from snapcoord.coordinator.observability.metrics import GrpcServerMetrics
 from snapcoord.coordinator.transport import call_log
+from snapcoord.coordinator.transport.handler_memo import HandlerMemo
 from snapcoord.coordinator.transport.status import Status, status_for, unimplemented
 
 _log = logging.getLogger(__name__)
@@ -213,8 +214,8 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._version = version
         self._tracer = tracer
         self._open_streams = _OpenStreams()
-        #: Per known method (a fixed set: unknown ones return early), what every call shares.
-        self._wrappers: dict[str, _Wrapper] = {}
+        #: Per known method (a fixed set: unknown ones return early), the handler every call gets.
+        self._memo = HandlerMemo()
         self._limit_reached: Callable[[], bool] = lambda: False
 
     def count_refusals(self, limit_reached: Callable[[], bool]) -> None:
@@ -248,15 +249,13 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if self._limit_reached():
             service, name = _split_method(method)
             self._metrics.refused.labels(service, name).inc()
-        wrap = self._wrappers.get(method)
-        if wrap is None:  # the first call of the method (a race builds the same one twice)
-            service, name = _split_method(method)
-            labels = (_rpc_type(handler), service, name)
-            tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
-            wrap = _Wrapper(
-                self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer
-            )
-            self._wrappers[method] = wrap
+        return self._memo.served(method, handler, self._wrap)
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        service, name = _split_method(method)
+        labels = (_rpc_type(handler), service, name)
+        tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
+        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 wrap.unary_response(handler.unary_unary),
