@@ -230,7 +230,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 code = _code_of(e, context)
                 raise
             finally:
-                if rule is None or rule.access.mutates:
+                if (rule is None or rule.access.mutates) and audit.enabled():
                     audit.write(
                         audit.audit_record(
                             principal=principal.name if principal is not None else "-",

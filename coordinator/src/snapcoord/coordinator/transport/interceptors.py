@@ -19,10 +19,10 @@ the ``otel`` extra is in use), so this module never imports OpenTelemetry.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
@@ -81,22 +81,18 @@ def rpc_type_label(request_streaming: bool, response_streaming: bool) -> str:
     return "server_stream" if response_streaming else "unary"
 
 
-#: The request message an inner layer parsed for a call whose behaviour receives raw bytes
-#: (``UNARY_ON_THE_WIRE``), by the call's context: what the call's log line and span name.
-_PARSED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_PARSED_LOCK = threading.Lock()
+#: The call whose behaviour runs in this context: gRPC runs each call's behaviour in a
+#: ``contextvars`` context of its own, so an inner layer finds its call's record here.
+_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("snapcoord_call", default=None)
 
 
 def note_request(context: grpc.ServicerContext, request: Any) -> None:
-    """Tell the call's record which request message ``context``'s call carries: for a behaviour
-    that reads its request itself, the interceptor saw only the raw stream."""
-    with _PARSED_LOCK:
-        _PARSED[context] = request
-
-
-def _parsed_request(context: grpc.ServicerContext) -> Any:
-    with _PARSED_LOCK:
-        return _PARSED.get(context)
+    """Tell the call's record which request message ``context``'s call carries (what its log line
+    and span name): for a behaviour that reads its request itself (``UNARY_ON_THE_WIRE``), the
+    interceptor saw only the raw stream. Called from the behaviour, in the call's context."""
+    call = _CURRENT.get()
+    if call is not None:
+        call.parsed = request
 
 
 #: Set on a request-streaming behaviour that serves a method with a unary request
@@ -168,12 +164,12 @@ class _Call:
         method: str,
         request: Any,
         span: CallSpan | None,
-        context: grpc.ServicerContext,
     ) -> None:
         self._metrics = metrics
         self._method = method
         self._request = request
-        self._context = context
+        #: The request message an inner layer read from a raw stream (``note_request``).
+        self.parsed: Any = None
         self.span = span
         self._start = time.perf_counter()
         self._lock = threading.Lock()
@@ -197,7 +193,7 @@ class _Call:
             return  # the common case at INFO: an OK call, no tracing; spare reading the ids
         request = self._request
         if isinstance(request, Iterator):  # raw bytes on the wire: the message an inner layer read
-            request = _parsed_request(self._context)
+            request = self.parsed
         ids = call_log.request_ids(request)
         if self.span is not None:
             self.span.finish(code, ids)
@@ -309,7 +305,9 @@ class _Wrapper:
         span = None
         if self._tracer is not None:
             span = self._tracer.start_call(self._method, context.invocation_metadata())
-        return _Call(self._metrics, self._method, request, span, context)
+        call = _Call(self._metrics, self._method, request, span)
+        _CURRENT.set(call)  # in this call's own context: no reset needed
+        return call
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
         """Record and raise the status for ``exc`` (``context.abort`` raises)."""
