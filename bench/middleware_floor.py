@@ -1,6 +1,6 @@
 """The middleware floor: what snapcoord's interceptor chain costs a small call, beside a bare server.
 
-    bench/run middleware_floor [--seconds 2] [--rounds 3] [--clients 1,16] [--smoke]
+    bench/run middleware_floor [--seconds 2] [--rounds 3] [--clients 1,16] [--other DIR] [--smoke]
 
 Starts, each in its own process on loopback: a bare grpcio server (grpc_health's servicer, 32
 handler threads, no interceptors), and two coordinators built as ``snapcoord serve`` builds them
@@ -16,7 +16,9 @@ channel per server) call back to back:
 Each slice records calls/s and the server process's CPU per call (user + system of all its
 threads, from /proc). Printed: medians over the rounds, and the ratios of slices run next to each
 other (median and band): snapcoord / bare for the health check, admission on / off for both
-rows. The clients share the machine's cores with the servers, so compare ratios of one run.
+rows. With ``--other DIR`` the coordinator of another checkout (its sources first on PYTHONPATH)
+joins both rows, and the ratios add this checkout / that one: before and after a change, in one
+run. The clients share the machine's cores with the servers, so compare ratios of one run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from common import for_seconds, real_servers
@@ -42,7 +45,8 @@ from snapcoord.v1 import common_pb2, snapshot_pb2, snapshot_pb2_grpc
 BARE = "bare grpcio"
 OURS = "snapcoord"
 NO_ADMISSION = "snapcoord, admission off"
-KINDS = {BARE: "bare", OURS: "snapcoord", NO_ADMISSION: "no-admission"}
+OTHER = "snapcoord at --other"
+KINDS = {BARE: "bare", OURS: "snapcoord", NO_ADMISSION: "no-admission", OTHER: "snapcoord"}
 
 
 def serve_bare() -> tuple[int, Callable[[], object]]:
@@ -71,7 +75,11 @@ def serve_snapcoord(metadata: str, blobs: str, *, admit: bool) -> tuple[int, Cal
     logging_setup.configure("INFO", "text")
     deps = Deps(metadata=open_metadata_store(metadata), blobs=open_blob_store(blobs))
     flags = {"host": "127.0.0.1", "port": "0", "metrics_port": "-1", "cleanup_interval": "0s"}
-    coordinator, port = build_server(coordinator_config.load(flags, {}), deps, admit_requests=admit)
+    config = coordinator_config.load(flags, {})
+    if admit:  # as an older checkout (--other) builds it: without the switch, which it may lack
+        coordinator, port = build_server(config, deps)
+    else:
+        coordinator, port = build_server(config, deps, admit_requests=False)
     coordinator.start()
 
     def stop() -> None:
@@ -101,9 +109,14 @@ class Server:
 
 
 @contextmanager
-def start_server(name: str, metadata: str = "", blobs: str = "") -> Iterator[Server]:
+def start_server(name: str, metadata: str, blobs: str, other: Path | None) -> Iterator[Server]:
+    """A server of kind ``name`` in its own process; OTHER runs the coordinator of checkout ``other``
+    (its sources first on PYTHONPATH)."""
     argv = [sys.executable, __file__, "--serve", KINDS[name], "--metadata", metadata, "--blobs", blobs]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if name == OTHER and other is not None:
+        env["PYTHONPATH"] = f"{other}/coordinator/src:{other}/client/src"
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None and proc.stdin is not None
         line = proc.stdout.readline()
@@ -183,6 +196,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", default="1,16", help="client threads, comma-separated")
     parser.add_argument("--smoke", action="store_true", help="one short round (CI: proves it runs)")
+    parser.add_argument(
+        "--other",
+        type=Path,
+        help="another checkout: its coordinator joins the rows (before/after in one run)",
+    )
     parser.add_argument("--serve", default="", help=argparse.SUPPRESS)
     parser.add_argument("--metadata", default="", help=argparse.SUPPRESS)
     parser.add_argument("--blobs", default="", help=argparse.SUPPRESS)
@@ -193,9 +211,10 @@ def main() -> None:
     if args.smoke:
         args.seconds, args.rounds = 0.3, 1
     levels = [int(c) for c in args.clients.split(",")]
+    others = (OTHER,) if args.other else ()
     rows: dict[str, tuple[Callable[[Server], object], tuple[str, ...]]] = {
-        "Health/Check": (health_check, (BARE, OURS, NO_ADMISSION)),
-        "GetCurrentSnapshot, cached": (cached_read, (OURS, NO_ADMISSION)),
+        "Health/Check": (health_check, (BARE, OURS, NO_ADMISSION, *others)),
+        "GetCurrentSnapshot, cached": (cached_read, (OURS, NO_ADMISSION, *others)),
     }
     run_id = uuid.uuid4().hex[:8]
     results: dict[tuple[str, str, int], Slices] = {}
@@ -203,11 +222,14 @@ def main() -> None:
         os.environ.update(s3.env())
         servers = {
             name: stack.enter_context(
-                start_server(name, f"zk://{zk.hosts}/floor-{run_id}-{i}", s3.uri(f"floor-{run_id}-{i}"))
+                start_server(
+                    name, f"zk://{zk.hosts}/floor-{run_id}-{i}", s3.uri(f"floor-{run_id}-{i}"), args.other
+                )
             )
             for i, name in enumerate(KINDS)
+            if name != OTHER or args.other
         }
-        for name in (OURS, NO_ADMISSION):
+        for name in (OURS, NO_ADMISSION, *others):
             complete_one_snapshot(servers[name])
         for op, names in rows.values():  # warm-up: every method's first call builds its wrappers
             for name in names:
@@ -229,19 +251,16 @@ def main() -> None:
     print("\n## ratios of neighbouring slices: median (band)")
     print("| row | c | calls/s | CPU per call |")
     print("|---|---|---|---|")
-    for clients in levels:
-        ours, bare = results[("Health/Check", OURS, clients)], results[("Health/Check", BARE, clients)]
-        print(
-            f"| Health/Check, snapcoord / bare grpcio | {clients} | {ratio_cell(ours.rates, bare.rates)} "
-            f"| {ratio_cell(ours.cpu_ms, bare.cpu_ms)} |"
-        )
-    for row in rows:
+    pairs = [("Health/Check", OURS, BARE, "snapcoord / bare grpcio")]
+    if args.other:
+        pairs.append(("Health/Check", OTHER, BARE, "--other / bare grpcio"))
+    pairs += [(row, OURS, NO_ADMISSION, "admission on / off") for row in rows]
+    pairs += [(row, OURS, OTHER, "this checkout / --other") for row in rows if args.other]
+    for row, a, b, label in pairs:
         for clients in levels:
-            on, off = results[(row, OURS, clients)], results[(row, NO_ADMISSION, clients)]
-            print(
-                f"| {row}, admission on / off | {clients} | {ratio_cell(on.rates, off.rates)} "
-                f"| {ratio_cell(on.cpu_ms, off.cpu_ms)} |"
-            )
+            x, y = results[(row, a, clients)], results[(row, b, clients)]
+            rate_ratio, cpu_ratio = ratio_cell(x.rates, y.rates), ratio_cell(x.cpu_ms, y.cpu_ms)
+            print(f"| {row}, {label} | {clients} | {rate_ratio} | {cpu_ratio} |")
 
 
 if __name__ == "__main__":
