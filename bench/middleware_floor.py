@@ -217,6 +217,7 @@ def main() -> None:
         "GetCurrentSnapshot, cached": (cached_read, (OURS, NO_ADMISSION, *others)),
     }
     run_id = uuid.uuid4().hex[:8]
+    load_before = os.getloadavg()[0]
     results: dict[tuple[str, str, int], Slices] = {}
     with real_servers() as (zk, s3), ExitStack() as stack, tempfile.TemporaryDirectory():
         os.environ.update(s3.env())
@@ -244,6 +245,10 @@ def main() -> None:
                         slices.rates.append(rate)
                         slices.cpu_ms.append(cpu)
     print(f"\n## middleware floor ({args.rounds} rounds of {args.seconds:g} s slices; medians)")
+    load_after = os.getloadavg()[0]
+    print(
+        f"# {os.cpu_count()} cores; load average {load_before:.1f} at the start, {load_after:.1f} at the end"
+    )
     print(f"{'row':<28} {'server':<26} {'c':>3} {'calls/s':>8} {'CPU ms/call':>12}")
     for (row, name, clients), s in results.items():
         rate, cpu = statistics.median(s.rates), statistics.median(s.cpu_ms)

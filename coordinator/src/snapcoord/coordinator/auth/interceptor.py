@@ -132,9 +132,9 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        return self._memo.served(handler_call_details.method, handler, self._wrap)
+        return self._memo.served(handler_call_details.method, handler, self.wrap)
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
         method = path.lstrip("/")  # as people write it: snapcoord.v1.SnapshotService/GetSnapshot
         service = method.partition("/")[0]
         if service in OPEN_SERVICES:

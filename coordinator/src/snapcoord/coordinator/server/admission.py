@@ -131,6 +131,8 @@ class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._memo = HandlerMemo()
 
     def admit(self, admission: Admission) -> None:
+        """Admit every call from now on; before the server starts, since a method's handler,
+        once built for its first call, is kept (here and in the main interceptor)."""
         self._admission = admission
         self._memo.clear()
 
@@ -142,9 +144,9 @@ class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler = continuation(handler_call_details)
         if handler is None or self._admission is None:
             return handler
-        return self._memo.served(handler_call_details.method, handler, self._wrap)
+        return self._memo.served(handler_call_details.method, handler, self.wrap)
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
         method = path.lstrip("/")
         if self._admission is None or not method.startswith(ADMITTED_SERVICES):
             return handler

@@ -196,7 +196,6 @@ def build_server(
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
     grpc_metrics = GrpcServerMetrics(registry)
     initialize_api_series(grpc_metrics)  # rate-based alerts see a method's first error
-    interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
     admission_interceptor = AdmissionInterceptor()
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.
@@ -205,11 +204,14 @@ def build_server(
     except ValueError:
         executor.shutdown(wait=False)
         raise
+    # Admission between them: the main interceptor records its refusals, auth gets the parsed
+    # request (server.admission). Both run as layers of the main one: one interceptor per call.
+    interceptor = ServerInterceptor(
+        grpc_metrics, version=__version__, tracer=tracing, layers=(admission_interceptor, auth_interceptor)
+    )
     server = grpc.server(
         executor,
-        # Admission between them: the main interceptor records its refusals, auth gets the
-        # parsed request (server.admission).
-        interceptors=(interceptor, admission_interceptor, auth_interceptor),
+        interceptors=(interceptor,),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead, unless this is one of the

@@ -202,10 +202,31 @@ class _Call:
             call_log.log_finished(self._method, code, latency_s, ids, trace_id)
 
 
-class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method."""
+class HandlerLayer(Protocol):
+    """An inner interceptor run as part of ``ServerInterceptor`` (admission, auth): what it serves
+    for a method, given the handler below it."""
 
-    def __init__(self, metrics: GrpcServerMetrics, *, version: str, tracer: CallTracer | None = None) -> None:
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler: ...
+
+
+class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method.
+
+    ``layers`` are the server's other interceptors, outermost first, applied inside this one when a
+    method's handler is built: one interceptor for gRPC to run per call instead of one per layer
+    (gRPC runs them on its one thread that accepts calls, where each level of its interceptor
+    pipeline costs every call).
+    """
+
+    def __init__(
+        self,
+        metrics: GrpcServerMetrics,
+        *,
+        version: str,
+        tracer: CallTracer | None = None,
+        layers: Sequence[HandlerLayer] = (),
+    ) -> None:
+        self._layers = tuple(reversed(layers))  # innermost first, as they are applied
         self._metrics = metrics
         self._version = version
         self._tracer = tracer
@@ -248,6 +269,8 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         return self._memo.served(method, handler, self._wrap)
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        for layer in self._layers:
+            handler = layer.wrap(handler, method)
         service, name = _split_method(method)
         labels = (_rpc_type(handler), service, name)
         tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
