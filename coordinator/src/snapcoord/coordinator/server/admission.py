@@ -14,11 +14,11 @@ receive window (``memory_bounds``).
 ``Admission`` says which budget a method's messages come out of: ReportTaskSnapshot, whose
 checkpoints are payload, from the payload budget; every other method from a small pool of its
 own, so that a lease renewal or a health check waits for a few receipts at most, never for
-payloads to drain. The pool holds two receipts, and small calls at a higher concurrency would
-queue for it (measured: a cached read at 16 clients served 0.57x the calls of a server without
-admission), so when the pool is taken a call borrows its receipt from the payload budget, if that
-has room at once and no call waits for it there; otherwise it waits for the pool as before. Every
-byte is still held from one of the two budgets, so the worst case (``memory_bounds``) is the same.
+payloads to drain. The pool holds two receipts, and more small calls at once than that would
+queue for it (docs/performance.md, the admission tax), so when the pool is taken a call borrows
+its receipt from the payload budget, if that has room at once and no call waits for it there;
+otherwise it waits for the pool. Every byte is still held from one of the two budgets, so the
+worst case (``memory_bounds``) is the same.
 
 The wrapped handler is built once per method (``AdmissionInterceptor``): gRPC runs interceptors on
 its one thread that accepts calls, so anything built there per call limits every call.
@@ -56,9 +56,6 @@ class Admission:
     hold_bytes: int
     #: gRPC's receive limit, for the refusal's message.
     receive_limit_bytes: int
-
-    def budget_for(self, method: str) -> PayloadBudget:
-        return self.payloads if method in PAYLOAD_METHODS else self.control
 
     def receipt(self, method: str, what: str) -> Held:
         """Hold a message at the receive limit for a call of ``method`` (waiting for room, or
