@@ -27,6 +27,7 @@ SMALL = [
     ("storage_overhead", ("--n", "20"), "LocalBlobStore.get 256 B"),
     ("stream_checkpoints", ("--mb", "1", "--tasks", "2"), "out: ReadCheckpoint"),
     ("latency", ("--smoke",), "| exactly_once, per batch |"),
+    ("middleware_floor", ("--smoke",), "| GetCurrentSnapshot, cached, admission on / off | 16 |"),
     # Against this same checkout: the run proves the side-by-side machinery, not a difference.
     ("compare_versions", ("--other", str(BENCH.parent), "--seconds", "0.2", "--rounds", "1",
                           "--only", "GetProducerOffsets"), "GetProducerOffsets"),

@@ -207,3 +207,50 @@ def test_a_plaintext_server_starts_and_warns_once(tmp_path: Path, caplog: pytest
         pass
     warnings = [r.getMessage() for r in caplog.records if "access control is off" in r.getMessage()]
     assert len(warnings) == 1, warnings
+
+
+class _Call:
+    """What the auth interceptor asks of a live call."""
+
+    def code(self) -> None:
+        return None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+class _Details:
+    method = "/snapcoord.v1.LeaseService/RenewLease"
+    invocation_metadata = ()
+
+
+def test_the_audit_record_is_built_only_when_the_audit_logger_writes_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import grpc
+
+    from snapcoord.coordinator.auth import audit
+    from snapcoord.coordinator.auth.interceptor import Authenticator, AuthInterceptor
+
+    plain = grpc.unary_unary_rpc_method_handler(lambda request, context: "renewed")
+    handler = AuthInterceptor(Authenticator(None, mutual_tls=False)).intercept_service(
+        lambda details: plain, _Details()
+    )
+    assert handler is not None
+    request = lease_pb2.RenewLeaseRequest(lease_id="l-1", duration_ms=1000)
+    with caplog.at_level(logging.INFO, logger=audit.LOGGER_NAME):
+        assert handler.unary_unary(request, _Call()) == "renewed"
+    (line,) = [r for r in caplog.records if r.name == audit.LOGGER_NAME]
+    assert "method=snapcoord.v1.LeaseService/RenewLease" in line.getMessage() and "l-1" in line.getMessage()
+    caplog.clear()
+
+    def unwanted(**fields: object) -> dict[str, object]:
+        raise AssertionError("an audit record was built with the audit logger off")
+
+    monkeypatch.setattr(audit, "audit_record", unwanted)
+    with caplog.at_level(logging.WARNING, logger=audit.LOGGER_NAME):
+        assert handler.unary_unary(request, _Call()) == "renewed"
+    assert not [r for r in caplog.records if r.name == audit.LOGGER_NAME]

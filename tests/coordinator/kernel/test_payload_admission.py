@@ -130,3 +130,30 @@ def test_a_streamed_read_holds_its_pieces_from_the_budget_until_it_ends(stores: 
     _, pieces = snapshots.read_checkpoint("app", g, "a", "s")
     assert b"".join(pieces) == payload
     assert budget.in_flight == 0
+
+
+def _wait_until(condition: object, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_try_take_never_waits_nor_passes_a_call_that_waits() -> None:
+    budget = PayloadBudget(100, wait_s=120)
+    held = budget.try_take(70)
+    assert held is not None and budget.in_flight == 70
+    assert budget.try_take(40) is None  # no room: at once, nothing taken
+    assert budget.in_flight == 70
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.take(50, "waiter").nbytes))
+    waiter.start()
+    _wait_until(lambda: budget._waiting == 1, "the 50-byte call to wait")
+    assert budget.try_take(10) is None  # 80 would fit, but the waiting call came first
+    held.release()
+    waiter.join(120)
+    assert got == [50] and budget.in_flight == 50
+    held.release()  # once only
+    assert budget.in_flight == 50

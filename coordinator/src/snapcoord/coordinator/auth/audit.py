@@ -50,6 +50,12 @@ def audit_record(
     return record
 
 
+def enabled() -> bool:
+    """True when ``write`` would log a line: callers skip building the record otherwise (a log
+    level above INFO, or the audit logger routed off)."""
+    return _log.isEnabledFor(logging.INFO)
+
+
 def write(record: dict[str, object]) -> None:
     """Log ``record`` (``audit_record``): its keys are structured fields of the line (the JSON
     formatter lifts them, ``logging_setup.STRUCTURED_FIELDS``), repeated in the message."""

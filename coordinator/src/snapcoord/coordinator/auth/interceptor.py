@@ -35,6 +35,7 @@ from snapcoord.coordinator.auth.rules import (
 )
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH, is_valid_id
 from snapcoord.coordinator.errors import PermissionDenied, Unauthenticated
+from snapcoord.coordinator.transport.handler_memo import HandlerMemo
 from snapcoord.coordinator.transport.request_decoding import MalformedRequest
 from snapcoord.coordinator.transport.status import status_for, until_ended
 
@@ -113,10 +114,15 @@ class Authenticator:
 
 
 class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Wraps every snapcoord.v1 method (and reflection when auth is on); health passes through."""
+    """Wraps every snapcoord.v1 method (and reflection when auth is on); health passes through.
+
+    The wrapped handler is built once per method and served to every call of it (the decision is
+    made per call, inside it): gRPC runs interceptors on its one thread that accepts calls.
+    """
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._auth = authenticator
+        self._memo = HandlerMemo()
 
     def intercept_service(
         self,
@@ -126,7 +132,9 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        path: str = handler_call_details.method
+        return self._memo.served(handler_call_details.method, handler, self.wrap)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
         method = path.lstrip("/")  # as people write it: snapcoord.v1.SnapshotService/GetSnapshot
         service = method.partition("/")[0]
         if service in OPEN_SERVICES:
@@ -222,7 +230,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 code = _code_of(e, context)
                 raise
             finally:
-                if rule is None or rule.access.mutates:
+                if (rule is None or rule.access.mutates) and audit.enabled():
                     audit.write(
                         audit.audit_record(
                             principal=principal.name if principal is not None else "-",

@@ -55,6 +55,9 @@ class PayloadBudget:
         self.max_bytes = max_bytes
         self._wait_s = wait_s
         self._used = 0
+        #: Calls waiting for room: a give-back wakes them only when there are any, and
+        #: ``try_take`` does not pass them.
+        self._waiting = 0
         self._on_change = on_change
         self._cond = threading.Condition()
 
@@ -67,13 +70,41 @@ class PayloadBudget:
     def hold(self, nbytes: int, what: str) -> Iterator[Held]:
         """Hold ``nbytes`` of the budget for the block (waiting up to ``wait_s`` for room); the
         ``Held`` it yields may give part of it back early."""
+        held = self.take(nbytes, what)
+        try:
+            yield held
+        finally:
+            held.release()
+
+    def take(self, nbytes: int, what: str) -> Held:
+        """``nbytes`` of the budget, waiting up to ``wait_s`` for room (ResourceExhausted when none
+        comes, or at once when ``nbytes`` exceeds the whole budget); the caller must ``release``."""
         if nbytes <= 0:
-            yield Held(self, 0)
-            return
+            return Held(self, 0)
         if nbytes > self.max_bytes:
             raise self._refusal(nbytes, what, f"more than the whole budget of {self.max_bytes} bytes")
-        deadline = time.monotonic() + self._wait_s
         with self._cond:
+            if self._used + nbytes > self.max_bytes:
+                self._wait_for_room(nbytes, what)
+            self._used += nbytes
+            self._on_change(self._used)
+        return Held(self, nbytes)
+
+    def try_take(self, nbytes: int) -> Held | None:
+        """``nbytes`` of the budget if they fit now and no call waits for room (so that none is
+        passed); None otherwise. Never waits."""
+        with self._cond:
+            if self._waiting or self._used + nbytes > self.max_bytes:
+                return None
+            self._used += nbytes
+            self._on_change(self._used)
+        return Held(self, nbytes)
+
+    def _wait_for_room(self, nbytes: int, what: str) -> None:
+        """Under the lock: wait until ``nbytes`` fit, at most ``wait_s``."""
+        deadline = time.monotonic() + self._wait_s
+        self._waiting += 1
+        try:
             while self._used + nbytes > self.max_bytes:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -84,14 +115,8 @@ class PayloadBudget:
                         "retry after a pause",
                     )
                 self._cond.wait(left)
-            self._used += nbytes
-            self._on_change(self._used)
-        held = Held(self, nbytes)
-        try:
-            yield held
         finally:
-            self._give_back(held.nbytes)
-            held.nbytes = 0
+            self._waiting -= 1
 
     def _give_back(self, nbytes: int) -> None:
         if nbytes <= 0:
@@ -99,7 +124,8 @@ class PayloadBudget:
         with self._cond:
             self._used -= nbytes
             self._on_change(self._used)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def _refusal(self, nbytes: int, what: str, why: str) -> ResourceExhausted:
         return ResourceExhausted(
@@ -110,7 +136,7 @@ class PayloadBudget:
 
 
 class Held:
-    """The bytes one ``PayloadBudget.hold`` block holds now."""
+    """The bytes one ``PayloadBudget.take`` (or ``hold`` block) holds now."""
 
     def __init__(self, budget: PayloadBudget, nbytes: int) -> None:
         self._budget = budget
@@ -123,3 +149,7 @@ class Held:
         if given > 0:
             self.nbytes -= given
             self._budget._give_back(given)
+
+    def release(self) -> None:
+        """Give back everything still held (once; later calls do nothing)."""
+        self.shrink(0)

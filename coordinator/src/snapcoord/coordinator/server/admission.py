@@ -14,7 +14,14 @@ receive window (``memory_bounds``).
 ``Admission`` says which budget a method's messages come out of: ReportTaskSnapshot, whose
 checkpoints are payload, from the payload budget; every other method from a small pool of its
 own, so that a lease renewal or a health check waits for a few receipts at most, never for
-payloads to drain.
+payloads to drain. The pool holds two receipts, and more small calls at once than that would
+queue for it (docs/performance.md, the admission tax), so when the pool is taken a call borrows
+its receipt from the payload budget, if that has room at once and no call waits for it there;
+otherwise it waits for the pool. Every byte is still held from one of the two budgets, so the
+worst case (``memory_bounds``) is the same.
+
+The wrapped handler is built once per method (``AdmissionInterceptor``): gRPC runs interceptors on
+its one thread that accepts calls, so anything built there per call limits every call.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import grpc
 
 from snapcoord.coordinator.errors import InvalidArgument
 from snapcoord.coordinator.kernel.payload_admission import MESSAGE_COPIES, Held, PayloadBudget
+from snapcoord.coordinator.transport.handler_memo import HandlerMemo
 from snapcoord.coordinator.transport.interceptors import UNARY_ON_THE_WIRE, note_request
 from snapcoord.coordinator.transport.status import until_ended
 
@@ -49,8 +57,15 @@ class Admission:
     #: gRPC's receive limit, for the refusal's message.
     receive_limit_bytes: int
 
-    def budget_for(self, method: str) -> PayloadBudget:
-        return self.payloads if method in PAYLOAD_METHODS else self.control
+    def receipt(self, method: str, what: str) -> Held:
+        """Hold a message at the receive limit for a call of ``method`` (waiting for room, or
+        ResourceExhausted); the caller releases it. A control method takes the control pool, else
+        borrows from the payload budget when that has room now and no waiter, else waits for the
+        pool."""
+        if method in PAYLOAD_METHODS:
+            return self.payloads.take(self.hold_bytes, what)
+        held = self.control.try_take(self.hold_bytes) or self.payloads.try_take(self.hold_bytes)
+        return held if held is not None else self.control.take(self.hold_bytes, what)
 
 
 def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admission) -> grpc.RpcMethodHandler:
@@ -60,7 +75,6 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
     deserialize = handler.request_deserializer
     if deserialize is None or handler.request_streaming:
         return handler
-    budget = admission.budget_for(method)
     what = f"{method.rsplit('/', 1)[-1]} (a request message of up to {admission.receive_limit_bytes} bytes)"
 
     def receive(requests: Iterator[bytes], context: grpc.ServicerContext, held: Held) -> Any:
@@ -76,8 +90,11 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
     if unary is not None:
 
         def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-            with budget.hold(admission.hold_bytes, what) as held:
+            held = admission.receipt(method, what)
+            try:
                 return unary(receive(requests, context, held), context)
+            finally:
+                held.release()
 
         setattr(behavior, UNARY_ON_THE_WIRE, True)  # its metrics say unary, as the method is
         return grpc.stream_unary_rpc_method_handler(behavior, None, handler.response_serializer)
@@ -87,8 +104,11 @@ def admit_handler(method: str, handler: grpc.RpcMethodHandler, admission: Admiss
 
     def streaming(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
         # A generator: gRPC reads the request when it asks for the first response, under the hold.
-        with budget.hold(admission.hold_bytes, what) as held:
+        held = admission.receipt(method, what)
+        try:
             yield from streamed(receive(requests, context, held), context)
+        finally:
+            held.release()
 
     setattr(streaming, UNARY_ON_THE_WIRE, True)  # its metrics say server_stream
     return grpc.stream_stream_rpc_method_handler(streaming, None, handler.response_serializer)
@@ -105,9 +125,13 @@ class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self._admission: Admission | None = None
+        self._memo = HandlerMemo()
 
     def admit(self, admission: Admission) -> None:
+        """Admit every call from now on; before the server starts, since a method's handler,
+        once built for its first call, is kept (here and in the main interceptor)."""
         self._admission = admission
+        self._memo.clear()
 
     def intercept_service(
         self,
@@ -115,7 +139,12 @@ class AdmissionInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        method = str(handler_call_details.method).lstrip("/")
-        if handler is None or self._admission is None or not method.startswith(ADMITTED_SERVICES):
+        if handler is None or self._admission is None:
+            return handler
+        return self._memo.served(handler_call_details.method, handler, self.wrap)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
+        method = path.lstrip("/")
+        if self._admission is None or not method.startswith(ADMITTED_SERVICES):
             return handler
         return admit_handler(method, handler, self._admission)

@@ -174,6 +174,7 @@ def build_server(
     registry: CollectorRegistry | None = None,
     tracing: Tracing | None = None,
     check_clock: bool = True,
+    admit_requests: bool = True,
 ) -> tuple[CoordinatorServer, int]:
     """Build (not start) a coordinator bound to ``config.grpc.host:port``; returns it and the bound port.
 
@@ -182,6 +183,8 @@ def build_server(
     store the server checks its clock against the store's and refuses the calls that compute
     expiries while it is off (``check_clock=False`` only for tests: those showing what the check
     prevents, and those whose injected clock is moved away from ZooKeeper's on purpose).
+    ``admit_requests=False`` serves unary requests without holding their messages from a budget
+    (``server.admission``): only for the benchmark that measures what admission costs.
     """
     registry = registry if registry is not None else new_registry()
     build_info.register(registry, config.metrics.revision)
@@ -193,7 +196,6 @@ def build_server(
     executor = ThreadPoolExecutor(max_workers=config.grpc.max_workers, thread_name_prefix="grpc-handler")
     grpc_metrics = GrpcServerMetrics(registry)
     initialize_api_series(grpc_metrics)  # rate-based alerts see a method's first error
-    interceptor = ServerInterceptor(grpc_metrics, version=__version__, tracer=tracing)
     admission_interceptor = AdmissionInterceptor()
     try:
         # Inside the main interceptor, so refusals are mapped and counted like any other error.
@@ -202,11 +204,14 @@ def build_server(
     except ValueError:
         executor.shutdown(wait=False)
         raise
+    # Admission between them: the main interceptor records its refusals, auth gets the parsed
+    # request (server.admission). Both run as layers of the main one: one interceptor per call.
+    interceptor = ServerInterceptor(
+        grpc_metrics, version=__version__, tracer=tracing, layers=(admission_interceptor, auth_interceptor)
+    )
     server = grpc.server(
         executor,
-        # Admission between them: the main interceptor records its refusals, auth gets the
-        # parsed request (server.admission).
-        interceptors=(interceptor, admission_interceptor, auth_interceptor),
+        interceptors=(interceptor,),
         maximum_concurrent_rpcs=config.grpc.max_concurrent_rpcs,
         # grpc sets SO_REUSEPORT by default: a second coordinator on a taken port would start
         # "fine" and get half the connections. Fail the bind instead, unless this is one of the
@@ -270,7 +275,8 @@ def build_server(
         bounds.message_hold_bytes,
         bounds.receive_limit_bytes,
     )
-    admission_interceptor.admit(admission)
+    if admit_requests:
+        admission_interceptor.admit(admission)
     api.add_servicers(GuardedRegistration(server), services)
     store_health = StoreHealth(
         deps.metadata,

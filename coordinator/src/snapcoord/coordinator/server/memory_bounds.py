@@ -15,7 +15,8 @@ What each term holds:
   UploadCheckpoint holds its store's part buffer and H (one message may be R) for the whole
   stream; GetSnapshot and ReadCheckpoint hold the payload bytes they read.
 - C: the request messages of every other method, held the same way from a pool of their own
-  (a few receipts at once; a small message gives back all but its copies as soon as it is in).
+  (a few receipts at once; a small message gives back all but its copies as soon as it is in),
+  or, when the pool is taken, from the payload budget if it has room then (``admission``).
 - U: a call not yet admitted has at most the stream's receive window buffered by gRPC, and at
   most ``--max-concurrent-rpcs`` calls are in flight.
 - ``BASE_BYTES``: the process itself (measured idle: about 75 MiB), its handler threads, caches

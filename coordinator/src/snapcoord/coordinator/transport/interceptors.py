@@ -19,10 +19,10 @@ the ``otel`` extra is in use), so this module never imports OpenTelemetry.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
@@ -31,6 +31,7 @@ import grpc
 
 from snapcoord.coordinator.observability.metrics import GrpcServerMetrics
 from snapcoord.coordinator.transport import call_log
+from snapcoord.coordinator.transport.handler_memo import HandlerMemo
 from snapcoord.coordinator.transport.status import Status, status_for, unimplemented
 
 _log = logging.getLogger(__name__)
@@ -80,22 +81,18 @@ def rpc_type_label(request_streaming: bool, response_streaming: bool) -> str:
     return "server_stream" if response_streaming else "unary"
 
 
-#: The request message an inner layer parsed for a call whose behaviour receives raw bytes
-#: (``UNARY_ON_THE_WIRE``), by the call's context: what the call's log line and span name.
-_PARSED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_PARSED_LOCK = threading.Lock()
+#: The call whose behaviour runs in this context: gRPC runs each call's behaviour in a
+#: ``contextvars`` context of its own, so an inner layer finds its call's record here.
+_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("snapcoord_call", default=None)
 
 
 def note_request(context: grpc.ServicerContext, request: Any) -> None:
-    """Tell the call's record which request message ``context``'s call carries: for a behaviour
-    that reads its request itself, the interceptor saw only the raw stream."""
-    with _PARSED_LOCK:
-        _PARSED[context] = request
-
-
-def _parsed_request(context: grpc.ServicerContext) -> Any:
-    with _PARSED_LOCK:
-        return _PARSED.get(context)
+    """Tell the call's record which request message ``context``'s call carries (what its log line
+    and span name): for a behaviour that reads its request itself (``UNARY_ON_THE_WIRE``), the
+    interceptor saw only the raw stream. Called from the behaviour, in the call's context."""
+    call = _CURRENT.get()
+    if call is not None:
+        call.parsed = request
 
 
 #: Set on a request-streaming behaviour that serves a method with a unary request
@@ -167,12 +164,12 @@ class _Call:
         method: str,
         request: Any,
         span: CallSpan | None,
-        context: grpc.ServicerContext,
     ) -> None:
         self._metrics = metrics
         self._method = method
         self._request = request
-        self._context = context
+        #: The request message an inner layer read from a raw stream (``note_request``).
+        self.parsed: Any = None
         self.span = span
         self._start = time.perf_counter()
         self._lock = threading.Lock()
@@ -196,7 +193,7 @@ class _Call:
             return  # the common case at INFO: an OK call, no tracing; spare reading the ids
         request = self._request
         if isinstance(request, Iterator):  # raw bytes on the wire: the message an inner layer read
-            request = _parsed_request(self._context)
+            request = self.parsed
         ids = call_log.request_ids(request)
         if self.span is not None:
             self.span.finish(code, ids)
@@ -205,16 +202,37 @@ class _Call:
             call_log.log_finished(self._method, code, latency_s, ids, trace_id)
 
 
-class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method."""
+class HandlerLayer(Protocol):
+    """An inner interceptor run as part of ``ServerInterceptor`` (admission, auth): what it serves
+    for a method, given the handler below it."""
 
-    def __init__(self, metrics: GrpcServerMetrics, *, version: str, tracer: CallTracer | None = None) -> None:
+    def wrap(self, handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler: ...
+
+
+class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Maps exceptions to statuses and records ``grpc_server_*`` metrics for every known method.
+
+    ``layers`` are the server's other interceptors, outermost first, applied inside this one when a
+    method's handler is built: one interceptor for gRPC to run per call instead of one per layer
+    (gRPC runs them on its one thread that accepts calls, where each level of its interceptor
+    pipeline costs every call).
+    """
+
+    def __init__(
+        self,
+        metrics: GrpcServerMetrics,
+        *,
+        version: str,
+        tracer: CallTracer | None = None,
+        layers: Sequence[HandlerLayer] = (),
+    ) -> None:
+        self._layers = tuple(reversed(layers))  # innermost first, as they are applied
         self._metrics = metrics
         self._version = version
         self._tracer = tracer
         self._open_streams = _OpenStreams()
-        #: Per known method (a fixed set: unknown ones return early), what every call shares.
-        self._wrappers: dict[str, _Wrapper] = {}
+        #: Per known method (a fixed set: unknown ones return early), the handler every call gets.
+        self._memo = HandlerMemo()
         self._limit_reached: Callable[[], bool] = lambda: False
 
     def count_refusals(self, limit_reached: Callable[[], bool]) -> None:
@@ -248,15 +266,15 @@ class ServerInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if self._limit_reached():
             service, name = _split_method(method)
             self._metrics.refused.labels(service, name).inc()
-        wrap = self._wrappers.get(method)
-        if wrap is None:  # the first call of the method (a race builds the same one twice)
-            service, name = _split_method(method)
-            labels = (_rpc_type(handler), service, name)
-            tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
-            wrap = _Wrapper(
-                self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer
-            )
-            self._wrappers[method] = wrap
+        return self._memo.served(method, handler, self._wrap)
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        for layer in self._layers:
+            handler = layer.wrap(handler, method)
+        service, name = _split_method(method)
+        labels = (_rpc_type(handler), service, name)
+        tracer = None if service.startswith(_UNTRACED_SERVICE_PREFIX) else self._tracer
+        wrap = _Wrapper(self._metrics, self._version, method.lstrip("/"), labels, self._open_streams, tracer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 wrap.unary_response(handler.unary_unary),
@@ -310,7 +328,9 @@ class _Wrapper:
         span = None
         if self._tracer is not None:
             span = self._tracer.start_call(self._method, context.invocation_metadata())
-        return _Call(self._metrics, self._method, request, span, context)
+        call = _Call(self._metrics, self._method, request, span)
+        _CURRENT.set(call)  # in this call's own context: no reset needed
+        return call
 
     def _fail(self, exc: Exception, context: grpc.ServicerContext, call: _Call) -> NoReturn:
         """Record and raise the status for ``exc`` (``context.abort`` raises)."""

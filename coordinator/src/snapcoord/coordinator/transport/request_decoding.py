@@ -22,6 +22,7 @@ import grpc
 
 from snapcoord.coordinator.domain.quoting import quote_prefix
 from snapcoord.coordinator.errors import InvalidArgument
+from snapcoord.coordinator.transport.handler_memo import HandlerMemo
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,22 @@ def guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethod
 
 
 class _GuardedGenericHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Serves, per method, the guarded handler built once (asked on every call of a method that
+    the client did not call as registered)."""
+
     def __init__(self, inner: grpc.GenericRpcHandler) -> None:
         self._inner = inner
+        self._memo = HandlerMemo()
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = self._inner.service(handler_call_details)
         if handler is None:
             return None
-        return guard_handler(str(handler_call_details.method).lstrip("/"), handler)
+        return self._memo.served(str(handler_call_details.method), handler, _guard_path)
+
+
+def _guard_path(handler: grpc.RpcMethodHandler, path: str) -> grpc.RpcMethodHandler:
+    return guard_handler(path.lstrip("/"), handler)
 
 
 class GuardedRegistration:
