@@ -16,12 +16,13 @@ import pytest
 
 from harness.concurrency import run_threads
 from harness.stores import Stores
-from snapcoord.coordinator.claims.layout import TABLES, claim_path, table_path
+from snapcoord.coordinator.claims.layout import TABLES, claim_name, claim_path, table_path
 from snapcoord.coordinator.claims.registry import CLEAN_CHUNK, CommitClaimRegistry
 from snapcoord.coordinator.domain.claims import FENCE_ATTEMPT, MAX_SEQ, ClaimResult, CommitClaimPolicy
 from snapcoord.coordinator.domain.clock import ManualClock
 from snapcoord.coordinator.errors import (
     CommitOutcomeUnknown,
+    CorruptRecord,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -434,3 +435,22 @@ def test_the_janitor_works_in_bounded_transactions_and_stops_at_its_limit(
     assert claims.clean(10_000) == count - 6  # all but the highest
     assert sizes == [1 + 5, 1 + CLEAN_CHUNK, 1 + count - 6 - CLEAN_CHUNK]
     assert numbers(claims, "t") == [count - 1]
+
+
+def test_a_corrupt_record_refuses_its_table_only_and_the_janitor_skips_it(
+    claims: CommitClaimRegistry, clock: SettableClock, stores: Stores
+) -> None:
+    claim_run(claims, clock, "broken", range(3), 0)
+    claim_run(claims, clock, "sound", range(3), 0)
+    node = stores.metadata.get(table_path("broken"))
+    assert node is not None
+    stores.metadata.set(table_path("broken"), b'{"version":1,"table_id":', version=node.version)
+    with pytest.raises(CorruptRecord) as e:
+        claims.claim("broken", 3, 1, "b3")
+    assert (e.value.kind, e.value.path) == ("commit_claim_table", table_path("broken"))
+    with pytest.raises(CorruptRecord):
+        claims.claims("broken", 0, 0)
+    clock.now += RETENTION_MS
+    assert claims.clean(1000) == 2  # the sound table's; the broken one is skipped, not emptied
+    assert numbers(claims, "sound") == [2]
+    assert sorted(stores.metadata.children(table_path("broken"))) == [claim_name(n) for n in range(3)]

@@ -11,7 +11,9 @@
   by the janitor after the retention, in the transaction that raises the table's floor over them.
 
 About 150 bytes per claim and 200 per table: a sink that commits a batch a minute keeps ~10,000
-claims (1.5 MB) per table over the 7-day retention. Nothing goes to the blob store.
+claims (1.5 MB) per table over the 7-day retention. A table's claim names (25 bytes each) are
+listed in one ``children`` reply, which ZooKeeper bounds at 1 MiB by default: about 40,000 claims,
+so faster sinks need a shorter retention (docs/api.md says so). Nothing goes to the blob store.
 """
 
 from __future__ import annotations
