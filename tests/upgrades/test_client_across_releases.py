@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient
+from snapcoord.client import CoordinatorClient, Unimplemented, Unsupported
 from upgrades import client_calls
 from upgrades.installed import InstalledRelease, install
 from upgrades.releases import find
@@ -49,3 +49,21 @@ def test_this_client_against_the_oldest_coordinator(oldest: CoordinatorProcess) 
     }
     worked = {step: result for step, result in results.items() if step not in lacking | follows}
     assert len(worked) >= 20 and set(worked.values()) == {"OK"}, worked
+
+
+def test_the_commit_claim_rpcs_against_an_older_coordinator_name_the_release_they_need(
+    oldest: CoordinatorProcess,
+) -> None:
+    """A real coordinator without CommitClaimService: every claim RPC raises ``Unsupported`` (an
+    ``Unimplemented``) naming 0.4.0 at once, so a sink refuses it instead of committing without."""
+    with CoordinatorClient(oldest.target, timeout_s=60) as client:
+        calls = (
+            lambda: client.fence_table("t", 1, 0),
+            lambda: client.claim_commit("t", 0, 1, "a"),
+            lambda: client.get_commit_claims("t"),
+        )
+        for call in calls:
+            with pytest.raises(Unsupported, match=r"needs snapcoord 0\.4\.0 or newer") as old:
+                call()
+            assert isinstance(old.value, Unimplemented) and old.value.required_version == "0.4.0"
+            assert old.value.attempts == 1
