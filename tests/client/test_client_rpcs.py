@@ -11,6 +11,7 @@ from dataclasses import FrozenInstanceError, is_dataclass
 import grpc
 import pytest
 
+from harness.claims import assert_claims_unsupported
 from harness.coordinator import InProcessCoordinator
 from snapcoord.client import (
     AcquireResult,
@@ -34,7 +35,6 @@ from snapcoord.client import (
     SnapshotState,
     TaskSnapshot,
     Unimplemented,
-    Unsupported,
 )
 from snapcoord.v1 import producer_pb2_grpc
 
@@ -306,19 +306,7 @@ def test_a_coordinator_without_commit_claims_is_refused_naming_the_release() -> 
     """An older coordinator (no CommitClaimService) answers UNIMPLEMENTED; the client raises
     Unsupported naming 0.4.0, for every claim RPC, at once (never retried, no weaker fallback)."""
     with producer_only_server() as target, CoordinatorClient(target, timeout_s=10) as client:
-        calls = (
-            lambda: client.fence_table("t", 1, 0),
-            lambda: client.claim_commit("t", 0, 1, "a"),
-            lambda: client.get_commit_claims("t"),
-        )
-        for call in calls:
-            with pytest.raises(Unsupported, match=r"needs snapcoord 0\.4\.0 or newer") as old:
-                call()
-            assert (old.value.code, old.value.required_version, old.value.attempts) == (
-                "UNIMPLEMENTED",
-                "0.4.0",
-                1,
-            )
+        assert_claims_unsupported(client)
 
 
 def test_closed_client_refuses_calls(coordinator: InProcessCoordinator) -> None:

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.claims import assert_claims_unsupported
 from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient, Unimplemented, Unsupported
+from snapcoord.client import CoordinatorClient
 from upgrades import client_calls
 from upgrades.installed import InstalledRelease, install
 from upgrades.releases import find
@@ -57,13 +58,4 @@ def test_the_commit_claim_rpcs_against_an_older_coordinator_name_the_release_the
     """A real coordinator without CommitClaimService: every claim RPC raises ``Unsupported`` (an
     ``Unimplemented``) naming 0.4.0 at once, so a sink refuses it instead of committing without."""
     with CoordinatorClient(oldest.target, timeout_s=60) as client:
-        calls = (
-            lambda: client.fence_table("t", 1, 0),
-            lambda: client.claim_commit("t", 0, 1, "a"),
-            lambda: client.get_commit_claims("t"),
-        )
-        for call in calls:
-            with pytest.raises(Unsupported, match=r"needs snapcoord 0\.4\.0 or newer") as old:
-                call()
-            assert isinstance(old.value, Unimplemented) and old.value.required_version == "0.4.0"
-            assert old.value.attempts == 1
+        assert_claims_unsupported(client)
