@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
-from snapcoord.coordinator.claims.registry import CommitClaimRegistry
+from snapcoord.coordinator.claims.registry import CLEAN_EVERY_MS, CommitClaimRegistry
 from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.kernel.commit import CommitKernel
@@ -113,7 +113,7 @@ class Services:
                 every_ms=config.janitor.orphan_sweep_interval_ms,
             ),
             Step("backlog-gauges", backlog.refresh_gauges),
-            Step("commit-claims", lambda: claims.clean(batch)),
+            Step("commit-claims", lambda: claims.clean(batch), every_ms=CLEAN_EVERY_MS),
         ]
         listing_ms = config.janitor.orphan_listing_interval_ms
         if listing_ms:  # objects from before the intents: off unless an upgrade asks for it

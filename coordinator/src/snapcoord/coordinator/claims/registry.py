@@ -34,6 +34,10 @@ from snapcoord.coordinator.storage.metadata import MetadataStore
 
 _log = logging.getLogger(__name__)
 
+#: The janitor's step lists every table's claims, so it runs at most this often (claims are kept
+#: for days: a quarter of an hour late costs nothing), not on every pass.
+CLEAN_EVERY_MS = 15 * 60_000
+
 #: Claims removed per janitor transaction: a Delete each (at most ~500 bytes with the longest
 #: chroot and table id), far below ZooKeeper's request bound.
 CLEAN_CHUNK = 256
