@@ -76,6 +76,8 @@ from harness.zookeeper import four_letter_word
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
+    commit_pb2,
+    commit_pb2_grpc,
     common_pb2,
     lease_pb2,
     lease_pb2_grpc,
@@ -542,6 +544,7 @@ def run(
             snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
             leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
             backlog = [backlog_pb2_grpc.BacklogServiceStub(x) for x in channels]
+            commits = [commit_pb2_grpc.CommitClaimServiceStub(x) for x in channels]
             health = [health_pb2_grpc.HealthStub(x) for x in channels]
 
             def P(c: int) -> producer_pb2_grpc.ProducerOffsetServiceStub:
@@ -555,6 +558,9 @@ def run(
 
             def B(c: int) -> backlog_pb2_grpc.BacklogServiceStub:
                 return backlog[c % len(channels)]
+
+            def C(c: int) -> commit_pb2_grpc.CommitClaimServiceStub:
+                return commits[c % len(channels)]
 
             def H(c: int) -> health_pb2_grpc.HealthStub:
                 return health[c % len(channels)]
@@ -842,6 +848,22 @@ def run(
                         timeout=60,
                     ),
                     "2 get + multi(set shard)",
+                )
+
+                # ClaimCommit of a new number: read the table and the claim node, then one multi
+                # that sets the table (a new highest number) and creates the claim.
+                table = f"table{t}"
+                bench.pair(
+                    "ClaimCommit, a new number",
+                    clients,
+                    lambda c, k: raw_steps(c, k, gets=2, multis=[(1, 1)], data=b"x" * 150),
+                    lambda c, k: C(c).ClaimCommit(
+                        commit_pb2.ClaimCommitRequest(
+                            table_id=f"{table}-{c}", seq=k, epoch=1, attempt=f"b{k}"
+                        ),
+                        timeout=60,
+                    ),
+                    "2 get + multi(set, create)",
                 )
 
             for clients in counts:

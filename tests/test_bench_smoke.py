@@ -28,6 +28,7 @@ ROWS = (
     "lease acquire + renew, no snapshots",
     "lease acquire + renew vs etcd grant + keepalive",
     "ReportProgress, 100 partitions",
+    "ClaimCommit, a new number",
 )
 
 

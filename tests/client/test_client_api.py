@@ -22,7 +22,7 @@ from snapcoord.client import (
     TaskSnapshot,
 )
 from snapcoord.client._retry import IDEMPOTENT, NOT_RETRIED
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 PINNED_ALL = [
     "Aborted",
@@ -32,6 +32,9 @@ PINNED_ALL = [
     "BacklogStatus",
     "Cancelled",
     "CheckpointUpload",
+    "CommitClaim",
+    "CommitClaimResult",
+    "CommitClaims",
     "CoordinatorClient",
     "CorruptRecord",
     "DeadlineExceeded",
@@ -60,11 +63,14 @@ PINNED_ALL = [
     "SnapshotInProgress",
     "SnapshotRef",
     "SnapshotState",
+    "TableFence",
+    "TableFenced",
     "TaskSnapshot",
     "TlsConfig",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "Unsupported",
     "load_or_create_lease_id",
     "save_lease_id",
     "tls_from_env",
@@ -75,7 +81,7 @@ PINNED_ALL = [
 def all_rpcs() -> list[str]:
     return [
         method.name
-        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
         for service in module.DESCRIPTOR.services_by_name.values()
         for method in service.methods
     ]
@@ -124,7 +130,7 @@ def test_no_protobuf_type_in_the_public_api() -> None:
 
 def test_one_client_method_per_rpc_and_a_retry_decision_for_each() -> None:
     rpcs = all_rpcs()
-    assert len(rpcs) == len(set(rpcs)) == 25  # names are unique across the four services
+    assert len(rpcs) == len(set(rpcs)) == 28  # names are unique across the five services
     for rpc in rpcs:
         assert callable(getattr(CoordinatorClient, snake(rpc), None)), rpc
         assert (rpc in IDEMPOTENT) != (rpc in NOT_RETRIED), rpc

@@ -26,7 +26,10 @@ from snapcoord.client import (
     SnapcoordError,
     SnapshotFenced,
     SnapshotInProgress,
+    TableFenced,
     Unavailable,
+    Unimplemented,
+    Unsupported,
 )
 from snapcoord.client._retry import IDEMPOTENT, NOT_RETRIED, RETRIED_LEVELS, call_with_retry
 from snapcoord.client.errors import (
@@ -34,6 +37,7 @@ from snapcoord.client.errors import (
     DOMAIN,
     ERROR_BY_CODE,
     ERROR_BY_REASON,
+    INTRODUCED_IN,
     error_for_status,
     error_info,
 )
@@ -66,6 +70,7 @@ def test_every_status_code_but_ok_maps_to_a_class_that_keeps_code_and_details() 
         ("EXPIRED", grpc.StatusCode.NOT_FOUND, Expired),
         ("CORRUPT_RECORD", grpc.StatusCode.DATA_LOSS, CorruptRecord),
         ("NEWER_FORMAT", grpc.StatusCode.FAILED_PRECONDITION, NewerFormat),
+        ("TABLE_FENCED", FP, TableFenced),
     ],
 )
 def test_the_reason_picks_a_subclass_of_the_codes_class(
@@ -89,6 +94,32 @@ def test_fenced_current_generation_comes_from_metadata_not_the_message() -> None
     bare = error_for_status(FP, "generation 3 is fenced: the current generation is 5", "ReportTaskSnapshot")
     assert type(bare) is FailedPrecondition
     assert (bare.reason, bare.metadata) == (None, {})
+
+
+def test_table_fenced_fence_epoch_comes_from_metadata() -> None:
+    fenced = error_for_status(
+        FP, "fenced at 9", "ClaimCommit", reason="TABLE_FENCED", metadata={"fence_epoch": "7"}
+    )
+    assert isinstance(fenced, TableFenced) and isinstance(fenced, FailedPrecondition)
+    assert fenced.fence_epoch == 7
+    copy = pickle.loads(pickle.dumps(fenced))
+    assert type(copy) is TableFenced and copy.fence_epoch == 7
+    assert error_for_status(FP, "x", "FenceTable", reason="TABLE_FENCED").fence_epoch is None  # type: ignore[attr-defined]
+
+
+def test_unimplemented_names_the_release_an_rpc_needs() -> None:
+    assert set(INTRODUCED_IN) == {"FenceTable", "ClaimCommit", "GetCommitClaims"}
+    for rpc, version in INTRODUCED_IN.items():
+        error = error_for_status(grpc.StatusCode.UNIMPLEMENTED, "Method not found!", rpc)
+        assert type(error) is Unsupported and isinstance(error, Unimplemented)
+        assert error.required_version == version == "0.4.0"
+        assert f"snapcoord {version} or newer" in str(error) and "Method not found!" in str(error)
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is Unsupported and copy.required_version == version
+    # An RPC of the first release keeps the plain class: the server lacks it for another reason.
+    assert type(error_for_status(grpc.StatusCode.UNIMPLEMENTED, "x", "GetLease")) is Unimplemented
+    # Only UNIMPLEMENTED means "older coordinator".
+    assert type(error_for_status(grpc.StatusCode.NOT_FOUND, "x", "ClaimCommit")) is NotFound
 
 
 def test_a_reason_never_changes_the_kind_of_error() -> None:

@@ -3,12 +3,15 @@ client's exceptions with the server's message."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import FrozenInstanceError, is_dataclass
 
 import grpc
 import pytest
 
+from harness.claims import assert_claims_unsupported
 from harness.coordinator import InProcessCoordinator
 from snapcoord.client import (
     AcquireResult,
@@ -273,24 +276,37 @@ def test_large_checkpoints_and_the_receive_limit(
         assert e.value.code == "RESOURCE_EXHAUSTED"
 
 
-def test_unimplemented_service() -> None:
-    """A server that lacks a service (an older coordinator) answers UNIMPLEMENTED."""
+@contextlib.contextmanager
+def producer_only_server() -> Iterator[str]:
+    """A server with only the producer service, every method unimplemented (an older coordinator
+    stands in the same way for services it lacks); yields its target."""
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    # Only the producer service, with every method unimplemented.
     producer_pb2_grpc.add_ProducerOffsetServiceServicer_to_server(
         producer_pb2_grpc.ProducerOffsetServiceServicer(), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with CoordinatorClient(f"127.0.0.1:{port}", timeout_s=10) as client:
-            with pytest.raises(Unimplemented) as missing:
-                client.get_lease("any")
-            assert missing.value.code == "UNIMPLEMENTED"
-            with pytest.raises(Unimplemented, match="Method not implemented"):
-                client.get_producer_offsets("any")
+        yield f"127.0.0.1:{port}"
     finally:
         server.stop(None)
+
+
+def test_unimplemented_service() -> None:
+    """A server that lacks a service (an older coordinator) answers UNIMPLEMENTED."""
+    with producer_only_server() as target, CoordinatorClient(target, timeout_s=10) as client:
+        with pytest.raises(Unimplemented) as missing:
+            client.get_lease("any")
+        assert missing.value.code == "UNIMPLEMENTED" and type(missing.value) is Unimplemented
+        with pytest.raises(Unimplemented, match="Method not implemented"):
+            client.get_producer_offsets("any")
+
+
+def test_a_coordinator_without_commit_claims_is_refused_naming_the_release() -> None:
+    """An older coordinator (no CommitClaimService) answers UNIMPLEMENTED; the client raises
+    Unsupported naming 0.4.0, for every claim RPC, at once (never retried, no weaker fallback)."""
+    with producer_only_server() as target, CoordinatorClient(target, timeout_s=10) as client:
+        assert_claims_unsupported(client)
 
 
 def test_closed_client_refuses_calls(coordinator: InProcessCoordinator) -> None:

@@ -254,6 +254,25 @@ def test_backlog_get_and_clear_only_the_named_job(target: str, client: Coordinat
 
 
 @pytest.mark.process
+def test_claims_get_shows_the_fence_and_the_claims(target: str, client: CoordinatorClient, uid: str) -> None:
+    client.claim_commit(uid, 0, 1, "b0")
+    fence = client.fence_table(uid, 2, 0)
+    listed = ok_json("claims", "get", uid, "--target", target)
+    assert (listed["fence_epoch"], listed["next_seq"]) == (2, fence.from_seq + 1)
+    assert [(c["seq"], c["epoch"], c["attempt"]) for c in listed["claims"]] == [(0, 1, "b0"), (1, 2, "fence")]
+    assert [
+        c["seq"] for c in ok_json("claims", "get", uid, "--from-seq", "1", "--target", target)["claims"]
+    ] == [1]
+    table = ctl("claims", "get", uid, "--limit", "1", "--target", target)
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[:3] for line in table.stdout.splitlines() if line.split()[:1] == ["0"]] == [
+        ["0", "1", "b0"]
+    ]
+    assert "NOT_FOUND" in refused("claims", "get", f"{uid}-none", "--target", target)
+    assert "INVALID_ARGUMENT" in refused("claims", "get", uid, "--limit", "5000", "--target", target)
+
+
+@pytest.mark.process
 def test_a_listing_reads_every_page_or_stops_at_its_limit_and_continues_from_its_token(
     target: str, client: CoordinatorClient, uid: str
 ) -> None:

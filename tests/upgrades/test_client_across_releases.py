@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.claims import assert_claims_unsupported
 from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient
 from upgrades import client_calls
@@ -49,3 +50,12 @@ def test_this_client_against_the_oldest_coordinator(oldest: CoordinatorProcess) 
     }
     worked = {step: result for step, result in results.items() if step not in lacking | follows}
     assert len(worked) >= 20 and set(worked.values()) == {"OK"}, worked
+
+
+def test_the_commit_claim_rpcs_against_an_older_coordinator_name_the_release_they_need(
+    oldest: CoordinatorProcess,
+) -> None:
+    """A real coordinator without CommitClaimService: every claim RPC raises ``Unsupported`` (an
+    ``Unimplemented``) naming 0.4.0 at once, so a sink refuses it instead of committing without."""
+    with CoordinatorClient(oldest.target, timeout_s=60) as client:
+        assert_claims_unsupported(client)

@@ -1,6 +1,6 @@
 """Thin, typed Python client for the snapcoord coordinator: grpcio + protobuf only.
 
-``CoordinatorClient`` has one method per RPC of the four ``snapcoord.v1`` services and returns
+``CoordinatorClient`` has one method per RPC of the five ``snapcoord.v1`` services and returns
 frozen dataclasses; failed calls raise ``SnapcoordError`` subclasses (``snapcoord.client.errors``).
 ``client.lease(...)`` keeps a snapshot lease alive for a ``with`` block. The generated protobuf
 modules stay in ``snapcoord.v1``; nothing exported here is a protobuf type.
@@ -23,6 +23,9 @@ from snapcoord.client._types import (
     AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
+    CommitClaim,
+    CommitClaimResult,
+    CommitClaims,
     Lease,
     Offset,
     Page,
@@ -34,6 +37,7 @@ from snapcoord.client._types import (
     Snapshot,
     SnapshotRef,
     SnapshotState,
+    TableFence,
     TaskSnapshot,
 )
 from snapcoord.client.client import CoordinatorClient
@@ -55,9 +59,11 @@ from snapcoord.client.errors import (
     SnapcoordError,
     SnapshotFenced,
     SnapshotInProgress,
+    TableFenced,
     Unauthenticated,
     Unavailable,
     Unimplemented,
+    Unsupported,
 )
 from snapcoord.client.lease import LeaseKeeper, load_or_create_lease_id, save_lease_id
 
@@ -70,6 +76,9 @@ __all__ = [
     "BacklogStatus",
     "Cancelled",
     "CheckpointUpload",
+    "CommitClaim",
+    "CommitClaimResult",
+    "CommitClaims",
     "CoordinatorClient",
     "CorruptRecord",
     "DeadlineExceeded",
@@ -98,11 +107,14 @@ __all__ = [
     "SnapshotInProgress",
     "SnapshotRef",
     "SnapshotState",
+    "TableFence",
+    "TableFenced",
     "TaskSnapshot",
     "TlsConfig",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "Unsupported",
     "load_or_create_lease_id",
     "save_lease_id",
     "tls_from_env",

@@ -24,6 +24,8 @@ import grpc
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
+    commit_pb2,
+    commit_pb2_grpc,
     lease_pb2,
     lease_pb2_grpc,
     producer_pb2,
@@ -40,12 +42,13 @@ _STUBS: Mapping[str, Any] = {
     "snapcoord.v1.SnapshotService": snapshot_pb2_grpc.SnapshotServiceStub,
     "snapcoord.v1.LeaseService": lease_pb2_grpc.LeaseServiceStub,
     "snapcoord.v1.BacklogService": backlog_pb2_grpc.BacklogServiceStub,
+    "snapcoord.v1.CommitClaimService": commit_pb2_grpc.CommitClaimServiceStub,
 }
 
 #: RPC name ("GetLease") -> full service name; RPC names are unique across the API.
 SERVICE_OF: Mapping[str, str] = {
     method.name: service.full_name
-    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
     for service in module.DESCRIPTOR.services_by_name.values()
     for method in service.methods
 }

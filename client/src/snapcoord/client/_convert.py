@@ -9,6 +9,9 @@ from snapcoord.client._types import (
     AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
+    CommitClaim,
+    CommitClaimResult,
+    CommitClaims,
     Lease,
     Offset,
     Page,
@@ -20,9 +23,10 @@ from snapcoord.client._types import (
     Snapshot,
     SnapshotRef,
     SnapshotState,
+    TableFence,
     TaskSnapshot,
 )
-from snapcoord.v1 import backlog_pb2, common_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, common_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 # --- shared ---------------------------------------------------------------------------------------
 
@@ -316,3 +320,34 @@ def cleared_from_pb(pb: backlog_pb2.ClearBacklogResponse) -> bool:
 
 def lease_of_pb(pb: lease_pb2.ReleaseSnapshotsResponse | lease_pb2.RenewLeaseResponse) -> Lease:
     return lease_from_pb(pb.lease)
+
+
+# --- CommitClaimService ---------------------------------------------------------------------------
+
+
+def fence_table_request(table_id: str, epoch: int, seq: int) -> commit_pb2.FenceTableRequest:
+    return commit_pb2.FenceTableRequest(table_id=table_id, epoch=epoch, seq=seq)
+
+
+def table_fence_from_pb(pb: commit_pb2.FenceTableResponse) -> TableFence:
+    return TableFence(pb.fence_epoch, pb.from_seq)
+
+
+def claim_commit_request(table_id: str, seq: int, epoch: int, attempt: str) -> commit_pb2.ClaimCommitRequest:
+    return commit_pb2.ClaimCommitRequest(table_id=table_id, seq=seq, epoch=epoch, attempt=attempt)
+
+
+def commit_claim_from_pb(pb: commit_pb2.CommitClaim) -> CommitClaim:
+    return CommitClaim(pb.seq, pb.epoch, pb.attempt, pb.claimed_at_ms)
+
+
+def claim_result_from_pb(pb: commit_pb2.ClaimCommitResponse) -> CommitClaimResult:
+    return CommitClaimResult(pb.granted, commit_claim_from_pb(pb.holder), pb.fence_epoch)
+
+
+def get_claims_request(table_id: str, from_seq: int, limit: int) -> commit_pb2.GetCommitClaimsRequest:
+    return commit_pb2.GetCommitClaimsRequest(table_id=table_id, from_seq=from_seq, limit=limit)
+
+
+def commit_claims_from_pb(pb: commit_pb2.GetCommitClaimsResponse) -> CommitClaims:
+    return CommitClaims(pb.fence_epoch, tuple(commit_claim_from_pb(c) for c in pb.claims), pb.next_seq)

@@ -23,7 +23,7 @@ from typing import TypeVar
 from google.protobuf import descriptor_pb2
 
 from snapcoord.client.errors import SnapcoordError, Unavailable
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 T = TypeVar("T")
 
@@ -38,12 +38,12 @@ RETRIED_LEVELS = frozenset({"IDEMPOTENT", "NO_SIDE_EFFECTS"})
 
 
 def idempotency_levels() -> dict[str, str]:
-    """RPC name -> its ``idempotency_level`` name, for every RPC of the four services.
+    """RPC name -> its ``idempotency_level`` name, for every RPC of the five services.
 
     Keyed by the bare RPC name, as the client calls them; the names are unique across services.
     """
     levels: dict[str, str] = {}
-    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2):
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 if method.name in levels:

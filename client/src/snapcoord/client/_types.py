@@ -208,6 +208,50 @@ class ProgressResult:
 
 
 @dataclass(frozen=True)
+class CommitClaim:
+    """One write's hold on log number ``seq`` of a table: the writer's ``epoch`` (its run) and its
+    own name for the write (``attempt``; "fence" for the number a FenceTable claimed)."""
+
+    seq: int
+    epoch: int
+    attempt: str
+    claimed_at_ms: int
+
+
+@dataclass(frozen=True)
+class TableFence:
+    """Answer of FenceTable: the table's fence after the call, and the number claimed for the fence
+    (attempt "fence"), where the fencing run's writes start."""
+
+    fence_epoch: int
+    from_seq: int
+
+
+@dataclass(frozen=True)
+class CommitClaimResult:
+    """Answer of ClaimCommit: ``granted`` when this write (epoch and attempt) holds the claim, also
+    after a retry; otherwise ``holder`` is the other write's claim. ``fence_epoch`` is the table's
+    fence (0 when it has none)."""
+
+    granted: bool
+    holder: CommitClaim
+    fence_epoch: int
+
+
+@dataclass(frozen=True)
+class CommitClaims:
+    """Answer of GetCommitClaims: the table's fence (0 when none) and its claims from the requested
+    number on, in number order; ``next_seq`` is one above the highest claim (0 when there is none)."""
+
+    fence_epoch: int
+    claims: tuple[CommitClaim, ...]
+    next_seq: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "claims", tuple(self.claims))
+
+
+@dataclass(frozen=True)
 class Page(Generic[T]):
     """One page of a List* call; pass ``next_page_token`` back for the next one ("" = last page)."""
 

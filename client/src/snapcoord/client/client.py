@@ -1,4 +1,4 @@
-"""``CoordinatorClient``: one method per RPC of the four snapcoord.v1 services.
+"""``CoordinatorClient``: one method per RPC of the five snapcoord.v1 services.
 
 Each method converts its arguments to the request message, makes the call with a deadline (the
 client's ``timeout_s`` or the method's own), retries UNAVAILABLE for idempotent RPCs (their
@@ -35,6 +35,8 @@ from snapcoord.client._types import (
     AdvanceResult,
     BacklogStatus,
     CheckpointUpload,
+    CommitClaimResult,
+    CommitClaims,
     Lease,
     Offset,
     Page,
@@ -44,6 +46,7 @@ from snapcoord.client._types import (
     RetentionPolicy,
     Snapshot,
     SnapshotRef,
+    TableFence,
     TaskSnapshot,
 )
 from snapcoord.client.errors import Internal, SnapcoordError, error_from_rpc
@@ -593,3 +596,51 @@ class CoordinatorClient:
     def clear_backlog(self, job_id: str, *, timeout_s: float | None = None) -> bool:
         """Forget the job's mark and progress; False when there was none."""
         return self._call("ClearBacklog", cv.clear_backlog_request(job_id), cv.cleared_from_pb, timeout_s)
+
+    # -- CommitClaimService ----------------------------------------------------------------------------
+    def fence_table(
+        self, table_id: str, epoch: int, seq: int, *, timeout_s: float | None = None
+    ) -> TableFence:
+        """Fence ``table_id`` at ``epoch`` (a new run of the writer) and claim the number its writes
+        start from, in one coordinator transaction: ``from_seq`` is the higher of ``seq`` (the next
+        number as the store shows it) and one above the table's highest claim, so a number an older
+        run claimed is never handed out again. From then on ``claim_commit`` refuses lower epochs.
+
+        ``TableFenced`` (with ``fence_epoch``) when a newer run fenced the table already; nothing
+        changes then. The same epoch again answers the recorded fence, so a retry is safe.
+        ``Unsupported`` from a coordinator older than 0.4.0.
+        """
+        return self._call(
+            "FenceTable", cv.fence_table_request(table_id, epoch, seq), cv.table_fence_from_pb, timeout_s
+        )
+
+    def claim_commit(
+        self, table_id: str, seq: int, epoch: int, attempt: str, *, timeout_s: float | None = None
+    ) -> CommitClaimResult:
+        """Claim log number ``seq`` of ``table_id`` for one write before making its entry visible.
+
+        ``granted`` True: this write (``epoch`` and ``attempt``, 1-64 characters of
+        ``[A-Za-z0-9._:-]``) holds the number, also when this is a retry of a call whose reply was
+        lost. ``granted`` False: ``holder`` is the write that holds it; do not write the entry.
+        ``TableFenced`` when a run with a higher epoch fenced the table (nothing is claimed);
+        ``Unsupported`` from a coordinator older than 0.4.0.
+        """
+        return self._call(
+            "ClaimCommit",
+            cv.claim_commit_request(table_id, seq, epoch, attempt),
+            cv.claim_result_from_pb,
+            timeout_s,
+        )
+
+    def get_commit_claims(
+        self, table_id: str, from_seq: int = 0, limit: int = 0, *, timeout_s: float | None = None
+    ) -> CommitClaims:
+        """The table's fence and its claims from ``from_seq`` on, in number order (at most
+        ``limit``; 0 is the server's page size). ``NotFound`` when the table has neither a fence
+        nor a claim."""
+        return self._call(
+            "GetCommitClaims",
+            cv.get_claims_request(table_id, from_seq, limit),
+            cv.commit_claims_from_pb,
+            timeout_s,
+        )

@@ -125,6 +125,17 @@ class SnapshotInProgress(FailedPrecondition):
     it first (or let it complete)."""
 
 
+class TableFenced(FailedPrecondition):
+    """FenceTable or ClaimCommit refused (reason TABLE_FENCED): the table is fenced by a newer run
+    (a higher epoch), so this writer must stop writing to it; nothing was claimed or changed.
+    ``fence_epoch`` is the table's fence as the coordinator saw it (None when it sent none)."""
+
+    @property
+    def fence_epoch(self) -> int | None:
+        value = self.metadata.get("fence_epoch", "")
+        return int(value) if value.isdigit() else None
+
+
 class Aborted(SnapcoordError):
     """A concurrent change won (a heavily contended record); re-read and retry."""
 
@@ -148,6 +159,16 @@ class Unimplemented(SnapcoordError):
     """The coordinator does not provide this RPC (an older version)."""
 
     default_code = "UNIMPLEMENTED"
+
+
+class Unsupported(Unimplemented):
+    """The coordinator that answered is older than the RPC (UNIMPLEMENTED for an RPC listed in
+    ``INTRODUCED_IN``): ``required_version`` is the release that brought it. Upgrade the
+    coordinator; no weaker call stands in for it."""
+
+    @property
+    def required_version(self) -> str:
+        return INTRODUCED_IN.get(self.method or "", "")
 
 
 class PermissionDenied(SnapcoordError):
@@ -225,6 +246,15 @@ ERROR_BY_REASON: Mapping[str, type[SnapcoordError]] = {
     "EXPIRED": Expired,
     "CORRUPT_RECORD": CorruptRecord,
     "NEWER_FORMAT": NewerFormat,
+    "TABLE_FENCED": TableFenced,
+}
+
+#: RPCs newer than the first release -> the release that brought them. UNIMPLEMENTED for one of
+#: them means the coordinator is older than that release: ``Unsupported`` names it.
+INTRODUCED_IN: Mapping[str, str] = {
+    "FenceTable": "0.4.0",
+    "ClaimCommit": "0.4.0",
+    "GetCommitClaims": "0.4.0",
 }
 
 
@@ -242,6 +272,12 @@ def error_for_status(
     specific = ERROR_BY_REASON.get(reason or "")
     if specific is not None and issubclass(specific, cls):
         cls = specific
+    needs = INTRODUCED_IN.get(method or "")
+    if code is grpc.StatusCode.UNIMPLEMENTED and needs is not None:
+        cls = Unsupported
+        details = (
+            f"the coordinator does not provide {method}: it needs snapcoord {needs} or newer ({details})"
+        )
     return cls(details, code=code.name, method=method, reason=reason, metadata=metadata)
 
 
@@ -279,6 +315,7 @@ def error_from_rpc(error: grpc.RpcError, method: str | None = None) -> Snapcoord
 __all__ = [
     "ERROR_BY_CODE",
     "ERROR_BY_REASON",
+    "INTRODUCED_IN",
     "Aborted",
     "AlreadyExists",
     "Cancelled",
@@ -294,9 +331,11 @@ __all__ = [
     "SnapcoordError",
     "SnapshotFenced",
     "SnapshotInProgress",
+    "TableFenced",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "Unsupported",
     "error_for_status",
     "error_from_rpc",
     "error_info",

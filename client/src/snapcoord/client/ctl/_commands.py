@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from snapcoord.client._types import (
     BacklogStatus,
+    CommitClaims,
     Lease,
     Page,
     ProducerSnapshot,
@@ -292,6 +293,34 @@ def clear_backlog(client: CoordinatorClient, args: argparse.Namespace) -> Output
     return _deleted(done, f"backlog mark of job {args.job_id!r}", "ClearBacklog", job_id=args.job_id)
 
 
+# -- commit claims -------------------------------------------------------------------------------
+
+
+def _claims_tables(listed: CommitClaims) -> tuple[Table, ...]:
+    head = fields(("fence_epoch", str(listed.fence_epoch)), ("next_seq", str(listed.next_seq)))
+    claims = Table(
+        ("SEQ", "EPOCH", "ATTEMPT", "CLAIMED"),
+        tuple((str(c.seq), str(c.epoch), c.attempt, instant(c.claimed_at_ms)) for c in listed.claims),
+        title="claims:",
+    )
+    return head, claims
+
+
+def get_claims(client: CoordinatorClient, args: argparse.Namespace) -> Output:
+    return _record(client.get_commit_claims(args.table_id, args.from_seq, args.limit), _claims_tables)
+
+
+def _claims_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from-seq", type=int, default=0, metavar="N", help="the first log number to show")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="at most this many claims (default: the server's 1000)",
+    )
+
+
 # -- the table of commands -----------------------------------------------------------------------
 
 _PRODUCER = Positional("producer_id", "the producer id")
@@ -299,6 +328,7 @@ _APP = Positional("app_id", "the application id")
 _GENERATION = Positional("generation", "the generation number", generation)
 _LEASE = Positional("lease_id", "the lease id")
 _JOB = Positional("job_id", "the backlog job id")
+_TABLE = Positional("table_id", "the table id of a sink's commit claims")
 
 COMMANDS: tuple[Command, ...] = (
     Command("producers", "list", "list producer records (live ones, by id)", list_producers, listing=True),
@@ -366,5 +396,13 @@ COMMANDS: tuple[Command, ...] = (
         clear_backlog,
         (_JOB,),
         destructive=True,
+    ),
+    Command(
+        "claims",
+        "get",
+        "show a table's fence and its commit claims, in log number order",
+        get_claims,
+        (_TABLE,),
+        options=_claims_options,
     ),
 )

@@ -32,6 +32,7 @@ _SUBJECT = {
     "snapshots": "an application's generation snapshots",
     "leases": "snapshot leases",
     "backlog": "a job's backlog mark",
+    "claims": "a sink table's fence and commit claims",
 }
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0}
@@ -119,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description=(
             "List, show and delete a snapcoord coordinator's records: producer records, generation "
-            "snapshots, leases and backlog marks. Exit codes: 0 done, 1 refused by the coordinator "
-            "(not found, permission denied, unreachable...; the status and message on stderr), 2 usage."
+            "snapshots, leases, backlog marks and sinks' commit claims. Exit codes: 0 done, 1 refused by "
+            "the coordinator (not found, permission denied, unreachable...; the status and message on "
+            "stderr), 2 usage."
         ),
     )
     resources = parser.add_subparsers(dest="resource", required=True, metavar="RESOURCE")
