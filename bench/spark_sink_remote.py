@@ -1,10 +1,12 @@
-"""exactly_once's own time per batch on a local table and on a remote (sftp://) table, same run.
+"""exactly_once's own time per batch on a local table and on remote tables, side by side in one run.
 
-    bench/run spark_sink_remote [--batches 20] [--rounds 2] [--embedded] [--smoke]
+    bench/run spark_sink_remote [--batches 20] [--rounds 2] [--embedded] [--smoke] [--s3a] [--hdfs]
 
 One local[2] SparkSession that reaches a real sshd through Hadoop's ``sftp://`` FileSystem writes the
 same batches (200 records over four partitions) through ``exactly_once(PartitionedFileSink)`` into a
-local table and into a table on the sshd, alternately (local, sftp, sftp, local, ...). Per batch it
+local table and into a table on the sshd, alternately (local, sftp, sftp, local, ...). ``--s3a`` adds a
+table on ``s3a://`` (hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its own), ``--hdfs`` one
+on ``hdfs://`` (the tests' HDFS minicluster); the order is reversed every other round. Per batch it
 reports, measured in the driver:
 
 - ``wrapper``: the wrapper's coordinator steps (fence check, the call that deletes the previous
@@ -32,6 +34,9 @@ from typing import Any
 
 from common import coordinator_process
 
+from harness import s3a
+from harness.hdfs import HdfsCluster
+from harness.seaweed import SeaweedS3Server
 from harness.sshd import SshServer
 from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
 from snapcoord.spark_connector.sink.writer import exactly_once
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--embedded", action="store_true", help="coordinator on its embedded stores")
     p.add_argument("--smoke", action="store_true", help="3 batches, 1 round (a check that it runs)")
+    p.add_argument("--s3a", action="store_true", help="also a table on s3a:// (SeaweedFS)")
+    p.add_argument("--hdfs", action="store_true", help="also a table on an HDFS minicluster")
     args = p.parse_args(argv)
     if args.smoke:
         args.batches, args.rounds = 3, 1
@@ -132,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         builder = SparkSession.builder
         for key, value in sshd.spark_conf().items():
             builder = builder.config(key, value)
+        s3 = stack.enter_context(SeaweedS3Server(work / "s3a")) if args.s3a else None
+        if s3 is not None:
+            for key, value in s3a.spark_conf(s3).items():
+                builder = builder.config(key, value)
+        hdfs = stack.enter_context(HdfsCluster(work / "hdfs")) if args.hdfs else None
         spark = (
             builder.master("local[2]")
             .config("spark.ui.enabled", "false")
@@ -144,8 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             "local": lambda r: str(work / f"local-{r}"),
             "sftp": lambda r: sshd.uri(f"sftp-{r}"),
         }
+        if s3 is not None:
+            bucket = s3.bucket
+            locations["s3a"] = lambda r: f"s3a://{bucket}/sink-{r}"
+        if hdfs is not None:
+            cluster = hdfs
+            locations["hdfs"] = lambda r: cluster.uri(f"sink-{r}")
         results: dict[str, list[dict[str, float]]] = {k: [] for k in locations}
-        order = ["local", "sftp"]
+        order = list(locations)
         for r in range(args.rounds):
             for kind in order if r % 2 == 0 else order[::-1]:
                 results[kind] += one_round(
