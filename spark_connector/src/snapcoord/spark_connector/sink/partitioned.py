@@ -71,8 +71,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
-from snapcoord.client import Offset
+from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.sink.claims import CommitPoint, CoordinatorRequired, table_id_of
 from snapcoord.spark_connector.sink.commit_log import (
     DATA,
     DEFAULT_COMPACT_INTERVAL,
@@ -149,6 +150,8 @@ class PartitionedFileSink:
         write_options: dict[str, str] | None = None,
         storage_options: dict[str, Any] | None = None,
         compact_interval: int = DEFAULT_COMPACT_INTERVAL,
+        coordinator: CoordinatorClient | str | None = None,
+        table_id: str | None = None,
     ) -> None:
         #: A ``Path`` (any ``os.PathLike``) names a local or mounted directory of this machine: it is
         #: opened as one, without Spark's qualification of plain paths against ``fs.defaultFS``.
@@ -176,6 +179,13 @@ class PartitionedFileSink:
         self._next_seq: int | None = None  # cached after the first scan in this process
         self._storage: Storage | None = None
         self._format_checked = False
+        #: The coordinator that is the commit point where the store's create is not atomic: a client,
+        #: or a target string (a client is made on first use), or None until ``use_coordinator``.
+        self.coordinator = coordinator
+        self._client: CoordinatorClient | None = (
+            coordinator if isinstance(coordinator, CoordinatorClient) else None
+        )
+        self._table_id = table_id
         self.storage  # noqa: B018  (opens now: an unreachable location fails here, not mid-batch)
 
     @property
@@ -204,7 +214,16 @@ class PartitionedFileSink:
         writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor roll
         back (``Fenced``) until its writer claims and fences a new epoch.
         """
-        return {**self.__dict__, "_next_seq": None, "epoch": 0, "_storage": None, "_format_checked": False}
+        coordinator = None if isinstance(self.coordinator, CoordinatorClient) else self.coordinator
+        return {
+            **self.__dict__,
+            "_next_seq": None,
+            "epoch": 0,
+            "_storage": None,
+            "_format_checked": False,
+            "coordinator": coordinator,
+            "_client": None,
+        }
 
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
@@ -353,6 +372,46 @@ class PartitionedFileSink:
         self._next_seq = None
         self.check_epoch()  # a newer run that fenced during the cut: the restore is not done
 
+    # -- the commit point ----------------------------------------------------------------------------
+    @property
+    def table_id(self) -> str:
+        """The table's name in the coordinator's commit claims: given, or derived from the table's
+        URI (``claims.table_id_of``), so every driver of every run of the table names it alike."""
+        if self._table_id is None:
+            self._table_id = table_id_of(self.storage.uri(""))
+        return self._table_id
+
+    def use_coordinator(self, client: CoordinatorClient) -> None:
+        """Take ``client`` as the commit point (``exactly_once`` passes its own before it fences)."""
+        self.coordinator = client
+        self._client = client
+
+    def needs_coordinator(self) -> bool:
+        """Whether fences and commits take their exclusivity from the coordinator: where the store's
+        create-if-absent is a check and then a write (``Storage.atomic_exclusive`` False)."""
+        return not self.storage.atomic_exclusive
+
+    def _commit_point(self) -> CommitPoint | None:
+        """The coordinator's claims of this table where the store needs them, else None (the
+        store-only protocol, no RPC). Never falls back to the store-only protocol where the store
+        needs them: no coordinator is ``CoordinatorRequired``, an unreachable one fails the call."""
+        if not self.needs_coordinator():
+            return None
+        if self._client is None:
+            if self.coordinator is None:
+                raise CoordinatorRequired(
+                    f"{self!r}: the store's create-if-absent is not atomic "
+                    f"({type(self.storage).__name__}), so the table's commit point is the coordinator's "
+                    "CommitClaimService: pass coordinator= (its address or a CoordinatorClient), or "
+                    "write through exactly_once. Nothing was written."
+                )
+            self._client = (
+                self.coordinator
+                if isinstance(self.coordinator, CoordinatorClient)
+                else CoordinatorClient(self.coordinator)
+            )
+        return CommitPoint(self._client, self.table_id, repr(self))
+
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
         """The highest epoch fenced or announced (a fence's first step) so far."""
@@ -368,14 +427,20 @@ class PartitionedFileSink:
         highest = self.max_epoch()
         if highest > epoch:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
+        claims = self._commit_point()
         if not self.storage.exists(join(FENCES_DIR, fence_file_name(epoch))):
+            # With the coordinator as the commit point, the fence is first raised there: from here on
+            # no lower epoch is granted a number, and ``from_seq`` lies above every number granted.
+            from_seq = claims.fence(epoch, self._latest() + 1) if claims is not None else -1
             # (a) Announce: every lower epoch's check fails from here on, also the check a writer
             #     makes right after creating its entry.
             with contextlib.suppress(FileExistsError):  # announced before, by a fence that failed
                 self.storage.write_bytes(join(FENCES_DIR, fence_intent_name(epoch)), b"", exclusive=True)
             self.check_fence_of(epoch)
-            # (b) Take the first free number as an empty batch (see the module docstring).
-            from_seq = self._latest() + 1
+            # (b) Take the first free number as an empty batch (see the module docstring); the
+            #     coordinator's claim of it where it is the commit point.
+            if claims is None:
+                from_seq = self._latest() + 1
             marker = Commit(from_seq, epoch, None, (), FENCE, "f")
             try:
                 self._create_entry(marker, [])
@@ -508,8 +573,17 @@ class PartitionedFileSink:
         """The visibility point of a batch. The fence check makes a zombie fail here in the common
         case. One that passes it just before a newer run announces its fence creates its entry and
         fails the check after it (``Fenced``): the entry is replaced by that fence, or stays and is
-        voided by the batch's re-run; either way Spark never records the batch committed."""
+        voided by the batch's re-run; either way Spark never records the batch committed.
+
+        Where the coordinator is the commit point, the entry is written only after the coordinator
+        granted this write its number (``claims.CommitPoint.claim``): a write refused there writes
+        nothing. A write granted its number before a newer run fenced the table that finds the fence
+        after its create voids its own entry before it raises ``Fenced``: the newer run's rollback
+        may have read the log before the entry appeared, and no one else writes that number."""
         self.check_epoch()
+        claims = self._commit_point()
+        if claims is not None:
+            claims.claim(commit.seq, self.epoch, commit.attempt, commit.batch_id)
         try:
             self._create_entry(commit, files)
         except FileExistsError:
@@ -525,6 +599,8 @@ class PartitionedFileSink:
             ) from None
         highest = self.max_epoch()
         if highest > self.epoch:
+            if claims is not None:
+                self._void(commit)
             raise Fenced(
                 f"{self!r}: epoch {highest} fenced the sink while epoch {self.epoch} committed sequence "
                 f"{commit.seq} (batch {commit.batch_id}): not reported as written; its re-run or the "
