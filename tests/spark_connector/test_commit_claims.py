@@ -9,6 +9,7 @@ code. The races of the same protocol, at many interleavings, are in ``races/``.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from harness.locations import TestDir, sftp_dir
 from harness.one_file_sink import OneFileSink
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient, RetryPolicy, Unavailable
-from snapcoord.spark_connector.sink import CoordinatorRequired, Fenced
+from snapcoord.spark_connector.sink import CoordinatorRequired, Fenced, PartitionedFileSink
 from snapcoord.spark_connector.sink.claims import table_id_of
 from snapcoord.spark_connector.storage import open_location
 
@@ -64,6 +65,17 @@ def test_the_table_id_names_one_table_however_a_driver_spells_its_location() -> 
         t.startswith("table.t.") and set(t) <= set("abcdefghijklmnopqrstuvwxyz0123456789.t")
         for t in map(table_id_of, same)
     )
+
+
+def test_a_pickled_sink_carries_the_coordinators_address_never_a_live_client(tmp_path: Path) -> None:
+    """Spark Connect ships the sink as configuration: an address travels, a channel of this process
+    does not (the copy's writer hands it its own client)."""
+    with CoordinatorClient("127.0.0.1:1") as live:
+        by_client = PartitionedFileSink(tmp_path / "a", coordinator=live)
+        copy = pickle.loads(pickle.dumps(by_client))
+    assert copy.coordinator is None and copy._client is None
+    by_address = pickle.loads(pickle.dumps(PartitionedFileSink(tmp_path / "b", coordinator="host:1")))
+    assert by_address.coordinator == "host:1" and by_address._client is None
 
 
 def test_fence_and_commit_claim_their_numbers_before_writing(

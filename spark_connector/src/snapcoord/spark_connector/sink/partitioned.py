@@ -39,6 +39,16 @@ announced itself stays in the log, and none that a ``write`` reported written is
 fence. A zombie's rollback that passed its check before (a) can still void its own unreported entries
 below ``F``; voiding replaces, so the log keeps no gap.
 
+All of the above holds where the store's create-if-absent is atomic. Where it is a check and then a
+write (``Storage.atomic_exclusive`` False), the coordinator is the commit point (``claims``): the fence
+first raises the table's fence there and takes the number it claimed for it as ``F`` (above every
+number the coordinator granted an older run), and a write creates its entry only after the
+coordinator granted it its number, so of two writers of one number only one writes, and a writer
+of a fenced epoch writes nothing. A write granted its number just before a newer fence, whose create
+lands after that run's rollback listed the log, finds the fence after its create and voids its own
+entry: no one else writes that number. No coordinator, or one without ``CommitClaimService``, is
+``CoordinatorRequired``; the store-only protocol is never used in its place.
+
 ``positions()`` is ``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` voids the
 data entries at or after ``next_seq`` written by the epoch named in the positions (the attempt that
 took them) or an older one (a zombie's, created after that epoch's fence, so never reported written),
@@ -212,7 +222,9 @@ class PartitionedFileSink:
         output. A copy that kept the sender's epoch would act as that run without having claimed it:
         its ``rollback_to`` would delete the real holder's in-flight write directories, and its
         writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor roll
-        back (``Fenced``) until its writer claims and fences a new epoch.
+        back (``Fenced``) until its writer claims and fences a new epoch. A coordinator given as an
+        address travels; a live client (a channel of this process) does not: the copy's writer
+        hands it its own (``use_coordinator``).
         """
         coordinator = None if isinstance(self.coordinator, CoordinatorClient) else self.coordinator
         return {
