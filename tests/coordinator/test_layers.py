@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("observability",),
     ("kernel",),
-    ("producers", "snapshots", "backlog"),
+    ("producers", "snapshots", "backlog", "claims"),
     ("services",),
     ("api", "transport", "auth"),
     ("server",),

@@ -21,7 +21,7 @@ READER_TOKEN = "reader-token-0123456789"
 
 
 def team_scopes(prefix: str) -> dict[str, list[str]]:
-    return {kind: [prefix] for kind in ("producer_id", "app_id", "lease_id", "job_id")}
+    return {kind: [prefix] for kind in ("producer_id", "app_id", "lease_id", "job_id", "table_id")}
 
 
 def principals() -> list[dict[str, Any]]:

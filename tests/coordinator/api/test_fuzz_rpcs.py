@@ -46,7 +46,7 @@ from snapcoord.coordinator.storage.backends import open_blob_store, open_metadat
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
 from snapcoord.coordinator.storage.zookeeper.clock import CLOCK_PATH
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 EXAMPLES = int(os.environ.get("SNAPCOORD_FUZZ_EXAMPLES", "25"))
 DERANDOMIZE = "SNAPCOORD_FUZZ_SEED" not in os.environ and "SNAPCOORD_FUZZ_EXAMPLES" not in os.environ
 
-_FILES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+_FILES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
 #: (full method, request descriptor, response descriptor) of every snapcoord.v1 RPC.
 METHODS = [
     (f"/{service.full_name}/{m.name}", m.input_type, m.output_type)
@@ -315,6 +315,6 @@ def test_fuzz_zookeeper_s3(
 
 
 def test_every_rpc_is_fuzzed() -> None:
-    assert len(METHODS) == 25
+    assert len(METHODS) == 28
     assert {"ReadCheckpoint"} == SERVER_STREAMING
     assert {"UploadCheckpoint"} == CLIENT_STREAMING

@@ -41,6 +41,8 @@ from snapcoord.coordinator.services import Deps
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
+    commit_pb2,
+    commit_pb2_grpc,
     common_pb2,
     error_details_pb2,
     lease_pb2,
@@ -58,7 +60,7 @@ ALL_TOKENS = (ADMIN_TOKEN, TEAM_A_TOKEN, TEAM_B_TOKEN, READER_TOKEN)
 
 
 class Api:
-    """The four stubs on one channel."""
+    """The five stubs on one channel."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
@@ -66,6 +68,7 @@ class Api:
         self.snapshots = snapshot_pb2_grpc.SnapshotServiceStub(channel)
         self.leases = lease_pb2_grpc.LeaseServiceStub(channel)
         self.backlog = backlog_pb2_grpc.BacklogServiceStub(channel)
+        self.claims = commit_pb2_grpc.CommitClaimServiceStub(channel)
 
 
 @pytest.fixture
@@ -429,6 +432,9 @@ def test_a_scoped_writer_cannot_touch_another_teams_records(scoped: Any) -> None
     team_b.backlog.MarkBacklog(
         backlog_pb2.MarkBacklogRequest(job_id="team-b-job", boundaries=offsets(2)), timeout=30
     )
+    team_b.claims.FenceTable(
+        commit_pb2.FenceTableRequest(table_id="team-b-table", epoch=2, seq=0), timeout=30
+    )
 
     def team_b_state() -> tuple[bytes, ...]:
         return (
@@ -443,6 +449,9 @@ def test_a_scoped_writer_cannot_touch_another_teams_records(scoped: Any) -> None
             .SerializeToString(deterministic=True),
             team_b.backlog.GetBacklogStatus(
                 backlog_pb2.GetBacklogStatusRequest(job_id="team-b-job"), timeout=30
+            ).SerializeToString(deterministic=True),
+            team_b.claims.GetCommitClaims(
+                commit_pb2.GetCommitClaimsRequest(table_id="team-b-table"), timeout=30
             ).SerializeToString(deterministic=True),
         )
 
@@ -497,6 +506,15 @@ def test_a_scoped_writer_cannot_touch_another_teams_records(scoped: Any) -> None
         "ReportProgress": lambda: team_a.backlog.ReportProgress(
             backlog_pb2.ReportProgressRequest(job_id="team-b-job", positions=offsets(2)), timeout=30
         ),
+        "FenceTable": lambda: team_a.claims.FenceTable(
+            commit_pb2.FenceTableRequest(table_id="team-b-table", epoch=3, seq=0), timeout=30
+        ),
+        "ClaimCommit": lambda: team_a.claims.ClaimCommit(
+            commit_pb2.ClaimCommitRequest(table_id="team-b-table", seq=5, epoch=2, attempt="a"), timeout=30
+        ),
+        "GetCommitClaims": lambda: team_a.claims.GetCommitClaims(
+            commit_pb2.GetCommitClaimsRequest(table_id="team-b-table"), timeout=30
+        ),
     }
     for name, attempt in attempts.items():
         message = refused(attempt, grpc.StatusCode.PERMISSION_DENIED)
@@ -546,7 +564,13 @@ def test_a_scoped_writer_uploads_checkpoints_for_its_own_apps_only(scoped: Any) 
 
 # --- the audit trail ---------------------------------------------------------------------------------
 
-_IDS = {"producer_id": "audit-p", "app_id": "audit-app", "lease_id": "audit-lease", "job_id": "audit-job"}
+_IDS = {
+    "producer_id": "audit-p",
+    "app_id": "audit-app",
+    "lease_id": "audit-lease",
+    "job_id": "audit-job",
+    "table_id": "audit-table",
+}
 
 
 def _request_for(method: str) -> Any:

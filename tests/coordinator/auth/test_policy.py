@@ -15,9 +15,9 @@ from snapcoord.coordinator import api
 from snapcoord.coordinator.auth.authfile import AuthFile, AuthFileError, parse, token_sha256
 from snapcoord.coordinator.auth.policy import Access, Kind, Principal, Role, decide
 from snapcoord.coordinator.auth.rules import RULES
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
-_MODULES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+_MODULES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
 
 
 def _api_methods() -> set[str]:
@@ -51,7 +51,7 @@ def test_read_rpcs_do_not_mutate_and_admin_rpcs_are_the_documented_two() -> None
     """The proto's NO_SIDE_EFFECTS RPCs are exactly the ones the access rules treat as reads."""
     reads = {
         f"/{service.full_name}/{method.name}"
-        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+        for module in _MODULES
         for service in module.DESCRIPTOR.services_by_name.values()
         for method in service.methods
         if method.GetOptions().idempotency_level == MethodOptions.NO_SIDE_EFFECTS

@@ -16,6 +16,7 @@ from snapcoord.coordinator.config import options, settings
 from snapcoord.coordinator.config.options import OPTIONS, parse_duration_ms
 from snapcoord.coordinator.config.settings import FIXED, ConfigError, load, redact_uri, sections
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.claims import CommitClaimPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
@@ -76,6 +77,7 @@ CONTRACT = {
     "--retention-keep-last-completed": ("SNAPCOORD_RETENTION_KEEP_LAST_COMPLETED", "3"),
     "--retention-completed-ttl": ("SNAPCOORD_RETENTION_COMPLETED_TTL", "7d"),
     "--backlog-max-partitions": ("SNAPCOORD_BACKLOG_MAX_PARTITIONS", "10000"),
+    "--commit-claim-retention": ("SNAPCOORD_COMMIT_CLAIM_RETENTION", "7d"),
     "--lease-min-duration": ("SNAPCOORD_LEASE_MIN_DURATION", "1s"),
     "--lease-max-duration": ("SNAPCOORD_LEASE_MAX_DURATION", "7d"),
     "--lease-max-snapshots": ("SNAPCOORD_LEASE_MAX_SNAPSHOTS", "256"),
@@ -152,6 +154,7 @@ SAMPLES: dict[str, tuple[str, str, tuple[str, str], object]] = {
         30 * 86_400_000,
     ),
     "backlog_max_partitions": ("100000", "20000", ("backlog", "max_partitions"), 100_000),
+    "commit_claim_retention": ("30d", "2h", ("claims", "retention_ms"), 30 * 86_400_000),
     "lease_min_duration": ("500ms", "2s", ("leases", "min_duration_ms"), 500),
     "lease_max_duration": ("1d", "2d", ("leases", "max_duration_ms"), 86_400_000),
     "lease_max_snapshots": ("50", "60", ("leases", "max_snapshots"), 50),
@@ -219,6 +222,7 @@ BAD: dict[str, str] = {
     "retention_keep_last_completed": "0",
     "retention_completed_ttl": "never",
     "backlog_max_partitions": "100001",
+    "commit_claim_retention": "59m",
     "lease_min_duration": "0s",
     "lease_max_duration": "1",
     "lease_max_snapshots": "0",
@@ -558,6 +562,7 @@ def test_the_policy_sections_are_the_domain_policies_with_the_same_defaults() ->
     assert cfg.snapshots == SnapshotPolicy()
     assert cfg.leases == LeasePolicy()
     assert cfg.backlog == BacklogPolicy()
+    assert cfg.claims == CommitClaimPolicy()
 
 
 def test_a_policy_default_is_shown_whole_in_its_options_unit_or_refused() -> None:

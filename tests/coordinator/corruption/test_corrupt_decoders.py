@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from snapcoord.coordinator.domain import backlog_codec, leases, producer_codec, snapshot_codec
+from snapcoord.coordinator.domain import backlog_codec, claims_codec, leases, producer_codec, snapshot_codec
 from snapcoord.coordinator.domain.backlog import Boundaries, JobRecord, ShardProgress
+from snapcoord.coordinator.domain.claims import CommitClaim, TableRecord
 from snapcoord.coordinator.domain.leases import Lease, SnapshotRef
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.producers import ProducerRecord
@@ -104,6 +105,14 @@ CODECS = [
         "upload_intent",
         intents.encode(intents.Intent(("k",), 5, intents.UploadInfo("app", 3, "a", "state", 3, "ab"))),
         intents.decode,
+    ),
+    Codec(
+        "commit_claim_table",
+        claims_codec.encode_table(TableRecord("t", 3, 7, 9, 12, 2)),
+        claims_codec.decode_table,
+    ),
+    Codec(
+        "commit_claim", claims_codec.encode_claim(CommitClaim(7, 3, "fence", 9)), claims_codec.decode_claim
     ),
 ]
 IDS = [f"{c.kind}-{i}" for i, c in enumerate(CODECS)]

@@ -39,6 +39,8 @@ from snapcoord.coordinator.transport.status import GENERIC_INTERNAL_MESSAGE, sta
 from snapcoord.v1 import (
     backlog_pb2,
     backlog_pb2_grpc,
+    commit_pb2,
+    commit_pb2_grpc,
     error_details_pb2,
     lease_pb2,
     lease_pb2_grpc,
@@ -55,6 +57,7 @@ API_SERVICES = {
     "snapcoord.v1.SnapshotService",
     "snapcoord.v1.LeaseService",
     "snapcoord.v1.BacklogService",
+    "snapcoord.v1.CommitClaimService",
 }
 ALL_SERVICES = API_SERVICES | {
     "grpc.health.v1.Health",
@@ -293,15 +296,15 @@ def test_grpcurl_describes_and_calls_an_rpc(deps: Deps) -> None:
 
 API_METHODS = [
     (service.full_name, method.name)
-    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
     for service in module.DESCRIPTOR.services_by_name.values()
     for method in service.methods
 ]
 
 
-def test_the_method_list_covers_the_four_services() -> None:
+def test_the_method_list_covers_the_five_services() -> None:
     assert {s for s, _ in API_METHODS} == API_SERVICES
-    assert len(API_METHODS) >= 22
+    assert len(API_METHODS) >= 25
 
 
 def test_every_api_rpc_is_implemented(channel: grpc.Channel) -> None:
@@ -329,7 +332,8 @@ def test_a_generated_base_servicer_answers_unimplemented_with_a_clear_message(
     interceptor = ServerInterceptor(GrpcServerMetrics(new_registry()), version=__version__)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=(interceptor,))
     for module, name in ((producer_pb2_grpc, "ProducerOffsetService"), (snapshot_pb2_grpc, "SnapshotService"),
-                         (lease_pb2_grpc, "LeaseService"), (backlog_pb2_grpc, "BacklogService")):  # fmt: skip
+                         (lease_pb2_grpc, "LeaseService"), (backlog_pb2_grpc, "BacklogService"),
+                         (commit_pb2_grpc, "CommitClaimService")):  # fmt: skip
         getattr(module, f"add_{name}Servicer_to_server")(getattr(module, f"{name}Servicer")(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

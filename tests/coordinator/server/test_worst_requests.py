@@ -45,7 +45,7 @@ from snapcoord.coordinator.storage.zookeeper.request_size import (
     request_bytes,
 )
 from snapcoord.coordinator.storage.zookeeper.store import ZooKeeperMetadataStore
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 HOUR_MS = 3_600_000
 _BIG = 2**63 - 1
@@ -54,7 +54,7 @@ _BIG = 2**63 - 1
 def test_every_rpc_has_a_row() -> None:
     names = {
         f"{service.name}/{m.name}"
-        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+        for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
         for service in module.DESCRIPTOR.services_by_name.values()
         for m in service.methods
     }

@@ -10,9 +10,9 @@ import pytest
 
 from harness.coordinator import InProcessCoordinator, embedded_deps, serve_in_process
 from snapcoord.coordinator import api
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
-_FILES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+_FILES = (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
 #: (full method, request type full name) for every RPC of every snapcoord.v1 service.
 METHODS = [
     (f"/{service.full_name}/{method.name}", method.input_type.full_name)
@@ -39,7 +39,7 @@ def channel(coordinator: InProcessCoordinator) -> Iterator[grpc.Channel]:
 
 
 def test_every_rpc_of_every_service_is_covered() -> None:
-    assert len(METHODS) == 25
+    assert len(METHODS) == 28
     assert {m.split("/")[1] for m, _ in METHODS} == set(api.SERVICE_NAMES)
 
 

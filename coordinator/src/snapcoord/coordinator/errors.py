@@ -67,6 +67,12 @@ class Reason(StrEnum):
     #: Metadata: kind, path (when known), format_version (the record's), supported_format_version
     #: (the newest this coordinator reads).
     NEWER_FORMAT = "NEWER_FORMAT"
+    #: FenceTable or ClaimCommit of an epoch below the table's fence (a newer run owns the table);
+    #: metadata: table_id, epoch, fence_epoch.
+    TABLE_FENCED = "TABLE_FENCED"
+    #: ClaimCommit of a log number whose claims the janitor removed after the retention (a write
+    #: that late is a zombie's); metadata: table_id, seq, floor_seq.
+    CLAIM_RETIRED = "CLAIM_RETIRED"
 
 
 class SnapcoordError(Exception):

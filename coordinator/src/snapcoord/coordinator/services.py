@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from snapcoord.coordinator.backlog.registry import BacklogRegistry
+from snapcoord.coordinator.claims.registry import CommitClaimRegistry
 from snapcoord.coordinator.config.settings import Config
 from snapcoord.coordinator.domain.clock import Clock, SystemClock
 from snapcoord.coordinator.kernel.commit import CommitKernel
@@ -39,6 +40,7 @@ class Services:
     snapshots: SnapshotRegistry
     leases: LeaseRegistry
     backlog: BacklogRegistry
+    claims: CommitClaimRegistry
     #: Always built, so tests and tools can ``run_once``; started only if the config enables it.
     janitor: Janitor
     #: Payload bytes in memory across the server's calls (``--payload-budget``): the snapshot
@@ -94,6 +96,7 @@ class Services:
             gauges_stale_after_ms=3 * config.janitor.cleanup_interval_ms + 5_000,
             kernel=kernel,
         )
+        claims = CommitClaimRegistry(deps.metadata, deps.clock, config.claims, metrics, kernel)
         batch = config.janitor.batch
         steps = [
             # Leases first: a lease that expired releases its pins before retention looks.
@@ -110,6 +113,7 @@ class Services:
                 every_ms=config.janitor.orphan_sweep_interval_ms,
             ),
             Step("backlog-gauges", backlog.refresh_gauges),
+            Step("commit-claims", lambda: claims.clean(batch)),
         ]
         listing_ms = config.janitor.orphan_listing_interval_ms
         if listing_ms:  # objects from before the intents: off unless an upgrade asks for it
@@ -132,6 +136,7 @@ class Services:
             snapshots=snapshots,
             leases=leases,
             backlog=backlog,
+            claims=claims,
             janitor=janitor,
             payload_budget=payload_budget,
         )

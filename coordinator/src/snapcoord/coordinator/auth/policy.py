@@ -27,6 +27,7 @@ class Kind(StrEnum):
     APP_ID = "app_id"
     LEASE_ID = "lease_id"
     JOB_ID = "job_id"
+    TABLE_ID = "table_id"
 
 
 #: One id a request names: its kind and value.

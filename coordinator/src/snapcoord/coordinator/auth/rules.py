@@ -19,7 +19,7 @@ from grpc_health.v1 import health
 from snapcoord.coordinator.auth.policy import Access, IdRef, Kind
 from snapcoord.coordinator.domain.paging import encode_id_token, encode_name_token
 from snapcoord.coordinator.transport.reflection import SERVICE_NAMES as REFLECTION_SERVICE_NAMES
-from snapcoord.v1 import backlog_pb2, lease_pb2, producer_pb2, snapshot_pb2
+from snapcoord.v1 import backlog_pb2, commit_pb2, lease_pb2, producer_pb2, snapshot_pb2
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ _P = "/snapcoord.v1.ProducerOffsetService/"
 _S = "/snapcoord.v1.SnapshotService/"
 _L = "/snapcoord.v1.LeaseService/"
 _B = "/snapcoord.v1.BacklogService/"
+_C = "/snapcoord.v1.CommitClaimService/"
 
 RULES: Mapping[str, Rule] = {
     _P + "RegisterProducerOffsets": Rule(_WRITE, _one(Kind.PRODUCER_ID)),
@@ -106,12 +107,15 @@ RULES: Mapping[str, Rule] = {
     _B + "ReportProgress": Rule(_WRITE, _one(Kind.JOB_ID)),
     _B + "GetBacklogStatus": Rule(_READ, _one(Kind.JOB_ID)),
     _B + "ClearBacklog": Rule(_ADMIN, _one(Kind.JOB_ID)),
+    _C + "FenceTable": Rule(_WRITE, _one(Kind.TABLE_ID)),
+    _C + "ClaimCommit": Rule(_WRITE, _one(Kind.TABLE_ID)),
+    _C + "GetCommitClaims": Rule(_READ, _one(Kind.TABLE_ID)),
 }
 
 #: The snapcoord.v1 services, from the descriptors: a method of theirs without a rule is refused.
 API_SERVICES: frozenset[str] = frozenset(
     service.full_name
-    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2)
+    for module in (producer_pb2, snapshot_pb2, lease_pb2, backlog_pb2, commit_pb2)
     for service in module.DESCRIPTOR.services_by_name.values()
 )
 #: Services every caller may use, credentials or not (load balancer and kubelet probes).

@@ -3,7 +3,8 @@ its name), how to parse a value (with units), its default, its help, and the ``C
 it fills. The argument parser, the ``--help`` text, ``settings.load`` and the tests that keep the
 docs and docker-compose naming real options all read ``OPTIONS``, so a new setting is one entry
 here plus the field it fills (and the code that reads that field). An option that fills a policy
-field (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``) takes that
+field (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``,
+``CommitClaimPolicy``) takes that
 field's default as its own, so the default is written once, on the field: the domain's unit
 tests and the operator get the same value.
 
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 
 from snapcoord.coordinator.config.redaction import redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.claims import CommitClaimPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import MAX_INLINE_BYTES, ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
@@ -691,6 +693,14 @@ OPTIONS: tuple[Option, ...] = (
         _int_parser(1, 100_000, "an integer 1-100000"),
         to="backlog.max_partitions",
         metavar="N",
+    ),
+    Option(
+        "commit_claim_retention",
+        "age after which the janitor removes commit claims, except each table's highest (fences stay)",
+        _as_duration(CommitClaimPolicy.retention_ms, "d"),
+        _duration_parser(3_600_000),
+        to="claims.retention_ms",
+        metavar="DURATION",
     ),
     Option(
         "lease_min_duration",

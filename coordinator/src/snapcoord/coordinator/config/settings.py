@@ -3,7 +3,8 @@
 Every setting is declared once, in ``options.OPTIONS``, which names the ``Config`` field(s) it
 fills; this module holds the sections those fields live in and ``load``, which fills them. The
 sections that the registries consume *are* their domain
-policies (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``), built
+policies (``ProducerPolicy``, ``SnapshotPolicy``, ``LeasePolicy``, ``BacklogPolicy``,
+``CommitClaimPolicy``), built
 here, so nothing copies a value from a config object into a policy.
 
 Precedence is flag, then environment, then the config file (``file``), then default; an empty
@@ -23,6 +24,7 @@ from snapcoord.coordinator.config.file import ConfigFile
 from snapcoord.coordinator.config.options import CHECKS, OPTIONS, PAIRS
 from snapcoord.coordinator.config.redaction import redact_uri as redact_uri
 from snapcoord.coordinator.domain.backlog import BacklogPolicy
+from snapcoord.coordinator.domain.claims import CommitClaimPolicy
 from snapcoord.coordinator.domain.leases import LeasePolicy
 from snapcoord.coordinator.domain.producers import ProducerPolicy
 from snapcoord.coordinator.domain.snapshots import SnapshotPolicy
@@ -177,7 +179,7 @@ class TracingConfig:
 class Config:
     """The effective configuration of one coordinator process.
 
-    The four policies are handed as they are to the registries that enforce them.
+    The five policies are handed as they are to the registries that enforce them.
     """
 
     grpc: GrpcConfig
@@ -188,6 +190,7 @@ class Config:
     snapshots: SnapshotPolicy
     leases: LeasePolicy
     backlog: BacklogPolicy
+    claims: CommitClaimPolicy
     janitor: JanitorConfig
     logging: LoggingConfig
     tracing: TracingConfig

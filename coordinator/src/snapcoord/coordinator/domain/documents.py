@@ -3,9 +3,8 @@
 Every document carries ``"version"``; writers write the current version, readers read every
 version ever written (tests pin the bytes with golden files). A document from a newer snapcoord
 is refused rather than misread, with ``NewerFormat`` (an intact record a newer release wrote), not
-as corrupt. Every codec (``producer_codec``,
-``snapshot_codec``, ``backlog_codec``, the lease records in ``leases``) writes and reads through
-these two functions.
+as corrupt. Every codec (``producer_codec``, ``snapshot_codec``, ``backlog_codec``, ``claims_codec``,
+the lease records in ``leases``) writes and reads through these two functions.
 """
 
 from __future__ import annotations
@@ -38,6 +37,8 @@ RECORD_KINDS = (
     "backlog_progress_shard",
     "backlog_unmarked_set",
     "upload_intent",
+    "commit_claim_table",
+    "commit_claim",
 )
 
 

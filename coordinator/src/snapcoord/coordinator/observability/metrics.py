@@ -104,6 +104,26 @@ class CoordinatorMetrics:
             "Producer offset records removed by the janitor after their TTL.",
             registry=registry,
         )
+        self.commit_fences = Counter(
+            "snapcoord_commit_fences",
+            "FenceTable outcomes: raised (this call raised the table's fence), existing (the same "
+            "epoch again: the recorded fence answered) or refused (TABLE_FENCED: a newer run's fence).",
+            ("outcome",),
+            registry=registry,
+        )
+        self.commit_claims = Counter(
+            "snapcoord_commit_claims",
+            "ClaimCommit outcomes: granted (this write holds the number, also on a retry), held "
+            "(another write holds it) or refused (TABLE_FENCED or CLAIM_RETIRED).",
+            ("outcome",),
+            registry=registry,
+        )
+        self.commit_claims_removed = Counter(
+            "snapcoord_commit_claims_removed",
+            "Commit claims the janitor removed after --commit-claim-retention (never a table's "
+            "highest claim, never a fence).",
+            registry=registry,
+        )
         self.backlog_marks = Counter(
             "snapcoord_backlog_marks",
             "MarkBacklog outcomes: marked (a first mark), existing (the stored mark was returned), "

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from snapcoord.coordinator.backlog.layout import job_path, marker_path, shard_path
+from snapcoord.coordinator.claims.layout import claim_path, table_path
 from snapcoord.coordinator.config.settings import Config, ConfigError, zk_create_acl
 from snapcoord.coordinator.domain.backlog import (
     SHARD_SIZE,
@@ -34,6 +35,8 @@ from snapcoord.coordinator.domain.backlog import (
     boundaries_key,
 )
 from snapcoord.coordinator.domain.backlog_codec import encode_job_record, encode_shard
+from snapcoord.coordinator.domain.claims import MAX_ATTEMPT_LENGTH, MAX_SEQ, CommitClaim, TableRecord
+from snapcoord.coordinator.domain.claims_codec import encode_claim, encode_table
 from snapcoord.coordinator.domain.ids import MAX_ID_LENGTH
 from snapcoord.coordinator.domain.leases import Lease, LeasePolicy, SnapshotRef, encode_lease, encode_pins
 from snapcoord.coordinator.domain.offsets import MAX_PARTITION, Offset
@@ -547,6 +550,18 @@ def clear_backlog(limits: Limits) -> list[Op]:
     ]
 
 
+def claim_commit(limits: Limits) -> list[Op]:
+    """The table record set (a new highest number) and the claim created, every number at its
+    widest; FenceTable sends the same two operations with a shorter attempt ("fence")."""
+    table_id = _id("table")
+    record = TableRecord(table_id, _BIG_INT, MAX_SEQ, _NOW_MS, MAX_SEQ, MAX_SEQ)
+    claim = CommitClaim(MAX_SEQ, _BIG_INT, "a" * MAX_ATTEMPT_LENGTH, _NOW_MS)
+    return [
+        SetData(table_path(table_id), encode_table(record), _BIG_INT),
+        Create(claim_path(table_id, MAX_SEQ), encode_claim(claim)),
+    ]
+
+
 def _reads_only(limits: Limits) -> list[Op]:
     return []
 
@@ -578,6 +593,9 @@ WORST_CASE: dict[str, Callable[[Limits], list[Op]]] = {
     "BacklogService/ReportProgress": report_progress,
     "BacklogService/GetBacklogStatus": _reads_only,
     "BacklogService/ClearBacklog": clear_backlog,
+    "CommitClaimService/FenceTable": claim_commit,
+    "CommitClaimService/ClaimCommit": claim_commit,
+    "CommitClaimService/GetCommitClaims": _reads_only,
 }
 
 
