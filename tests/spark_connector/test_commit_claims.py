@@ -10,6 +10,7 @@ code. The races of the same protocol, at many interleavings, are in ``races/``.
 from __future__ import annotations
 
 import pickle
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from harness.locations import TestDir, sftp_dir
 from harness.one_file_sink import OneFileSink
 from harness.sshd import SshServer
 from snapcoord.client import CoordinatorClient, RetryPolicy, Unavailable
+from snapcoord.spark_connector.savepoints.restore import RestoreTarget, _roll_back_sink
 from snapcoord.spark_connector.sink import CoordinatorRequired, Fenced, PartitionedFileSink
 from snapcoord.spark_connector.sink.claims import table_id_of
 from snapcoord.spark_connector.storage import open_location
@@ -142,3 +144,24 @@ def test_an_unreachable_coordinator_fails_the_write_and_writes_nothing(
     assert failed.value.attempts == 4 and failed.value.method == "ClaimCommit"
     assert entries(table) == ["0"]  # the fence's; the batch's entry 1 was never written
     assert sink.commits() == []
+
+
+def test_a_restore_fences_such_a_table_through_the_coordinator(
+    table: TestDir, sshd: SshServer, client: CoordinatorClient
+) -> None:
+    """A restore's cut of a sink (``restore_to`` after a fence of a new epoch) hands the sink the
+    restore's client, so the fence goes through the coordinator, and the old run is refused there."""
+    run = sink_on(table, sshd, "run", coordinator=client)
+    run.fence(1)
+    run.write(b'{"v": 0}\n', 0)
+    cut = run.positions()
+    run.write(b'{"v": 1}\n', 1)
+    restored = sink_on(table, sshd, "restorer")  # no coordinator of its own
+    query = f"restore-{uuid.uuid4().hex[:8]}"
+    _roll_back_sink(client, RestoreTarget(query, "unused", restored), cut)
+    assert [c.batch_id for c in restored.commits()] == [0]
+    assert client.get_commit_claims(restored.table_id).fence_epoch == restored.epoch > 1
+    run.check_epoch = lambda: None  # type: ignore[method-assign]  # a zombie that checked before the fence
+    with pytest.raises(Fenced, match=f"fenced by epoch {restored.epoch}"):
+        run.write(b'{"v": 2}\n', 2)
+    assert [c.batch_id for c in restored.commits()] == [0]

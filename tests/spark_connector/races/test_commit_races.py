@@ -49,10 +49,10 @@ SEED = 42
 #: (store, scenario) pairs where a reader sees a batch it must not see with the store alone as the
 #: commit point: fsspec's sftp rename is posix-rename@openssh.com, which replaces an existing entry, so
 #: the create is only as exclusive as the existence check before it; S3A without conditional create
-#: checks in ``create`` and uploads at the stream's ``close``. Hadoop's sftp store is not listed although its create is not
-#: atomic either: ``SFTPFileSystem.rename`` checks the target and then posix-renames inside one call
-#: into the JVM, which the harness grants as one step, so it cannot see that window (see
-#: docs/spark-storage.md); its 0 is what the harness sees, not a proof.
+#: checks in ``create`` and uploads at the stream's ``close``. Hadoop's sftp store is not listed
+#: although its create is not atomic either: ``SFTPFileSystem.rename`` checks the target and then
+#: posix-renames inside one call into the JVM, which the harness grants as one step, so it cannot see
+#: that window (see docs/spark-storage.md); its 0 is what the harness sees, not a proof.
 KNOWN_GAPS = frozenset(
     {
         ("fsspec-sftp", "zombie_vs_fence"),
