@@ -499,8 +499,8 @@ class PartitionedFileSink:
         """
         require_driver("PartitionedFileSink.write")
         self.check_epoch()
-        self._commit_point()  # a table that needs a coordinator and has none fails before Spark writes
         seq = self._sequence()
+        self._commit_point()  # a table that needs a coordinator and has none fails before Spark writes
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
         write_dir = f"_w-s{seq}-e{self.epoch}-a{attempt}"
