@@ -4,16 +4,19 @@
 
 One local[2] SparkSession that reaches a real sshd through Hadoop's ``sftp://`` FileSystem writes the
 same batches (200 records over four partitions) through ``exactly_once(PartitionedFileSink)`` into a
-local table and into a table on the sshd, alternately (local, sftp, sftp, local, ...). ``--s3a`` adds a
-table on ``s3a://`` (hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its own), ``--hdfs`` one
-on ``hdfs://`` (the tests' HDFS minicluster); the order is reversed every other round. Per batch it
-reports, measured in the driver:
+local table and into tables on the sshd, alternately (local, sftp, sftp-store, sftp-store, sftp,
+local, ...). sftp's create-if-absent is not atomic, so the sink's commit point there is the
+coordinator (``sftp``: a commit claim per batch); ``sftp-store`` forces the store-only commit on the
+same store, the protocol the claims replace, for comparison. ``--s3a`` adds a table on ``s3a://``
+(hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its own), ``--hdfs`` one on ``hdfs://``
+(the tests' HDFS minicluster). Per batch it reports, measured in the driver:
 
 - ``wrapper``: the wrapper's coordinator steps (fence check, the call that deletes the previous
   record and registers this batch's), i.e. the call minus the sink's ``write``;
 - ``sink``: the sink's driver steps (fence checks, listing the written files, creating the log
   entry): ``write`` minus Spark's jobs (the partition values' query and one write per value);
 - ``storage ops``: the object-store calls the sink made for the batch, and their time;
+- ``claims``: the sink's calls to the coordinator (commit claims) for the batch, and their time;
 - ``spark``: Spark's jobs, for scale.
 
 The first batch of each round (the fence and the run's first claims) is left out.
@@ -67,6 +70,16 @@ class Timed:
 class MeasuredSink(PartitionedFileSink):
     spark_s = 0.0
     write_s = 0.0
+    #: Commit on the store alone even where its create is not atomic (the "before" of the claims).
+    store_only = False
+    claims: Timed | None = None
+
+    def needs_coordinator(self) -> bool:
+        return False if self.store_only else super().needs_coordinator()
+
+    def use_coordinator(self, client: Any) -> None:
+        self.claims = Timed(client)
+        super().use_coordinator(self.claims)  # type: ignore[arg-type]  # a timing proxy
 
     def _write_files(self, df: Any, write_dir: str) -> Any:
         storage: Timed = self._storage  # type: ignore[assignment]
@@ -84,8 +97,11 @@ class MeasuredSink(PartitionedFileSink):
             self.write_s += time.perf_counter() - start
 
 
-def one_round(spark: Any, target: str, location: str, name: str, batches: int) -> list[dict[str, float]]:
+def one_round(
+    spark: Any, target: str, location: str, name: str, batches: int, *, store_only: bool = False
+) -> list[dict[str, float]]:
     sink = MeasuredSink(location, partition_by=["bucket"], name=name)
+    sink.store_only = store_only
     sink._storage = Timed(sink.storage)
     storage: Timed = sink._storage
     writer = exactly_once(sink, target, query_name=name)
@@ -97,6 +113,8 @@ def one_round(spark: Any, target: str, location: str, name: str, batches: int) -
             )
             sink.spark_s = sink.write_s = 0.0
             calls, storage_s = storage.calls, storage.seconds
+            claims = sink.claims
+            claim_calls, claim_s = (claims.calls, claims.seconds) if claims is not None else (0, 0.0)
             start = time.perf_counter()
             writer(df, b)
             total = time.perf_counter() - start
@@ -109,6 +127,8 @@ def one_round(spark: Any, target: str, location: str, name: str, batches: int) -
                     "own": (total - sink.spark_s) * 1000,
                     "storage_calls": storage.calls - calls,
                     "storage": (storage.seconds - storage_s) * 1000,
+                    "claims": (sink.claims.calls - claim_calls) if sink.claims is not None else 0,
+                    "claims_ms": ((sink.claims.seconds - claim_s) * 1000) if sink.claims is not None else 0.0,
                     "spark": sink.spark_s * 1000,
                 }
             )
@@ -155,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         locations: dict[str, Callable[[int], str]] = {
             "local": lambda r: str(work / f"local-{r}"),
             "sftp": lambda r: sshd.uri(f"sftp-{r}"),
+            "sftp-store": lambda r: sshd.uri(f"sftp-store-{r}"),
         }
         if s3 is not None:
             bucket = s3.bucket
@@ -167,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for kind in order if r % 2 == 0 else order[::-1]:
                 results[kind] += one_round(
-                    spark, coord.target, locations[kind](r), f"bench-{kind}-{r}", args.batches
+                    spark,
+                    coord.target,
+                    locations[kind](r),
+                    f"bench-{kind}-{r}",
+                    args.batches,
+                    store_only=kind == "sftp-store",
                 )
         spark.stop()
 
@@ -175,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         f"exactly_once's own time per batch (medians over {args.rounds} x {args.batches - 1} batches; "
         f"{backend})"
     )
-    keys = ["wrapper", "sink", "own", "storage_calls", "storage", "spark"]
-    print(f"{'table':<6} " + " ".join(f"{k:>14}" for k in keys) + "   (ms; storage_calls: count)")
+    keys = ["wrapper", "sink", "own", "storage_calls", "storage", "claims", "claims_ms", "spark"]
+    print(f"{'table':<10} " + " ".join(f"{k:>13}" for k in keys) + "   (ms; storage_calls, claims: count)")
     for kind, rows in results.items():
         cells = [statistics.median(row[k] for row in rows) for k in keys]
-        print(f"{kind:<6} " + " ".join(f"{c:>14.1f}" for c in cells))
+        print(f"{kind:<10} " + " ".join(f"{c:>13.1f}" for c in cells))
     return 0
 
 

@@ -151,9 +151,11 @@ def _expect_fenced(write: Callable[[], Any]) -> None:
 
 
 @SMALL
-def test_an_unpartitioned_table_reads_back_whole(spark: SparkSession, test_dir: TestDir) -> None:
+def test_an_unpartitioned_table_reads_back_whole(
+    spark: SparkSession, test_dir: TestDir, zk_coordinator: CoordinatorProcess
+) -> None:
     table = test_dir.uri_of("flat")
-    sink = PartitionedFileSink(table, file_format="parquet")
+    sink = PartitionedFileSink(table, file_format="parquet", coordinator=zk_coordinator.target)
     sink.fence(1)
     for n in range(3):
         sink.write(batch(spark, n), n)
@@ -164,15 +166,19 @@ def test_an_unpartitioned_table_reads_back_whole(spark: SparkSession, test_dir: 
     assert sorted(int(r["id"]) for r in rows) == ids_of([0, 1, 2])
 
 
-def test_rollbacks_and_fences_never_void_a_reported_batch(spark: SparkSession, test_dir: TestDir) -> None:
-    """Rollback and fence are the sink's deleting paths: each is pointed at a reported batch."""
+def test_rollbacks_and_fences_never_void_a_reported_batch(
+    spark: SparkSession, test_dir: TestDir, zk_coordinator: CoordinatorProcess
+) -> None:
+    """Rollback and fence are the sink's deleting paths: each is pointed at a reported batch. (The
+    coordinator is the commit point on sftp, whose create is not atomic; the other stores need none.)"""
     table = test_dir.uri_of("t")
-    a = PartitionedFileSink(table, partition_by=["bucket"])
+    coordinator = zk_coordinator.target
+    a = PartitionedFileSink(table, partition_by=["bucket"], coordinator=coordinator)
     a.fence(1)
     a.write(batch(spark, 0), 0)
     a_attempt = a.positions()
     a.write(batch(spark, 1), 1)  # A's attempt at batch 1; A dies before Spark commits it
-    b = PartitionedFileSink(table, partition_by=["bucket"])
+    b = PartitionedFileSink(table, partition_by=["bucket"], coordinator=coordinator)
     b.fence(2)
     b.rollback_to(a_attempt)
     b.write(batch(spark, 5), 1)  # reported written: Spark commits batch 1
@@ -184,7 +190,7 @@ def test_rollbacks_and_fences_never_void_a_reported_batch(spark: SparkSession, t
     a.check_epoch = lambda: None  # type: ignore[method-assign]
     a.rollback_to(a_attempt)
     # A fence of a newer run and a rollback of its (empty) first attempt.
-    c = PartitionedFileSink(table, partition_by=["bucket"])
+    c = PartitionedFileSink(table, partition_by=["bucket"], coordinator=coordinator)
     c.fence(3)
     c.rollback_to(c.positions())
     assert plain_read(spark, table) == ids_of([0, 5, 6])
@@ -197,10 +203,14 @@ def test_rollbacks_and_fences_never_void_a_reported_batch(spark: SparkSession, t
 
 
 def test_a_location_is_never_taken_for_a_local_directory(
-    spark: SparkSession, remote: TestDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    remote: TestDir,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    zk_coordinator: CoordinatorProcess,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    sink = PartitionedFileSink(remote.uri_of("t"), partition_by=["bucket"])
+    sink = PartitionedFileSink(remote.uri_of("t"), partition_by=["bucket"], coordinator=zk_coordinator.target)
     sink.fence(1)
     sink.write(batch(spark, 0), 0)
     assert plain_read(spark, remote.uri_of("t")) == ids_of([0])

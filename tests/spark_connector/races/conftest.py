@@ -3,12 +3,15 @@
 - ``local``: a local directory (``LocalStorage``: exclusive create is a ``link``, atomic): the control;
 - ``hadoop-sftp``: the connector's Hadoop storage over Hadoop's ``SFTPFileSystem`` on the test sshd, in
   the ``spark`` session's JVM (no query runs: only its FileSystem calls);
-- ``fsspec-sftp``: the connector's fsspec storage over paramiko on the same sshd.
+- ``fsspec-sftp``: the connector's fsspec storage over paramiko on the same sshd;
+- ``s3a-unconditional``: the connector's Hadoop storage over S3A (the session's hadoop-aws 3.5) on the
+  test SeaweedFS with ``fs.s3a.create.conditional.enabled=false``: an exclusive create is
+  ``create(overwrite=false)`` (S3A's existence check) and then the PUT at the stream's close, as on
+  hadoop-aws before 3.4.2 or a store without conditional writes. Its reader is s3fs.
 
-Both sftp stores have ``atomic_exclusive`` False. A store is one entry of ``STORES`` (how to make it,
-its markers, whether it is atomic), so another store (``s3a://`` through hadoop-aws without
-conditional create: a context manager yielding ``Store("s3a-...", per-actor hadoop_storage, reader)``)
-is one more entry there, plus its pairs in ``test_commit_races.KNOWN_GAPS`` if it exposes batches.
+The sftp and s3a stores have ``atomic_exclusive`` False. A store is one entry of ``STORES`` (how to
+make it, its markers, whether it is atomic), plus its pairs in ``test_commit_races.KNOWN_GAPS`` if it
+exposes batches on the store-only path.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import s3a
 from harness.locations import sftp_dir
+from harness.seaweed import SeaweedS3Server
 from harness.sshd import SshServer
 from snapcoord.spark_connector.storage import LocalStorage, Storage, open_location
 from snapcoord.spark_connector.storage.fsspec_storage import FsspecStorage
@@ -77,6 +82,31 @@ def fsspec_sftp_store(request: pytest.FixtureRequest) -> Iterator[Store]:
         yield Store("fsspec-sftp", _per_actor(open_one), d.storage)
 
 
+#: What makes S3A's exclusive create a check and then a PUT; a FileSystem of its own per actor (the
+#: switch is read when one is made, and each driver has its own).
+S3A_UNCONDITIONAL = {"fs.s3a.create.conditional.enabled": "false", "fs.s3a.impl.disable.cache": "true"}
+
+
+@contextmanager
+def s3a_unconditional_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    spark = request.getfixturevalue("spark")
+    server: SeaweedS3Server = request.getfixturevalue("s3_server")
+    with s3a.s3a_dir(server, "races-s3a") as d:
+
+        def open_one() -> Storage:
+            for key, value in S3A_UNCONDITIONAL.items():
+                spark.conf.set(key, value)
+            try:
+                storage = open_location(d.uri, spark=spark)
+            finally:
+                for key in S3A_UNCONDITIONAL:
+                    spark.conf.unset(key)
+            assert isinstance(storage, HadoopStorage), storage
+            return storage
+
+        yield Store("s3a-unconditional", _per_actor(open_one), d.storage)
+
+
 @dataclass(frozen=True)
 class StoreKind:
     """How to make one store for a test (a context manager of the test's request), the markers of the
@@ -95,6 +125,9 @@ STORES: dict[str, StoreKind] = {
         hadoop_sftp_store, (pytest.mark.spark, pytest.mark.process), atomic_exclusive=False
     ),
     "fsspec-sftp": StoreKind(fsspec_sftp_store, (pytest.mark.process,), atomic_exclusive=False),
+    "s3a-unconditional": StoreKind(
+        s3a_unconditional_store, (pytest.mark.spark, pytest.mark.s3), atomic_exclusive=False
+    ),
 }
 
 

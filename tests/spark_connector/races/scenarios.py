@@ -21,6 +21,11 @@ after it, every file they list) through the store's reader, and every writer is 
 
 In ``zombie_vs_fence`` the newer run re-runs the zombie's batch, so the zombie's batch must be gone
 whether or not its write returned: there it is ``exposed`` when visible, ``refused`` otherwise.
+
+Each race runs with one of two commit points (``claims``): the store alone (``None``: the store-only
+protocol, what the sink does where the store's create is atomic), or the coordinator's commit claims
+(a client of a real coordinator: what the sink does where it is not). The coordinator's calls are
+steps of the race too (``GatedClient``), so the scheduler interleaves them with the store's.
 """
 
 from __future__ import annotations
@@ -29,15 +34,16 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from snapcoord.spark_connector.sink import PartitionedFileSink
-from snapcoord.spark_connector.sink.commit_log import FileLine
+from harness.one_file_sink import OneFileSink, part_file_name
+from snapcoord.client import CoordinatorClient
 from snapcoord.spark_connector.sink.epochs import Fenced
 from snapcoord.spark_connector.sink.spark_sink_log import SinkLogError, SparkSinkLog
-from snapcoord.spark_connector.storage import Storage, join
+from snapcoord.spark_connector.storage import Storage
 
 from .gated import gated
 from .scheduler import Gate, Run, Scenario
@@ -63,42 +69,49 @@ class Store:
         return self.storage_for("setup").atomic_exclusive
 
 
-#: The one partition every batch writes (a partitioned table: Spark's reader of an unpartitioned one
-#: reads only the files directly in it, never those in the sink's write directories).
-PARTITION = "p=0"
+class GatedClient:
+    """A coordinator client whose commit-claim calls are steps of ``gate``'s actor."""
+
+    def __init__(self, inner: CoordinatorClient, gate: Gate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def fence_table(self, table_id: str, epoch: int, seq: int) -> Any:
+        self._gate.step("coordinator.fence_table")
+        return self._inner.fence_table(table_id, epoch, seq)
+
+    def claim_commit(self, table_id: str, seq: int, epoch: int, attempt: str) -> Any:
+        self._gate.step("coordinator.claim_commit")
+        return self._inner.claim_commit(table_id, seq, epoch, attempt)
 
 
-class RaceSink(PartitionedFileSink):
-    """``PartitionedFileSink`` on a given ``Storage`` and partitioned by ``p``, whose batch data is one
-    small part file in partition ``p=0`` written through that storage (what Spark's executors would
-    write), named after the writer."""
+class RaceSink(OneFileSink):
+    """``OneFileSink`` whose store calls (and coordinator calls) can become steps of a race. With
+    ``claims`` (a client) its commit point is the coordinator's claims of ``table_id``, whatever the
+    store; without, the store alone."""
 
-    def __init__(self, storage: Storage, writer: str) -> None:
-        self._race_storage = storage
-        self.writer = writer
+    def __init__(
+        self, storage: Storage, writer: str, claims: CoordinatorClient | None = None, table_id: str = ""
+    ) -> None:
         self.gate: Gate | None = None
-        super().__init__(storage.location, name="race", partition_by=["p"])
+        self.claims = claims
+        super().__init__(storage, writer, table_id=table_id or None)
+        if claims is not None:
+            self.use_coordinator(claims)
 
-    @property
-    def storage(self) -> Storage:
-        return self._race_storage
+    def part_file_step(self) -> AbstractContextManager[None]:
+        return self.gate.solo("part file") if self.gate is not None else contextlib.nullcontext()
+
+    def needs_coordinator(self) -> bool:
+        return self.claims is not None
 
     def race_on(self, gate: Gate) -> None:
-        """From now on every store call of this sink is a step of ``gate``'s actor."""
+        """From now on every store call of this sink, and every call to the coordinator, is a step of
+        ``gate``'s actor."""
         self.gate = gate
-        self._race_storage = gated(self._race_storage, gate)
-
-    def _write_files(self, df: Any, write_dir: str) -> list[FileLine]:
-        path = join(PARTITION, f"{write_dir}-p0", part_file_name(self.writer))
-        data = bytes(df)
-        solo = self.gate.solo("part file") if self.gate is not None else contextlib.nullcontext()
-        with solo:
-            self.storage.write_bytes(path, data)
-        return [FileLine(path, len(data), 0)]
-
-
-def part_file_name(writer: str) -> str:
-    return f"part-00000-{writer}.json"
+        self._own_storage = gated(self._own_storage, gate)
+        if self.claims is not None:
+            self.use_coordinator(GatedClient(self.claims, gate))  # type: ignore[arg-type]
 
 
 _tables = itertools.count()
@@ -166,7 +179,9 @@ def _recorded(tables: dict[str, str] | None, table: str, outcome: str) -> str:
     return outcome
 
 
-def zombie_vs_fence(store: Store, prefix: str, tables: dict[str, str] | None = None) -> Scenario:
+def zombie_vs_fence(
+    store: Store, prefix: str, tables: dict[str, str] | None = None, claims: CoordinatorClient | None = None
+) -> Scenario:
     """A zombie (epoch 1) commits batch 7 at the number it took before a newer run fences the table
     with epoch 2 and rolls back the zombie's attempt of batch 7 (what ``exactly_once`` does before
     re-running the batch the zombie did not finish). Whatever of the zombie's batch a reader still
@@ -174,11 +189,12 @@ def zombie_vs_fence(store: Store, prefix: str, tables: dict[str, str] | None = N
 
     def scenario(run: Run) -> str:
         table = f"{prefix}-{next(_tables)}"
-        RaceSink(store.reader.child(table), "setup").fence(1)
-        zombie = RaceSink(_fresh_table(store, "zombie", table), "zombie")
+        tid = f"races.{store.name}.{table}"
+        RaceSink(store.reader.child(table), "setup", claims, tid).fence(1)
+        zombie = RaceSink(_fresh_table(store, "zombie", table), "zombie", claims, tid)
         zombie.fence(1)  # joins epoch 1, fenced complete
         attempt = zombie.positions()  # the zombie takes its number (1) before the fence's listing
-        newer = RaceSink(_fresh_table(store, "newer", table), "newer")
+        newer = RaceSink(_fresh_table(store, "newer", table), "newer", claims, tid)
         zombie.race_on(run.gate("zombie"))
         newer.race_on(run.gate("newer"))
 
@@ -192,13 +208,16 @@ def zombie_vs_fence(store: Store, prefix: str, tables: dict[str, str] | None = N
     return scenario
 
 
-def two_drivers(store: Store, prefix: str, tables: dict[str, str] | None = None) -> Scenario:
+def two_drivers(
+    store: Store, prefix: str, tables: dict[str, str] | None = None, claims: CoordinatorClient | None = None
+) -> Scenario:
     """Two drivers of one run (epoch 1) commit one batch at the same number."""
 
     def scenario(run: Run) -> str:
         table = f"{prefix}-{next(_tables)}"
-        RaceSink(store.reader.child(table), "setup").fence(1)
-        sinks = {w: RaceSink(_fresh_table(store, w, table), w) for w in ("a", "b")}
+        tid = f"races.{store.name}.{table}"
+        RaceSink(store.reader.child(table), "setup", claims, tid).fence(1)
+        sinks = {w: RaceSink(_fresh_table(store, w, table), w, claims, tid) for w in ("a", "b")}
         for sink in sinks.values():
             sink.fence(1)  # joins epoch 1, fenced complete
             sink.positions()  # both take number 1

@@ -77,6 +77,9 @@ if TYPE_CHECKING:
         take_snapshot as take_snapshot,
     )
     from snapcoord.spark_connector.sink import (
+        CoordinatorRequired as CoordinatorRequired,
+    )
+    from snapcoord.spark_connector.sink import (
         ExactlyOnceWriter as ExactlyOnceWriter,
     )
     from snapcoord.spark_connector.sink import (
@@ -130,7 +133,7 @@ if TYPE_CHECKING:
 
 _SINK = (
     "exactly_once ExactlyOnceWriter Fenced PartitionedFileSink LegacyTable RollbackSink FencedSink "
-    "RestorableSink RestoreCheckedSink RestoreRefused"
+    "RestorableSink RestoreCheckedSink RestoreRefused CoordinatorRequired"
 )
 _SAVEPOINTS = (
     "take_snapshot SnapshotQuery SnapshotNotCompleted SnapshotConflict CheckpointNotReady "

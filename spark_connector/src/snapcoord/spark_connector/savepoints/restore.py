@@ -67,7 +67,7 @@ from snapcoord.spark_connector.savepoints.restore_target import (
 )
 from snapcoord.spark_connector.savepoints.spark_file_sink import UnfencedRestorableSink
 from snapcoord.spark_connector.sink.epochs import claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sink.protocols import RestorableSink, RestoreCheckedSink
+from snapcoord.spark_connector.sink.protocols import CoordinatedSink, RestorableSink, RestoreCheckedSink
 from snapcoord.spark_connector.storage import Storage, open_location
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ def _roll_back_sink(client: CoordinatorClient, target: RestoreTarget, positions:
     epoch = claim_epoch(
         client, target.query_name, floor=sink.max_epoch(), ttl_ms=_EPOCH_TTL_MS, query_id=None
     )
+    if isinstance(sink, CoordinatedSink):
+        sink.use_coordinator(client)  # the commit point where the sink's store has no atomic create
     sink.fence(epoch)  # from here on no older run can make a write visible
     sink.restore_to(positions)
     # The fence keeps epoch numbers growing; the claim record protects nothing any more.

@@ -1,7 +1,8 @@
 """The exactly-once sink: ``exactly_once`` (``writer``), the record of an attempt that may roll a sink
-back (``attempts``), per-run fencing tokens (``epochs``), the sink protocols (``protocols``) and the
-file table that implements them (``partitioned``) with its commit log (``commit_log``) in the format of
-Spark's file sink log (``spark_sink_log``)."""
+back (``attempts``), per-run fencing tokens (``epochs``), the coordinator as the commit point where a
+store has none (``claims``), the sink protocols (``protocols``) and the file table that implements
+them (``partitioned``) with its commit log (``commit_log``) in the format of Spark's file sink log
+(``spark_sink_log``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import TYPE_CHECKING
 from snapcoord.spark_connector._exports import lazy
 
 if TYPE_CHECKING:
+    from snapcoord.spark_connector.sink.claims import (
+        CoordinatorRequired as CoordinatorRequired,
+    )
     from snapcoord.spark_connector.sink.epochs import (
         Fenced as Fenced,
     )
@@ -45,6 +49,7 @@ _EXPORTS = {
     "exactly_once": "writer",
     "ExactlyOnceWriter": "writer",
     "Fenced": "epochs",
+    "CoordinatorRequired": "claims",
     "PartitionedFileSink": "partitioned",
     "LegacyTable": "partitioned",
     "RollbackSink": "protocols",

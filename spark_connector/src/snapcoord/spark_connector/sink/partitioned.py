@@ -39,6 +39,16 @@ announced itself stays in the log, and none that a ``write`` reported written is
 fence. A zombie's rollback that passed its check before (a) can still void its own unreported entries
 below ``F``; voiding replaces, so the log keeps no gap.
 
+All of the above holds where the store's create-if-absent is atomic. Where it is a check and then a
+write (``Storage.atomic_exclusive`` False), the coordinator is the commit point (``claims``): the fence
+first raises the table's fence there and takes the number it claimed for it as ``F`` (above every
+number the coordinator granted an older run), and a write creates its entry only after the
+coordinator granted it its number, so of two writers of one number only one writes, and a writer
+of a fenced epoch writes nothing. A write granted its number just before a newer fence, whose create
+lands after that run's rollback listed the log, finds the fence after its create and voids its own
+entry: no one else writes that number. No coordinator, or one without ``CommitClaimService``, is
+``CoordinatorRequired``; the store-only protocol is never used in its place.
+
 ``positions()`` is ``[Offset(name, 0, next_seq), Offset(name, 1, epoch)]``; ``rollback_to`` voids the
 data entries at or after ``next_seq`` written by the epoch named in the positions (the attempt that
 took them) or an older one (a zombie's, created after that epoch's fence, so never reported written),
@@ -71,8 +81,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
-from snapcoord.client import Offset
+from snapcoord.client import CoordinatorClient, Offset
 from snapcoord.spark_connector.driver import require_driver
+from snapcoord.spark_connector.sink.claims import CommitPoint, CoordinatorRequired, table_id_of
 from snapcoord.spark_connector.sink.commit_log import (
     DATA,
     DEFAULT_COMPACT_INTERVAL,
@@ -149,6 +160,8 @@ class PartitionedFileSink:
         write_options: dict[str, str] | None = None,
         storage_options: dict[str, Any] | None = None,
         compact_interval: int = DEFAULT_COMPACT_INTERVAL,
+        coordinator: CoordinatorClient | str | None = None,
+        table_id: str | None = None,
     ) -> None:
         #: A ``Path`` (any ``os.PathLike``) names a local or mounted directory of this machine: it is
         #: opened as one, without Spark's qualification of plain paths against ``fs.defaultFS``.
@@ -176,6 +189,13 @@ class PartitionedFileSink:
         self._next_seq: int | None = None  # cached after the first scan in this process
         self._storage: Storage | None = None
         self._format_checked = False
+        #: The coordinator that is the commit point where the store's create is not atomic: a client,
+        #: or a target string (a client is made on first use), or None until ``use_coordinator``.
+        self.coordinator = coordinator
+        self._client: CoordinatorClient | None = (
+            coordinator if isinstance(coordinator, CoordinatorClient) else None
+        )
+        self._table_id = table_id
         self.storage  # noqa: B018  (opens now: an unreachable location fails here, not mid-batch)
 
     @property
@@ -202,9 +222,20 @@ class PartitionedFileSink:
         output. A copy that kept the sender's epoch would act as that run without having claimed it:
         its ``rollback_to`` would delete the real holder's in-flight write directories, and its
         writes would pass the fence. At epoch 0 a copy on a fenced table can neither write nor roll
-        back (``Fenced``) until its writer claims and fences a new epoch.
+        back (``Fenced``) until its writer claims and fences a new epoch. A coordinator given as an
+        address travels; a live client (a channel of this process) does not: the copy's writer
+        hands it its own (``use_coordinator``).
         """
-        return {**self.__dict__, "_next_seq": None, "epoch": 0, "_storage": None, "_format_checked": False}
+        coordinator = None if isinstance(self.coordinator, CoordinatorClient) else self.coordinator
+        return {
+            **self.__dict__,
+            "_next_seq": None,
+            "epoch": 0,
+            "_storage": None,
+            "_format_checked": False,
+            "coordinator": coordinator,
+            "_client": None,
+        }
 
     # -- the protocol ------------------------------------------------------------------------------
     def positions(self) -> list[Offset]:
@@ -353,6 +384,46 @@ class PartitionedFileSink:
         self._next_seq = None
         self.check_epoch()  # a newer run that fenced during the cut: the restore is not done
 
+    # -- the commit point ----------------------------------------------------------------------------
+    @property
+    def table_id(self) -> str:
+        """The table's name in the coordinator's commit claims: given, or derived from the table's
+        URI (``claims.table_id_of``), so every driver of every run of the table names it alike."""
+        if self._table_id is None:
+            self._table_id = table_id_of(self.storage.uri(""))
+        return self._table_id
+
+    def use_coordinator(self, client: CoordinatorClient) -> None:
+        """Take ``client`` as the commit point (``exactly_once`` passes its own before it fences)."""
+        self.coordinator = client
+        self._client = client
+
+    def needs_coordinator(self) -> bool:
+        """Whether fences and commits take their exclusivity from the coordinator: where the store's
+        create-if-absent is a check and then a write (``Storage.atomic_exclusive`` False)."""
+        return not self.storage.atomic_exclusive
+
+    def _commit_point(self) -> CommitPoint | None:
+        """The coordinator's claims of this table where the store needs them, else None (the
+        store-only protocol, no RPC). Never falls back to the store-only protocol where the store
+        needs them: no coordinator is ``CoordinatorRequired``, an unreachable one fails the call."""
+        if not self.needs_coordinator():
+            return None
+        if self._client is None:
+            if self.coordinator is None:
+                raise CoordinatorRequired(
+                    f"{self!r}: the store's create-if-absent is not atomic "
+                    f"({type(self.storage).__name__}), so the table's commit point is the coordinator's "
+                    "CommitClaimService: pass coordinator= (its address or a CoordinatorClient), or "
+                    "write through exactly_once. Nothing was written."
+                )
+            self._client = (
+                self.coordinator
+                if isinstance(self.coordinator, CoordinatorClient)
+                else CoordinatorClient(self.coordinator)
+            )
+        return CommitPoint(self._client, self.table_id, repr(self))
+
     # -- fencing -------------------------------------------------------------------------------------
     def max_epoch(self) -> int:
         """The highest epoch fenced or announced (a fence's first step) so far."""
@@ -368,14 +439,20 @@ class PartitionedFileSink:
         highest = self.max_epoch()
         if highest > epoch:
             raise Fenced(f"{self!r} is fenced by epoch {highest}; this run holds {epoch}")
+        claims = self._commit_point()
         if not self.storage.exists(join(FENCES_DIR, fence_file_name(epoch))):
+            # With the coordinator as the commit point, the fence is first raised there: from here on
+            # no lower epoch is granted a number, and ``from_seq`` lies above every number granted.
+            from_seq = claims.fence(epoch, self._latest() + 1) if claims is not None else -1
             # (a) Announce: every lower epoch's check fails from here on, also the check a writer
             #     makes right after creating its entry.
             with contextlib.suppress(FileExistsError):  # announced before, by a fence that failed
                 self.storage.write_bytes(join(FENCES_DIR, fence_intent_name(epoch)), b"", exclusive=True)
             self.check_fence_of(epoch)
-            # (b) Take the first free number as an empty batch (see the module docstring).
-            from_seq = self._latest() + 1
+            # (b) Take the first free number as an empty batch (see the module docstring); the
+            #     coordinator's claim of it where it is the commit point.
+            if claims is None:
+                from_seq = self._latest() + 1
             marker = Commit(from_seq, epoch, None, (), FENCE, "f")
             try:
                 self._create_entry(marker, [])
@@ -423,6 +500,7 @@ class PartitionedFileSink:
         require_driver("PartitionedFileSink.write")
         self.check_epoch()
         seq = self._sequence()
+        self._commit_point()  # a table that needs a coordinator and has none fails before Spark writes
         self._next_seq = seq + 1  # consumed before any file appears: a failed write is never reused
         attempt = uuid.uuid4().hex[:12]
         write_dir = f"_w-s{seq}-e{self.epoch}-a{attempt}"
@@ -508,8 +586,17 @@ class PartitionedFileSink:
         """The visibility point of a batch. The fence check makes a zombie fail here in the common
         case. One that passes it just before a newer run announces its fence creates its entry and
         fails the check after it (``Fenced``): the entry is replaced by that fence, or stays and is
-        voided by the batch's re-run; either way Spark never records the batch committed."""
+        voided by the batch's re-run; either way Spark never records the batch committed.
+
+        Where the coordinator is the commit point, the entry is written only after the coordinator
+        granted this write its number (``claims.CommitPoint.claim``): a write refused there writes
+        nothing. A write granted its number before a newer run fenced the table that finds the fence
+        after its create voids its own entry before it raises ``Fenced``: the newer run's rollback
+        may have read the log before the entry appeared, and no one else writes that number."""
         self.check_epoch()
+        claims = self._commit_point()
+        if claims is not None:
+            claims.claim(commit.seq, self.epoch, commit.attempt, commit.batch_id)
         try:
             self._create_entry(commit, files)
         except FileExistsError:
@@ -525,6 +612,8 @@ class PartitionedFileSink:
             ) from None
         highest = self.max_epoch()
         if highest > self.epoch:
+            if claims is not None:
+                self._void(commit)
             raise Fenced(
                 f"{self!r}: epoch {highest} fenced the sink while epoch {self.epoch} committed sequence "
                 f"{commit.seq} (batch {commit.batch_id}): not reported as written; its re-run or the "

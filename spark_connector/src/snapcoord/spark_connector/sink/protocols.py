@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from snapcoord.client import Offset
+from snapcoord.client import CoordinatorClient, Offset
 
 
 class RestoreRefused(RuntimeError):
@@ -55,6 +55,14 @@ class FencedSink(RollbackSink, Protocol):
     def fence(self, epoch: int) -> None: ...
 
     def check_epoch(self) -> None: ...
+
+
+@runtime_checkable
+class CoordinatedSink(Protocol):
+    """A sink that may need the coordinator as its commit point (where its store cannot give one):
+    ``exactly_once`` hands it its client (``use_coordinator``) before it fences."""
+
+    def use_coordinator(self, client: CoordinatorClient) -> None: ...
 
 
 @runtime_checkable

@@ -13,8 +13,9 @@ batch N plus a full one). ``exactly_once`` closes that gap with the coordinator'
              .start())
 
 On the first batch a run executes, the writer claims the run's *epoch* from the coordinator
-(``epochs``) and, for a ``FencedSink``, fences the sink with it: from then on every write of an older
-run (a zombie driver) is invisible. Then, for batch N, on the driver:
+(``epochs``), gives a ``CoordinatedSink`` its client (the commit point where the sink's store has no
+atomic create: ``claims``) and, for a ``FencedSink``, fences the sink with it: from then on every
+write of an older run (a zombie driver) is invisible. Then, for batch N, on the driver:
 
 1. delete the record of batch N-1: Spark calls ``foreachBatch`` for N only after N-1's commit log
    entry is durable, so N-1 can never be re-run and its record is no longer needed (this is also
@@ -58,7 +59,7 @@ from snapcoord.client import CoordinatorClient, Offset, Registration, Unimplemen
 from snapcoord.spark_connector.driver import DriverOnly, ExecutorContextError, require_driver
 from snapcoord.spark_connector.sink.attempts import Attempt, Verdict, decide, decode, encode, plan_digest
 from snapcoord.spark_connector.sink.epochs import Fenced, claim_epoch, epoch_producer_id
-from snapcoord.spark_connector.sink.protocols import FencedSink, RollbackSink
+from snapcoord.spark_connector.sink.protocols import CoordinatedSink, FencedSink, RollbackSink
 from snapcoord.spark_connector.storage import Storage, classic_session, open_location
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,9 @@ class ExactlyOnceWriter(DriverOnly):
         if sink is not None:
             floor = max(floor, sink.max_epoch())
         epoch = claim_epoch(self.client, self.query_name, floor=floor, ttl_ms=self.ttl_ms, query_id=query_id)
+        if isinstance(self.sink, CoordinatedSink):
+            # The commit point of a table whose store has no atomic create (the sink asks it only there).
+            self.sink.use_coordinator(self.client)
         if sink is not None:
             sink.fence(epoch)  # before any write of this run: older runs' late writes become invisible
         self.epoch, self._run_query_id, self._batches_in_run = epoch, query_id, 0

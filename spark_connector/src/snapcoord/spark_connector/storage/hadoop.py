@@ -59,6 +59,9 @@ ATOMIC_EXCLUSIVE_CLASSES = frozenset(
 #: The ``createFile`` option (and path capability) of a create-if-absent checked atomically at close.
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 
+#: How often a plain write deletes the target and renames onto it while other writers recreate it.
+_REPLACE_ATTEMPTS = 5
+
 #: Objects larger than this are copied between the JVM and local files rather than sent through py4j.
 JVM_COPY_MIN_BYTES = 4 << 20
 
@@ -372,24 +375,31 @@ class HadoopStorage:
             raise
 
     def _rename_into_place(self, temp: Any, target: Any, path: str, *, exclusive: bool) -> None:
-        from py4j.protocol import Py4JJavaError
-
-        try:
-            renamed = bool(self._fs.rename(temp, target))
-        except Py4JJavaError:
-            # Some FileSystems (sftp) raise instead of returning False when the target exists.
-            if not self._fs.exists(target):
-                raise
-            renamed = False
-        if renamed:
+        if self._renamed(temp, target):
             return
         if exclusive:
             raise FileExistsError(f"exclusive write {self.uri(path)}: the object exists")
         # A plain write replaces the object; rename does not overwrite on most FileSystems, so the
-        # old object goes first (a reader in between sees none, which the interface allows).
-        self._fs.delete(target, False)
-        if not self._fs.rename(temp, target):
-            raise StorageError(f"write {self.uri(path)}: could not rename the written file into place")
+        # old object goes first (a reader in between sees none, which the interface allows). Another
+        # writer may put the name back between the delete and the rename: the last write wins, so
+        # delete again and retry, a bounded number of times.
+        for _ in range(_REPLACE_ATTEMPTS):
+            self._fs.delete(target, False)
+            if self._renamed(temp, target):
+                return
+        raise StorageError(f"write {self.uri(path)}: could not rename the written file into place")
+
+    def _renamed(self, temp: Any, target: Any) -> bool:
+        """Rename without overwriting; False when the target exists."""
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            return bool(self._fs.rename(temp, target))
+        except Py4JJavaError:
+            # Some FileSystems (sftp) raise instead of returning False when the target exists.
+            if not self._fs.exists(target):
+                raise
+            return False
 
     def write_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         if len(data) > JVM_COPY_MIN_BYTES and not exclusive:
