@@ -8,13 +8,13 @@ reader sees a batch whose writer did not report it written and whose batch is re
 and runs in which a batch reported written is not what a reader sees (``lost``: a later create
 replaced it).
 
-Each race runs with both commit points (the ``point`` parameter): the store alone, which the sink uses where
-the store's exclusive create is atomic, and the coordinator's commit claims, which it uses where it is
-not (issue #42, point 2). On those stores the store-only runs are the "before" that shows what the
-claims close; on the local store the claims' runs check the protocol on an atomic store too.
+Here the store alone is the commit point: what the sink uses where the store's exclusive create is
+atomic. ``test_commit_claim_races`` runs the same races with the coordinator's commit claims, which the
+sink uses where it is not (issue #42, point 2); on those stores the runs here are the "before" that
+shows what the claims close.
 
-Where the exclusive create is atomic (the local store) both counts are 0, asserted, and so they are on
-every store with the coordinator as the commit point. With the store alone where the create is a
+Where the exclusive create is atomic (the local store) both counts are 0, asserted (and so they are
+on every store with the coordinator as the commit point). With the store alone where the create is a
 check and then a write they are not: those combinations are listed in ``KNOWN_GAPS`` and their
 "nothing exposed or lost" assertion is an ``xfail(strict=True)``, so the test fails the day the gap
 closes unnoticed or its count is no longer what docs/spark-storage.md says. The counts are printed,
@@ -23,103 +23,34 @@ recorded (``record_property``) and written down in docs/spark-storage.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from pyspark.sql import SparkSession
 
-from harness.coordinator import CoordinatorProcess
-from snapcoord.client import CoordinatorClient
-
 from .conftest import fsspec_sftp_store
-from .scenarios import (
-    EXPOSED,
-    Store,
-    exposures,
-    losses,
-    two_drivers,
-    visible_writers,
-    zombie_vs_fence,
-)
-from .scheduler import Exploration, Pause, Run, explore
-
-SCENARIOS = {"zombie_vs_fence": zombie_vs_fence, "two_drivers": two_drivers}
-RANDOM_RUNS = 200
-SEED = 42
-#: (store, scenario) pairs where a reader sees a batch it must not see with the store alone as the
-#: commit point: fsspec's sftp rename is posix-rename@openssh.com, which replaces an existing entry, so
-#: the create is only as exclusive as the existence check before it; S3A without conditional create
-#: checks in ``create`` and uploads at the stream's ``close``. Hadoop's sftp store is not listed
-#: although its create is not atomic either: ``SFTPFileSystem.rename`` checks the target and then
-#: posix-renames inside one call into the JVM, which the harness grants as one step, so it cannot see
-#: that window (see docs/spark-storage.md); its 0 is what the harness sees, not a proof.
-KNOWN_GAPS = frozenset(
-    {
-        ("fsspec-sftp", "zombie_vs_fence"),
-        ("fsspec-sftp", "two_drivers"),
-        ("s3a-unconditional", "zombie_vs_fence"),
-        ("s3a-unconditional", "two_drivers"),
-    }
-)
-#: Fewer runs on the stores whose every step is a call into the JVM (0.5 to 1 s a run on a busy
-#: machine): Hadoop's sftp, where the harness cannot see the window (above), still checks that the
-#: sink's code path works there and reports no error; S3A without conditional create shows its gaps
-#: within the first 50 (1 exposed, 2 lost; docs/spark-storage.md has the counts of 200).
-RUNS_BY_STORE = {"hadoop-sftp": 50, "s3a-unconditional": 50}
+from .runs import KNOWN_GAPS, SCENARIOS, nothing_exposed_or_lost, run_race
+from .scenarios import EXPOSED, Store, visible_writers, zombie_vs_fence
+from .scheduler import Pause, Run
 
 
-@pytest.fixture(scope="module")
-def claims(zk_coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
-    """A client of a real coordinator (``snapcoord serve`` on ZooKeeper) for the commit claims."""
-    with CoordinatorClient(zk_coordinator.target, timeout_s=60) as client:
-        yield client
-
-
-def _summary(store: Store, scenario: str, point: str, found: Exploration) -> str:
-    outcomes = ", ".join(f"{n} {o}" for o, n in found.outcomes.most_common())
-    return (
-        f"{store.name} {scenario} ({point}): {found.runs} runs ({found.mode} interleavings, {found.distinct} "
-        f"distinct): {exposures(found.outcomes)} exposed, {losses(found.outcomes)} lost; {outcomes}"
-    )
-
-
-@pytest.mark.parametrize(
-    "point",
-    [
-        "store",  # the store alone
-        # The coordinator's commit claims: ``claims``, requested at run time, is a snapcoord serve
-        # on ZooKeeper and S3.
-        pytest.param("coordinator", marks=(pytest.mark.process, pytest.mark.zookeeper, pytest.mark.s3)),
-    ],
-)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_commit_race(
+def test_commit_race_with_the_store_as_commit_point(
     store: Store,
     scenario: str,
-    point: str,
     request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
 ) -> None:
-    client: CoordinatorClient | None = None
-    if point == "coordinator":
-        client = request.getfixturevalue("claims")
-    runs = RUNS_BY_STORE.get(store.name, RANDOM_RUNS)
-    race = SCENARIOS[scenario](store, f"{scenario}-{point}", None, client)
-    found = explore(race, every_up_to=0, random_runs=runs, seed=SEED)
-    summary = _summary(store, scenario, point, found)
-    print(summary)
-    record_property("races", summary)
-    errors = [o for o in found.outcomes if ":error:" in o or o.startswith("unreadable")]
-    assert not errors, f"{summary}; example interleaving: {found.examples[errors[0]]}"
-    if point == "store" and (store.name, scenario) in KNOWN_GAPS:
+    found, summary = run_race(store, scenario, "store", None, record_property)
+    if (store.name, scenario) in KNOWN_GAPS:
         request.applymarker(
             pytest.mark.xfail(
                 strict=True,
                 reason=f"issue #42: {store.name}'s exclusive create is a check and then a write "
-                "(point 2 makes the coordinator the commit point there)",
+                "(the sink makes the coordinator the commit point there: test_commit_claim_races)",
             )
         )
-    assert exposures(found.outcomes) == 0 and losses(found.outcomes) == 0, summary
+    assert nothing_exposed_or_lost(found), summary
 
 
 @pytest.mark.spark
