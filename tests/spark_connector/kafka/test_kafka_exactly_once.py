@@ -31,7 +31,8 @@ def kill_schedule() -> list[str]:
     return [k for k in FIXED_KILLS if k in KAFKA_KILLS]
 
 
-def test_the_kafka_schedule_keeps_the_kill_points_order() -> None:
+def test_the_kafka_schedule_keeps_the_kill_points_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SNAPCOORD_KAFKA_ALL_KILLS", raising=False)
     assert kill_schedule() == KAFKA_KILLS
 
 
