@@ -4,7 +4,10 @@ make of them: a kill schedule, and a zombie driver followed by a checkpoint rese
 
 Each driver is its own process group; a kill takes Python and the JVM down together, like a lost
 driver machine. Kill points come from the job's ``EO_PAUSE`` hook (the job announces the point in
-its events file and waits there). While the drivers die, a reader in the test process reads the
+its events file and waits there). The next driver boots as a standby while the current one runs
+(``Driver.start(..., standby=True)``: its Spark session comes up, then it waits for ``Driver.go``
+before it touches the checkpoint, the table or the coordinator), so a life costs the run its
+batches rather than a JVM start. While the drivers die, a reader in the test process reads the
 table's committed batches over and over and must never see a partial batch or a record twice. The
 input is files, or a Kafka topic (``harness.kafka``): the same runs check both sources.
 """
@@ -61,6 +64,8 @@ class Driver:
         self.events.touch()
         self.topic = f"eo-{uuid.uuid4().hex[:8]}"
         self.sent: list[int] = []  # the ids produced to the topic
+        self.logs: dict[int, Path] = {}  # each driver's output, by pid
+        self.go_files: dict[int, Path] = {}  # each standby's go file, by pid
         if self.kafka is not None:
             self.kafka.create_topic(self.topic, partitions=2)
 
@@ -90,14 +95,18 @@ class Driver:
         return self.root / "chk"
 
     def start(
-        self, pause: str = "", *, release: Path | None = None, finish: bool = True
+        self, pause: str = "", *, release: Path | None = None, finish: bool = True, standby: bool = False
     ) -> subprocess.Popen[bytes]:
+        """A driver process pausing at ``pause`` (``point:nth``, none: no pause); with ``release``, it
+        goes on once that file exists. A ``standby`` boots its Spark session, then waits for ``go``."""
+        go = self.root / f"go-{len(self.lives)}"
         env = dict(
             os.environ,
             SPARK_LOCAL_IP="127.0.0.1",
             PYSPARK_PYTHON=sys.executable,
             EO_PAUSE=pause,
             EO_RELEASE=str(release or ""),
+            EO_GO=str(go) if standby else "",
         )
         argv = [
             sys.executable, str(JOB), "--input", str(self.input), "--checkpoint", str(self.checkpoint),
@@ -109,9 +118,20 @@ class Driver:
         if self.kafka is not None:
             jars = ",".join(str(j) for j in jar_set("spark-kafka"))
             argv += ["--kafka", self.kafka.bootstrap, "--topic", self.topic, "--jars", jars]
-        log = (self.root / f"driver-{len(self.lives)}.log").open("wb")
+        log_path = self.root / f"driver-{len(self.lives)}.log"
         self.lives.append(pause or "run")
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.logs[proc.pid] = log_path
+        if standby:
+            self.go_files[proc.pid] = go
+        return proc
+
+    def go(self, proc: subprocess.Popen[bytes]) -> None:
+        """Let a standby driver start its query."""
+        self.go_files[proc.pid].touch()
 
     def event_lines(self, pid: int) -> list[str]:
         prefix = f"{pid} "
@@ -125,10 +145,10 @@ class Driver:
                 if pred(line):
                     return line
             if proc.poll() is not None:
-                assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{self.log_tail()}"
+                assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{self.log_tail(proc)}"
                 return None
             time.sleep(0.05)
-        raise AssertionError(f"no matching event within {EVENT_TIMEOUT_S}s:\n{self.log_tail()}")
+        raise AssertionError(f"no matching event within {EVENT_TIMEOUT_S}s:\n{self.log_tail(proc)}")
 
     def kill(self, proc: subprocess.Popen[bytes]) -> bool:
         """SIGKILL the driver's whole process group; False when it had already exited."""
@@ -138,12 +158,16 @@ class Driver:
         proc.wait(timeout=30)
         return alive and proc.returncode == -signal.SIGKILL
 
-    def run_to_completion(self, *, finish: bool = True) -> int:
-        """Run a driver until the input is drained; returns its pid (for its event lines)."""
-        proc = self.start(finish=finish)
+    def run_to_completion(self, proc: subprocess.Popen[bytes] | None = None, *, finish: bool = True) -> int:
+        """Run a driver until the input is drained (``proc``: a standby started without a pause, let go
+        here); returns its pid (for its event lines)."""
+        if proc is None:
+            proc = self.start(finish=finish)
+        else:
+            self.go(proc)
         try:
             assert self.wait_for(proc, lambda ln: ln.startswith("done")) is not None
-            assert proc.wait(timeout=60) == 0, self.log_tail()
+            assert proc.wait(timeout=60) == 0, self.log_tail(proc)
         finally:
             if proc.poll() is None:
                 self.kill(proc)
@@ -155,9 +179,9 @@ class Driver:
     def table_ids(self) -> Counter[int]:
         return Counter(int(r["id"]) for r in self.sink().read_json_records())
 
-    def log_tail(self) -> str:
-        logs = sorted(self.root.glob("driver-*.log"), key=lambda p: int(p.stem.split("-")[1]))
-        return logs[-1].read_text(errors="replace")[-4000:] if logs else "(no log)"
+    def log_tail(self, proc: subprocess.Popen[bytes]) -> str:
+        log = self.logs.get(proc.pid)
+        return log.read_text(errors="replace")[-4000:] if log is not None else "(no log)"
 
 
 def whole_files(ids: list[int]) -> bool:
@@ -172,13 +196,34 @@ def whole_files(ids: list[int]) -> bool:
     ]
 
 
-class Reader(threading.Thread):
-    """Reads every committed batch of the table in a loop, as a concurrent consumer would, and records
-    any snapshot with a partial batch (not made of whole input files) or a record seen twice."""
+#: A reader's view of a table: its visible batches, each a name and the ids it holds.
+Batches = list[tuple[str, list[int]]]
 
-    def __init__(self, sink: PartitionedFileSink) -> None:
+
+def committed_batches(sink: PartitionedFileSink) -> Callable[[], Batches]:
+    """What a reader of ``sink`` sees: each committed batch and its ids."""
+
+    def read() -> Batches:
+        batches = []
+        for commit in sink.commits():
+            ids: list[int] = []
+            for rel in commit.files:
+                text = sink.storage.read_bytes(rel).decode("utf-8")
+                ids += [int(json.loads(line)["id"]) for line in text.splitlines() if line]
+            batches.append((str(commit), ids))
+        return batches
+
+    return read
+
+
+class Reader(threading.Thread):
+    """Reads every committed batch of the table in a loop (``batches``), as a concurrent consumer
+    would, and records any snapshot with a partial batch (not made of whole input files) or a record
+    seen twice."""
+
+    def __init__(self, batches: Callable[[], Batches]) -> None:
         super().__init__(daemon=True)
-        self.sink = sink
+        self.batches = batches
         self.done = threading.Event()
         self.snapshots = 0
         self.retries = 0  # a rollback removed a listed commit's files while we read them
@@ -195,21 +240,14 @@ class Reader(threading.Thread):
 
     def read_once(self) -> None:
         try:
-            commits = self.sink.commits()
-            batches = []
-            for commit in commits:
-                ids: list[int] = []
-                for rel in commit.files:
-                    text = self.sink.storage.read_bytes(rel).decode("utf-8")
-                    ids += [int(json.loads(line)["id"]) for line in text.splitlines() if line]
-                batches.append((commit, ids))
+            batches = self.batches()
         except FileNotFoundError:
             self.retries += 1
             return
         seen: Counter[int] = Counter()
-        for commit, ids in batches:
+        for name, ids in batches:
             if not whole_files(ids):
-                self.problems.append(f"partial batch {commit}: {sorted(ids)}")
+                self.problems.append(f"partial batch {name}: {sorted(ids)}")
             seen.update(ids)
         twice = sorted(i for i, n in seen.items() if n > 1)
         if twice:
@@ -248,33 +286,52 @@ def run_kill_schedule(
         driver = Driver(tmp_path / "wrapped", "wrapped", coord.target, kafka_source)
         files = 2
         driver.publish(0, files)
-        reader = Reader(driver.sink())
+        reader = Reader(committed_batches(driver.sink()))
         reader.start()
         kills: list[str] = []
-        # "delay" in the schedule: a kill after a random delay (the seed is in every failure message).
-        schedule = [f"delay:{rng.uniform(3.0, 12.0):.1f}" if k == "delay" else k for k in schedule]
+        # "delay" in the schedule: a kill after a random delay from the query's start (the seed is in
+        # every failure message).
+        schedule = [f"delay:{rng.uniform(0.5, 6.0):.1f}" if k == "delay" else k for k in schedule]
+
+        def boot_spec(index: int) -> str:
+            """The pause of the life that kills at ``schedule[index]``: none for a delay, or past the
+            schedule's end (the life that runs to completion)."""
+            spec = schedule[index] if index < len(schedule) else ""
+            return "" if spec.startswith("delay") else spec
+
+        def boot(index: int) -> subprocess.Popen[bytes]:
+            """That life's driver, booted as a standby."""
+            return driver.start(pause=boot_spec(index), standby=True)
+
+        standby = boot(0)
         try:
             while len(kills) < len(schedule):
-                spec = schedule[len(kills)] if len(driver.lives) < 14 else ""
+                spec = schedule[len(kills)] if len(driver.lives) < 16 else ""
                 assert spec, f"seed={seed}: only {len(kills)} kills landed: {kills}"
                 driver.publish(files, 2)  # more input arrives between restarts
                 files += 2
+                proc = standby
+                driver.go(proc)
+                standby = boot(len(kills) + 1)  # boots while this life runs to its kill
                 kind, _, arg = spec.partition(":")
                 if kind == "delay":
-                    proc = driver.start()
                     time.sleep(float(arg))
                     if driver.kill(proc):
                         kills.append(spec)
-                    else:  # it finished first: try another delay
-                        schedule[len(kills)] = f"delay:{rng.uniform(2.0, 6.0):.1f}"
+                    else:  # it finished first: try another delay, on a driver that does not pause
+                        schedule[len(kills)] = f"delay:{rng.uniform(0.5, 3.0):.1f}"
+                        if boot_spec(len(kills) + 1):  # the standby would pause: one that does not
+                            driver.kill(standby)
+                            standby = boot(len(kills))
                     continue
-                proc = driver.start(pause=spec)
                 line = driver.wait_for(proc, lambda ln: ln.startswith("pause "))
                 assert line is not None, f"seed={seed}: the driver finished before its pause point {spec}"
                 assert driver.kill(proc)
                 kills.append(f"{spec} (batch {line.split()[-1]})")
-            driver.run_to_completion()
+            driver.run_to_completion(standby)
         finally:
+            if standby.poll() is None:
+                driver.kill(standby)
             reader.done.set()
             reader.join(timeout=60)
 
@@ -312,13 +369,15 @@ def zombie_then_reset(tmp_path: Path, kafka_source: KafkaBroker | None) -> None:
         release = tmp_path / "release-zombie"
         # The zombie passes its fence check for batch 1 and stalls just before its commit file...
         zombie = driver.start(pause="commit:2", release=release)
+        takeover = driver.start(finish=False, standby=True)  # boots while the zombie runs
+        reset = driver.start(standby=True)
         try:
             assert driver.wait_for(zombie, lambda ln: ln.startswith("pause ")) == "pause commit 1"
             epoch_line = next(ln for ln in driver.event_lines(zombie.pid) if ln.startswith("epoch "))
             zombie_epoch = int(epoch_line.split()[1])
             # ...while a second driver on the same checkpoint takes over and finishes everything
             # (stopping without finish(): its last record stays for the reset below).
-            driver.run_to_completion(finish=False)
+            driver.run_to_completion(takeover)
             assert driver.table_ids() == Counter(driver.input_ids())
             # Now the zombie wakes up and commits batch 1 into the range the new driver fenced.
             release.touch()
@@ -326,27 +385,32 @@ def zombie_then_reset(tmp_path: Path, kafka_source: KafkaBroker | None) -> None:
             while zombie.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert zombie.poll() is not None, "the zombie driver did not stop after it was fenced"
-        finally:
-            driver.kill(zombie)
-        zombie_events = driver.event_lines(zombie.pid)
-        assert zombie.returncode != 0, zombie_events  # its next step hit the fence and failed the query
-        assert "released commit 1" in zombie_events
-        # The new driver's fence took the number the zombie's late batch 1 was to take: the zombie's
-        # create failed, so its only batch in the log is batch 0 (before the takeover).
-        zombie_entries = [(c.kind, c.batch_id) for c in driver.sink()._commits() if c.epoch == zombie_epoch]
-        assert zombie_entries == [("fence", None), ("data", 0)], zombie_entries
-        visible_epochs = [c.epoch for c in driver.sink().commits()]
-        assert visible_epochs.count(zombie_epoch) == 1 and len(visible_epochs) == 4, visible_epochs
-        assert driver.table_ids() == Counter(driver.input_ids())
-        with CoordinatorClient(coord.target) as client:
-            assert client.get_producer_offsets("eo-test.b3")
 
-        # Reset: delete the checkpoint and start again under the same name and sink. The new query
-        # re-reads every input file (a reset replays the source), and its batch 3 meets the old run's
-        # record: stale, logged, never a reason to delete the old run's committed batches.
-        shutil.rmtree(driver.checkpoint)
-        driver.publish(4, 2)
-        reset_pid = driver.run_to_completion()
+            zombie_events = driver.event_lines(zombie.pid)
+            assert zombie.returncode != 0, zombie_events  # its next step hit the fence and failed the query
+            assert "released commit 1" in zombie_events
+            # The new driver's fence took the number the zombie's late batch 1 was to take: the zombie's
+            # create failed, so its only batch in the log is batch 0 (before the takeover).
+            zombie_entries = [
+                (c.kind, c.batch_id) for c in driver.sink()._commits() if c.epoch == zombie_epoch
+            ]
+            assert zombie_entries == [("fence", None), ("data", 0)], zombie_entries
+            visible_epochs = [c.epoch for c in driver.sink().commits()]
+            assert visible_epochs.count(zombie_epoch) == 1 and len(visible_epochs) == 4, visible_epochs
+            assert driver.table_ids() == Counter(driver.input_ids())
+            with CoordinatorClient(coord.target) as client:
+                assert client.get_producer_offsets("eo-test.b3")
+
+            # Reset: delete the checkpoint and start again under the same name and sink. The new query
+            # re-reads every input file (a reset replays the source), and its batch 3 meets the old
+            # run's record: stale, logged, never a reason to delete the old run's committed batches.
+            shutil.rmtree(driver.checkpoint)
+            driver.publish(4, 2)
+            reset_pid = driver.run_to_completion(reset)
+        finally:
+            for proc in (zombie, takeover, reset):
+                if proc.poll() is None:
+                    driver.kill(proc)
 
     got = driver.table_ids()
     replayed = {i for i in driver.input_ids() if i < 4 * RECORDS_PER_FILE}

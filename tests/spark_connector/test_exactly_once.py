@@ -1,7 +1,8 @@
 """Exactly-once foreachBatch: streaming drivers SIGKILLed at every kill point, reset and run twice on
 one checkpoint (``harness.eo_driver``), reading input files; the same runs over a Kafka topic are in
-``kafka/test_kafka_exactly_once.py``. The control run kills the unwrapped job between the sink write
-and Spark's commit of batch 0 and must show the duplicates that the wrapped job never has.
+``kafka/test_kafka_exactly_once.py`` and ``kafka/test_kafka_zombie_reset.py``. The control run kills
+the unwrapped job between the sink write and Spark's commit of batch 0 and must show the duplicates
+that the wrapped job never has.
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""A streaming driver for the exactly-once kill/restart test: file source -> PartitionedFileSink.
+"""A streaming driver for the exactly-once kill/restart tests: files or a Kafka topic -> PartitionedFileSink
+(or Spark's own file sink).
 
 Run as its own process (its own session, so the test can SIGKILL Python and JVM together):
 
     python exactly_once_job.py --input DIR --checkpoint DIR --table DIR --events FILE
-                               --mode wrapped|plain [--target HOST:PORT] [--query-name NAME]
+                               --mode wrapped|plain|filesink [--target HOST:PORT] [--query-name NAME]
                                [--kafka HOST:PORT --topic TOPIC --jars JAR,JAR...]
 
 It reads JSON-lines files from --input one file per micro-batch (trigger availableNow), writes every
 batch to the table, and exits 0 when the input is drained. ``--mode wrapped`` goes through
-``exactly_once``; ``plain`` calls ``sink.write`` directly (the control). With ``--kafka`` it reads
-the same JSON records from a Kafka topic instead, from its earliest offsets, at most
-``--max-offsets`` records per micro-batch (Spark's Kafka source from ``--jars``).
+``exactly_once``; ``plain`` calls ``sink.write`` directly (the control); ``filesink`` writes with
+Spark's built-in file sink (``format("json").option("path", table)``) instead of ``foreachBatch``:
+its exactly-once is Spark's own, the sink log, so its only pause point is ``record:<id>``. With
+``--kafka`` it reads the same JSON records from a Kafka topic instead, from its earliest offsets, at
+most ``--max-offsets`` records per micro-batch (Spark's Kafka source from ``--jars``).
 
 Kill hooks: ``EO_PAUSE=<point>:<nth>`` makes the driver append ``pause <point> <batch_id>`` to the
 events file and wait at <point> of the <nth> batch this process runs (1-based), so the test can
@@ -25,6 +28,14 @@ otherwise it sleeps. Points, in the order a batch meets them:
 - ``mid_write``: the part files of the batch's first partition are written, the others not;
 - ``commit``: the fence check before the log entry passed, the entry is not written;
 - ``after_write``: the sink write finished; Spark has not written the commit log.
+
+With ``--mode filesink`` the one point is ``record:<id>`` (not a batch count): the task about to write
+record ``<id>`` appends ``pause record <id>`` and waits there, inside Spark's write, before the sink
+log's entry for the batch.
+
+``EO_GO=<file>`` makes a standby: the driver starts its Spark session, appends ``ready`` and waits for
+that file before it reads the checkpoint or builds the sink, so the test can boot the next driver's
+JVM while the current one still runs, and let it go the moment it killed the current one.
 
 Every process also appends ``start``, ``epoch <n>``, ``batch <id> begin/end``, ``rolled back <id>``
 (the wrapper starts rolling an earlier attempt back), ``stale <n>`` and ``done`` lines.
@@ -74,6 +85,20 @@ class Events:
                     self.emit(f"released {point} {batch_id}")
                     return
                 time.sleep(0.1)
+
+    def wait_for_go(self) -> None:
+        """With ``EO_GO=<file>``: a standby driver, its Spark session up, that touches nothing of the
+        query (checkpoint, table, coordinator) until that file exists."""
+        go = os.environ.get("EO_GO", "")
+        if not go:
+            return
+        self.emit("ready")
+        deadline = time.monotonic() + 3600
+        while not Path(go).exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"standby driver: no {go} within an hour")
+            time.sleep(0.05)
+        self.emit("go")
 
     def pausing(self, point: str) -> bool:
         return point == self.pause_point and self.batches_run == self.pause_nth
@@ -141,13 +166,51 @@ def _stall_one_task(df: Any, events: Events, batch_id: int) -> Any:
     return df.sparkSession.createDataFrame(df.rdd.mapPartitionsWithIndex(run), df.schema)
 
 
+def _stall_at_record(source: Any, events: Events, record_id: int) -> Any:
+    """``source`` through a Python UDF that stalls the task about to write record ``record_id``: a point
+    inside a write of Spark's own file sink (the other task may have written its file), before the
+    batch's entry in the sink log. It appends ``pause record <id>`` and waits like ``maybe_pause``."""
+    from pyspark.sql.functions import col, udf
+    from pyspark.sql.types import LongType
+
+    driver_pid, path = events.pid, str(events.path)
+    release = str(events.release or "")
+
+    def through(n: int) -> int:
+        if n == record_id:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{driver_pid} pause record {n}\n")
+            deadline = time.monotonic() + 3600
+            while time.monotonic() < deadline and not (release and os.path.exists(release)):
+                time.sleep(0.1)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{driver_pid} released record {n}\n")
+        return n
+
+    return source.select(udf(through, LongType())(col("id")).alias("id"), "bucket")
+
+
+def _spark_file_sink(source: Any, events: Events, args: argparse.Namespace) -> Any:
+    """The query of ``--mode filesink``: Spark's built-in JSON file sink at ``--table`` (its own
+    ``_spark_metadata`` log is its commit), stalling at record ``N`` with ``EO_PAUSE=record:N``."""
+    if events.pause_point == "record":
+        source = _stall_at_record(source, events, events.pause_nth)
+    return (
+        source.writeStream.format("json")
+        .option("path", args.table)
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--input", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--table", required=True)
     p.add_argument("--events", required=True)
-    p.add_argument("--mode", choices=("wrapped", "plain"), required=True)
+    p.add_argument("--mode", choices=("wrapped", "plain", "filesink"), required=True)
     p.add_argument("--target", default="")
     p.add_argument("--query-name", default="eo-test")
     p.add_argument("--no-finish", action="store_true")
@@ -164,7 +227,6 @@ def main() -> int:
     events.emit("start")
 
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     spark = (
         # Task retries as on a cluster (spark.task.maxFailures 4): see the tests' Spark session.
@@ -178,6 +240,9 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    events.wait_for_go()
+    if args.mode == "filesink":
+        return _await(spark, _spark_file_sink(_source(spark, args), events, args), events, None, args)
 
     table: Any = args.table if "://" in args.table else Path(args.table)
     sink = HookedSink(table, partition_by=["bucket"], name="eo-table")
@@ -225,21 +290,40 @@ def main() -> int:
     else:
         batch_fn = hooked(write)
 
-    schema = StructType([StructField("id", LongType()), StructField("bucket", StringType())])
-    if args.kafka:
-        source = json_topic(spark, args.kafka, args.topic, schema, max_offsets_per_trigger=args.max_offsets)
-    else:
-        source = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(args.input)
     query = (
-        source.writeStream.foreachBatch(batch_fn)
+        _source(spark, args)
+        .writeStream.foreachBatch(batch_fn)
         .option("checkpointLocation", args.checkpoint)
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
-    error = query.exception()
+    return _await(spark, query, events, writer, args)
+
+
+def _source(spark: Any, args: argparse.Namespace) -> Any:
+    """The records: the JSON files of ``--input``, one a batch, or the ``--topic``'s, ``--max-offsets``
+    a batch."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("id", LongType()), StructField("bucket", StringType())])
+    if args.kafka:
+        return json_topic(spark, args.kafka, args.topic, schema, max_offsets_per_trigger=args.max_offsets)
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(args.input)
+
+
+def _await(
+    spark: Any, query: Any, events: Events, writer: HookedWriter | None, args: argparse.Namespace
+) -> int:
+    """Wait for the query to drain its input; 1 when it failed, else 0 (after ``writer.finish``)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        query.awaitTermination()
+        error = query.exception()
+    except StreamingQueryException as e:  # raised by awaitTermination when the query failed
+        error = e
     if error is not None:
-        events.emit(f"failed {error}")
+        events.emit(f"failed {str(error).splitlines()[0]}")  # the query's plan follows: on stderr
         print(f"query failed: {error}", file=sys.stderr)
         return 1
     if writer is not None:

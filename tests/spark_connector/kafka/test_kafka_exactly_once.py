@@ -1,50 +1,37 @@
-"""Exactly-once foreachBatch over a Kafka topic: the kill and zombie runs of ``harness.eo_driver`` with
-the job reading a topic of two partitions from the session's broker.
+"""Exactly-once foreachBatch over a Kafka topic: the kill run of ``harness.eo_driver`` with the job
+reading a topic of two partitions from the session's broker, killed once at every kill point.
 
-A Kafka batch is replayed from the offsets Spark logged for it, so what the source adds is the replay
-of a cut batch: the kills here are the points that leave a batch written but not committed by Spark
-(mid-write, after the write, at the commit), the first batch, and a rollback cut short. The points
-that differ only in the sink's own steps run over files (``test_exactly_once.py``); every point runs
-here too with ``SNAPCOORD_KAFKA_ALL_KILLS=1``.
+A Kafka batch is replayed from the offsets Spark logged for it, so a re-run batch reads the records the
+killed attempt read: each point here leaves the table, the coordinator and Spark's logs as a lost driver
+would, and the next life must roll back exactly the attempt that died. The zombie and the checkpoint
+reset over Kafka are in ``test_kafka_zombie_reset.py``, a module of its own so that xdist runs it beside
+this one.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from harness.eo_driver import FIXED_KILLS, run_kill_schedule, zombie_then_reset
+from harness.eo_driver import FIXED_KILLS, run_kill_schedule
 from harness.kafka import KafkaBroker
 
 pytestmark = pytest.mark.spark
 
-#: In the order of ``FIXED_KILLS``, whose order makes each point reachable.
-KAFKA_KILLS = ["batch_start:1", "mid_write:1", "after_write:1", "mid_rollback:1", "commit:1"]
+#: Every kill point once, in the order of ``FIXED_KILLS`` (whose order makes each point reachable).
+_FIRST_OF_POINT = {k.partition(":")[0]: k for k in reversed(FIXED_KILLS)}
+KAFKA_KILLS = [k for k in FIXED_KILLS if _FIRST_OF_POINT[k.partition(":")[0]] == k]
 
 
-def kill_schedule() -> list[str]:
-    if os.environ.get("SNAPCOORD_KAFKA_ALL_KILLS") == "1":
-        points = [k.partition(":")[0] for k in FIXED_KILLS]
-        return [k for i, k in enumerate(FIXED_KILLS) if points[i] not in points[:i]]
-    return [k for k in FIXED_KILLS if k in KAFKA_KILLS]
+def test_the_kafka_schedule_kills_once_at_every_point_in_order() -> None:
+    points = [k.partition(":")[0] for k in KAFKA_KILLS]
+    assert sorted(points) == sorted({k.partition(":")[0] for k in FIXED_KILLS})
+    assert [k for k in FIXED_KILLS if k in KAFKA_KILLS] == KAFKA_KILLS
 
 
-def test_the_kafka_schedule_keeps_the_kill_points_order() -> None:
-    assert kill_schedule() == KAFKA_KILLS
-
-
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1200)  # nine driver lives on 2 shared cores
 def test_killed_kafka_driver_writes_every_record_exactly_once(
     tmp_path: Path, zk_uri: str, s3_uri: str, kafka: KafkaBroker
 ) -> None:
-    run_kill_schedule(tmp_path, zk_uri, s3_uri, kafka, kill_schedule())
-
-
-@pytest.mark.timeout(600)
-def test_kafka_zombie_driver_stays_invisible_and_a_checkpoint_reset_loses_nothing(
-    tmp_path: Path, kafka: KafkaBroker
-) -> None:
-    """A reset re-reads the topic from its earliest offsets: the replayed batches are the duplicates."""
-    zombie_then_reset(tmp_path, kafka)
+    run_kill_schedule(tmp_path, zk_uri, s3_uri, kafka, KAFKA_KILLS)

@@ -45,7 +45,6 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SNAPCOORD_UPGRADE_LONG": "tests/upgrades: the long rolling upgrade of every compatible pair",
     "SNAPCOORD_FUZZ_EXAMPLES": "tests: examples per fuzzed RPC",
     "SNAPCOORD_FUZZ_SEED": "tests: the fuzzer's seed",
-    "SNAPCOORD_KAFKA_ALL_KILLS": "tests: the Kafka kill run kills at every kill point",
 }
 
 #: Kubernetes service-link variables (``enableServiceLinks``) of a Service named ``snapcoord-*``.
