@@ -8,7 +8,10 @@ local table and into tables on the sshd, alternately (local, sftp, sftp-store, s
 local, ...). sftp's create-if-absent is not atomic, so the sink's commit point there is the
 coordinator (``sftp``: a commit claim per batch); ``sftp-store`` forces the store-only commit on the
 same store, the protocol the claims replace, for comparison. ``--s3a`` adds a table on ``s3a://``
-(hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its own), ``--hdfs`` one on ``hdfs://``
+(hadoop-aws 3.5.0, the jar set ``s3a``, on a SeaweedFS of its own), whose conditional create makes the
+store the commit point, and the same pair as sftp's on a second bucket of that server where S3A creates
+by a check and then a PUT (``fs.s3a.bucket.<bucket>.create.conditional.enabled=false``):
+``s3a-uncond`` (the coordinator's claims) and ``s3a-uncond-store``. ``--hdfs`` adds one on ``hdfs://``
 (the tests' HDFS minicluster). Per batch it reports, measured in the driver:
 
 - ``wrapper``: the wrapper's coordinator steps (fence check, the call that deletes the previous
@@ -97,6 +100,10 @@ class MeasuredSink(PartitionedFileSink):
             self.write_s += time.perf_counter() - start
 
 
+#: A second bucket on ``--s3a``'s server, where S3A's create is a check and then a PUT.
+UNCONDITIONAL_BUCKET = "unconditional"
+
+
 def one_round(
     spark: Any, target: str, location: str, name: str, batches: int, *, store_only: bool = False
 ) -> list[dict[str, float]]:
@@ -161,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
             builder = builder.config(key, value)
         s3 = stack.enter_context(SeaweedS3Server(work / "s3a")) if args.s3a else None
         if s3 is not None:
+            s3.client().create_bucket(Bucket=UNCONDITIONAL_BUCKET)
             for key, value in s3a.spark_conf(s3).items():
                 builder = builder.config(key, value)
+            builder = builder.config(
+                f"spark.hadoop.fs.s3a.bucket.{UNCONDITIONAL_BUCKET}.create.conditional.enabled", "false"
+            )
         hdfs = stack.enter_context(HdfsCluster(work / "hdfs")) if args.hdfs else None
         spark = (
             builder.master("local[2]")
@@ -180,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         if s3 is not None:
             bucket = s3.bucket
             locations["s3a"] = lambda r: f"s3a://{bucket}/sink-{r}"
+            locations["s3a-uncond"] = lambda r: f"s3a://{UNCONDITIONAL_BUCKET}/sink-{r}"
+            locations["s3a-uncond-store"] = lambda r: f"s3a://{UNCONDITIONAL_BUCKET}/sink-store-{r}"
         if hdfs is not None:
             cluster = hdfs
             locations["hdfs"] = lambda r: cluster.uri(f"sink-{r}")
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     locations[kind](r),
                     f"bench-{kind}-{r}",
                     args.batches,
-                    store_only=kind == "sftp-store",
+                    store_only=kind.endswith("-store"),
                 )
         spark.stop()
 
@@ -202,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{backend})"
     )
     keys = ["wrapper", "sink", "own", "storage_calls", "storage", "claims", "claims_ms", "spark"]
-    print(f"{'table':<10} " + " ".join(f"{k:>13}" for k in keys) + "   (ms; storage_calls, claims: count)")
+    print(f"{'table':<16} " + " ".join(f"{k:>13}" for k in keys) + "   (ms; storage_calls, claims: count)")
     for kind, rows in results.items():
         cells = [statistics.median(row[k] for row in rows) for k in keys]
-        print(f"{kind:<10} " + " ".join(f"{c:>13.1f}" for c in cells))
+        print(f"{kind:<16} " + " ".join(f"{c:>13.1f}" for c in cells))
     return 0
 
 
