@@ -37,7 +37,7 @@ SMALL = [
 SPARK = [
     ("spark_snapshot_restore", " s | ok |"),  # a row is printed only once the restored query resumed
     ("spark_backlog", "stops that interrupted a batch"),
-    ("spark_wrapper_overhead", "wrapper own time per batch"),
+    ("spark_wrapper_overhead", "health check, 0.5 s apart"),
     ("spark_storage_throughput", "every copy read back byte-identical: ok"),
     ("spark_sink_remote", "exactly_once's own time per batch"),
 ]
