@@ -122,7 +122,7 @@ def _coordinator_clients(raw: set[int]) -> set[int]:
         return {k for k in _counts if k not in raw}
 
 
-def _session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
+def session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
     """Requests ZooKeeper has received on its client sessions other than ``excluded_sessions``
     (its ``cons`` command): what a coordinator in another process sent."""
     host, port = zk_hosts.split(",")[0].rsplit(":", 1)
@@ -569,7 +569,7 @@ def coordinator(
         tempfile.TemporaryDirectory(prefix="snapcoord-bench-hot-") as tmp,
         CoordinatorProcess(Path(tmp), args=args, start_timeout_s=180) as proc,
     ):
-        bench.ours_requests = lambda: _session_requests(zk_hosts, raw_sessions)
+        bench.ours_requests = lambda: session_requests(zk_hosts, raw_sessions)
         yield proc.target
 
 
