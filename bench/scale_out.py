@@ -149,19 +149,26 @@ def channel_options() -> list[tuple[str, object]]:
     return [*DEFAULT_GRPC_OPTIONS.items(), ("grpc.use_local_subchannel_pool", 1)]
 
 
-def build_ops(stubs: Stubs, tag: str, job: str) -> dict[str, Op]:
-    """Every row's op on ``stubs``; ids carry ``tag`` (one per configuration and client process),
-    ReportProgress reports on ``job`` (marked here)."""
-    six = [
+def six_ops(stubs: Stubs, tag: str) -> list[Op]:
+    """The six calls' ops on ``stubs``, in the order of ``ROWS``: new ids carry ``tag``, and
+    ReportProgress reports on the job ``job-{tag}`` (marked here)."""
+    return [
         health_op(stubs),
         cached_read_op(stubs, READ_TAG),
         register_op(stubs, tag),
         create_snapshot_op(stubs, tag),
-        report_progress_op(stubs, job),
+        report_progress_op(stubs, f"job-{tag}"),
         lease_pair_op(stubs, tag),
     ]
-    ops = dict(zip(ROWS, six, strict=False))
-    ops[ROWS[-1]] = lambda c, k: six[(c + k) % len(six)](c, k)
+
+
+def build_ops(stubs: Stubs, tag: str) -> dict[str, Op]:
+    """Every row's op on ``stubs`` (``tag``: one per configuration and client process). The mix
+    has ops of its own tag: its call numbers restart at 0, and a producer or lease id used again
+    would be answered as a retry instead of being registered or acquired."""
+    ops = dict(zip(ROWS, six_ops(stubs, tag), strict=False))
+    mix = six_ops(stubs, f"{tag}-mix")
+    ops[ROWS[-1]] = lambda c, k: mix[(c + k) % len(mix)](c, k)
     return ops
 
 
@@ -179,7 +186,7 @@ def client_main(
             for _ in range(threads)
         ]
         channels += mine
-        ops.append(build_ops(Stubs(mine), f"{run_id}-{n}-{index}", f"job-{run_id}-{n}-{index}"))
+        ops.append(build_ops(Stubs(mine), f"{run_id}-{n}-{index}"))
     start_at: dict[tuple[int, str], list[int]] = {}
     conn.send("ready")
     try:
