@@ -29,12 +29,13 @@ The configurations are interleaved: each round runs every row on every configura
 ``--seconds``, in an order that rotates round by round, so that load from other jobs on the
 machine hits all alike. Printed per row and configuration: ops/s, the ratio to 1 process (median
 of the per-round ratios, and their band), p50 and p99 latency, server CPU per op (user + system of
-every process of the configuration, supervisors included, from /proc), the ZooKeeper requests
-per op (counted by ZooKeeper on the coordinators' sessions, its ``cons`` command: unlike the
-rates, a count the machine's load does not move), the clients' CPU per op,
-the whole machine's busy share (/proc/stat), and the busiest server process's share of the
-server CPU (1/N is an even spread). ``--smoke`` runs every row once, briefly, with ``--max 2``
-(CI does this: it proves the benchmark runs, it measures nothing).
+every process of the configuration, supervisors included, from /proc) and the cores it kept busy
+(server CPU seconds per second), the ZooKeeper requests per op (counted by ZooKeeper on the
+coordinators' sessions, its ``cons`` command; below 1 where concurrent transactions share one
+``multi``, so it moves with timing too), the clients' CPU per op, the whole machine's busy share
+(/proc/stat), and the busiest server process's share of the server CPU (1/N is an even spread).
+``--smoke`` runs every row once, briefly, with ``--max 2`` (CI does this: it proves the benchmark
+runs, it measures nothing).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class Cell:
     server_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     ops: int = 0
+    elapsed_s: float = 0.0
     #: ZooKeeper requests the coordinators sent (counted by ZooKeeper on their sessions).
     zk_requests: int = 0
     busy: list[float] = field(default_factory=list)
@@ -372,7 +374,9 @@ def measure(
                 if ops == 0:
                     raise RuntimeError(f"{row} on {configs[n].name}: no op finished in {seconds}s")
                 cell.ops += ops
-                cell.ops_per_s.append(ops / statistics.mean(x.elapsed_s for x in results))
+                elapsed = statistics.mean(x.elapsed_s for x in results)
+                cell.elapsed_s += elapsed
+                cell.ops_per_s.append(ops / elapsed)
                 for x in results:
                     cell.latencies_s += x.latencies_s
                     cell.client_cpu_s += x.cpu_s
@@ -394,9 +398,9 @@ def report(cells: dict[tuple[str, int], Cell], configs: list[Configuration], row
         print(f"\n### {row}\n")
         print(
             "| configuration | ops/s | vs 1 process (band) | p50 ms | p99 ms | server CPU ms/op "
-            "| ZooKeeper requests/op | client CPU ms/op | machine busy | busiest process |"
+            "| server cores | ZooKeeper requests/op | client CPU ms/op | machine busy | busiest process |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         one = cells[row, 0]
         for n, config in enumerate(configs):
             cell = cells[row, n]
@@ -407,7 +411,8 @@ def report(cells: dict[tuple[str, int], Cell], configs: list[Configuration], row
                 f"| {config.name} | {statistics.median(cell.ops_per_s):,.0f} | {band} "
                 f"| {statistics.median(cell.latencies_s) * 1000:.1f} "
                 f"| {percentile(cell.latencies_s, 0.99) * 1000:.1f} "
-                f"| {cell.server_cpu_s * 1000 / cell.ops:.2f} | {cell.zk_requests / cell.ops:.2f} "
+                f"| {cell.server_cpu_s * 1000 / cell.ops:.2f} | {cell.server_cpu_s / cell.elapsed_s:.2f} "
+                f"| {cell.zk_requests / cell.ops:.2f} "
                 f"| {cell.client_cpu_s * 1000 / cell.ops:.2f} "
                 f"| {statistics.median(cell.busy):.0%} | {share:.2f} of {config.serving} |"
             )
