@@ -310,8 +310,13 @@ def deployments(zk_hosts: str, bucket: str, most: int, tmp: Path) -> Iterator[li
             for n in range(2, most + 1)
         }
         servers = [*replicas, *many.values()]
-        for server in servers:
-            stack.push(server)  # stops it on the way out, if it started
+
+        def stop_all() -> None:
+            """Stop every server that started, all at once (each drains its calls first)."""
+            with ThreadPoolExecutor(len(servers)) as pool:
+                list(pool.map(lambda server: server.__exit__(None, None, None), servers))
+
+        stack.callback(stop_all)
         with ThreadPoolExecutor(len(servers)) as pool:  # they start at once: mostly waiting
             list(pool.map(CoordinatorProcess.start, servers))
 
@@ -352,7 +357,7 @@ def measure(
     """Every row on every configuration, ``rounds`` times, the configurations' order rotating.
     ZooKeeper requests are those of every coordinator session (the idle ones send only pings)."""
     cells = {(row, n): Cell() for row in rows for n in range(len(configs))}
-    for row in rows:
+    for row in rows if warmup else []:
         for n in range(len(configs)):
             clients.run(Command(n, row, 0, warmup))
     pids = [c.pids() for c in configs]
@@ -434,7 +439,7 @@ def main() -> None:
     args = parser.parse_args()
     warmup = 5
     if args.smoke:
-        args.seconds, args.rounds, args.clients, args.client_processes, args.max, warmup = 0.2, 1, 4, 2, 2, 1
+        args.seconds, args.rounds, args.clients, args.client_processes, args.max, warmup = 0.2, 1, 4, 2, 2, 0
     if args.clients % args.client_processes:
         parser.error("--clients must be a multiple of --client-processes")
     only = [o.strip().lower() for o in args.only.split(",") if o.strip()]
