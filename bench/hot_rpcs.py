@@ -122,7 +122,7 @@ def _coordinator_clients(raw: set[int]) -> set[int]:
         return {k for k in _counts if k not in raw}
 
 
-def _session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
+def session_requests(zk_hosts: str, excluded_sessions: set[int]) -> int:
     """Requests ZooKeeper has received on its client sessions other than ``excluded_sessions``
     (its ``cons`` command): what a coordinator in another process sent."""
     host, port = zk_hosts.split(",")[0].rsplit(":", 1)
@@ -428,6 +428,123 @@ def offsets(n: int) -> list[common_pb2.Offset]:
     return [common_pb2.Offset(stream="events", partition=p, offset=10**6 + p) for p in range(n)]
 
 
+# --- the calls (bench/scale_out.py runs them too) ------------------------------------------------
+
+
+class Stubs:
+    """A stub of every service on each of ``channels``; client ``c`` calls through channel
+    ``c % len(channels)``. One letter per service, as the rows read: ``S(c).CreateSnapshot(...)``."""
+
+    def __init__(self, channels: Sequence[grpc.Channel]) -> None:
+        self.producers = [producer_pb2_grpc.ProducerOffsetServiceStub(x) for x in channels]
+        self.snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
+        self.leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
+        self.backlog = [backlog_pb2_grpc.BacklogServiceStub(x) for x in channels]
+        self.commits = [commit_pb2_grpc.CommitClaimServiceStub(x) for x in channels]
+        self.health = [health_pb2_grpc.HealthStub(x) for x in channels]
+
+    def P(self, c: int) -> producer_pb2_grpc.ProducerOffsetServiceStub:
+        return self.producers[c % len(self.producers)]
+
+    def S(self, c: int) -> snapshot_pb2_grpc.SnapshotServiceStub:
+        return self.snaps[c % len(self.snaps)]
+
+    def L(self, c: int) -> lease_pb2_grpc.LeaseServiceStub:
+        return self.leases[c % len(self.leases)]
+
+    def B(self, c: int) -> backlog_pb2_grpc.BacklogServiceStub:
+        return self.backlog[c % len(self.backlog)]
+
+    def C(self, c: int) -> commit_pb2_grpc.CommitClaimServiceStub:
+        return self.commits[c % len(self.commits)]
+
+    def H(self, c: int) -> health_pb2_grpc.HealthStub:
+        return self.health[c % len(self.health)]
+
+
+def health_op(stubs: Stubs) -> Op:
+    """A bare health check: the gRPC round trip every call pays."""
+    return lambda c, k: stubs.H(c).Check(health_pb2.HealthCheckRequest(), timeout=60)
+
+
+def register_op(stubs: Stubs, tag: str) -> Op:
+    """RegisterProducerOffsets of 10 offsets under a new producer id per call."""
+    ten = offsets(10)
+    return lambda c, k: stubs.P(c).RegisterProducerOffsets(
+        producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"r{tag}-{c}-{k}", offsets=ten),
+        timeout=60,
+    )
+
+
+def create_snapshot_op(stubs: Stubs, tag: str) -> Op:
+    """CreateSnapshot of 4 tasks, again and again on one app per client."""
+    return lambda c, k: stubs.S(c).CreateSnapshot(
+        snapshot_pb2.CreateSnapshotRequest(app_id=f"cr{tag}-{c}", task_ids=["a", "b", "c", "d"]),
+        timeout=60,
+    )
+
+
+def make_read_apps(stubs: Stubs, tag: str, clients: int, checkpoint: bytes) -> None:
+    """For each client an app ``read{tag}-{c}`` with one completed snapshot of 4 tasks, each
+    with ``checkpoint``: what the read rows read back."""
+    for c in range(clients):
+        app = f"read{tag}-{c}"
+        created = stubs.S(c).CreateSnapshot(
+            snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=["a", "b", "c", "d"]),
+            timeout=60,
+        )
+        for task in "abcd":
+            stubs.S(c).ReportTaskSnapshot(
+                snapshot_pb2.ReportTaskSnapshotRequest(
+                    app_id=app,
+                    generation=created.generation,
+                    task=snapshot_pb2.TaskSnapshot(
+                        task_id=task, committed_offsets=offsets(4), checkpoints={"state": checkpoint}
+                    ),
+                ),
+                timeout=60,
+            )
+
+
+def cached_read_op(stubs: Stubs, tag: str) -> Op:
+    """GetCurrentSnapshot consistent=false of the client's app of ``make_read_apps``."""
+    return lambda c, k: stubs.S(c).GetCurrentSnapshot(
+        snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{tag}-{c}"), timeout=60
+    )
+
+
+def lease_pair_op(stubs: Stubs, tag: str) -> Op:
+    """A new lease on no snapshots (AcquireSnapshots), then its renewal (RenewLease)."""
+
+    def pair(c: int, k: int) -> None:
+        lease_id = f"pl{tag}-{c}-{k}"
+        stubs.L(c).AcquireSnapshots(
+            lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
+        )
+        stubs.L(c).RenewLease(lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60)
+
+    return pair
+
+
+def report_progress_op(stubs: Stubs, job: str) -> Op:
+    """MarkBacklog of a job of 100 partitions (now), then an op reporting progress on all of
+    them (every client on the same job)."""
+    stubs.B(0).MarkBacklog(
+        backlog_pb2.MarkBacklogRequest(
+            job_id=job,
+            boundaries=[common_pb2.Offset(stream="s", partition=p, offset=10**12) for p in range(100)],
+        ),
+        timeout=60,
+    )
+    return lambda c, k: stubs.B(c).ReportProgress(
+        backlog_pb2.ReportProgressRequest(
+            job_id=job,
+            positions=[common_pb2.Offset(stream="s", partition=p, offset=1000 * k + c) for p in range(100)],
+        ),
+        timeout=60,
+    )
+
+
 @contextmanager
 def coordinator(
     bench: Bench,
@@ -452,7 +569,7 @@ def coordinator(
         tempfile.TemporaryDirectory(prefix="snapcoord-bench-hot-") as tmp,
         CoordinatorProcess(Path(tmp), args=args, start_timeout_s=180) as proc,
     ):
-        bench.ours_requests = lambda: _session_requests(zk_hosts, raw_sessions)
+        bench.ours_requests = lambda: session_requests(zk_hosts, raw_sessions)
         yield proc.target
 
 
@@ -540,30 +657,8 @@ def run(
                 grpc.insecure_channel(target, options=options)
                 for _ in range(4 if processes == 1 else max(4, max(counts)))
             ]
-            producers = [producer_pb2_grpc.ProducerOffsetServiceStub(x) for x in channels]
-            snaps = [snapshot_pb2_grpc.SnapshotServiceStub(x) for x in channels]
-            leases = [lease_pb2_grpc.LeaseServiceStub(x) for x in channels]
-            backlog = [backlog_pb2_grpc.BacklogServiceStub(x) for x in channels]
-            commits = [commit_pb2_grpc.CommitClaimServiceStub(x) for x in channels]
-            health = [health_pb2_grpc.HealthStub(x) for x in channels]
-
-            def P(c: int) -> producer_pb2_grpc.ProducerOffsetServiceStub:
-                return producers[c % len(channels)]
-
-            def S(c: int) -> snapshot_pb2_grpc.SnapshotServiceStub:
-                return snaps[c % len(channels)]
-
-            def L(c: int) -> lease_pb2_grpc.LeaseServiceStub:
-                return leases[c % len(channels)]
-
-            def B(c: int) -> backlog_pb2_grpc.BacklogServiceStub:
-                return backlog[c % len(channels)]
-
-            def C(c: int) -> commit_pb2_grpc.CommitClaimServiceStub:
-                return commits[c % len(channels)]
-
-            def H(c: int) -> health_pb2_grpc.HealthStub:
-                return health[c % len(channels)]
+            stubs = Stubs(channels)
+            P, S, L, C, H = stubs.P, stubs.S, stubs.L, stubs.C, stubs.H
 
             # One request first, so that the coordinator's kazoo client exists to be counted.
             H(0).Check(health_pb2.HealthCheckRequest(), timeout=30)
@@ -594,7 +689,7 @@ def run(
                     f"\n## c={clients}" + (f", --processes {processes}" if processes > 1 else ""),
                     flush=True,
                 )
-                bench.hop(clients, lambda c, k: H(c).Check(health_pb2.HealthCheckRequest(), timeout=60))
+                bench.hop(clients, health_op(stubs))
                 print(HEADER, flush=True)
                 t = f"{tag}-{clients}-{processes}"
 
@@ -603,10 +698,7 @@ def run(
                     "RegisterProducerOffsets (10 offsets)",
                     clients,
                     lambda c, k: raw_steps(c, k, gets=0, multis=[(2, 0)], body=ten_payload),
-                    lambda c, k: P(c).RegisterProducerOffsets(
-                        producer_pb2.RegisterProducerOffsetsRequest(producer_id=f"r{t}-{c}-{k}", offsets=ten),
-                        timeout=60,
-                    ),
+                    register_op(stubs, t),
                     "s3 put + multi(record, expiry entry)",
                 )
 
@@ -637,12 +729,7 @@ def run(
                     "CreateSnapshot (4 tasks)",
                     clients,
                     lambda c, k: raw_steps(c, k, gets=1, multis=[(2, 1)]),
-                    lambda c, k: S(c).CreateSnapshot(
-                        snapshot_pb2.CreateSnapshotRequest(
-                            app_id=f"cr{t}-{c}", task_ids=["a", "b", "c", "d"]
-                        ),
-                        timeout=60,
-                    ),
+                    create_snapshot_op(stubs, t),
                     "get + multi(2 creates, set)",
                 )
                 for size, label in ((1024, "1 KiB"), (1024 * 1024, "1 MiB")):
@@ -689,32 +776,12 @@ def run(
                     )
 
                 # A completed snapshot of 4 tasks x 1 KiB per client, to read back.
-                for c in range(clients):
-                    app = f"read{t}-{c}"
-                    created = S(c).CreateSnapshot(
-                        snapshot_pb2.CreateSnapshotRequest(app_id=app, task_ids=["a", "b", "c", "d"]),
-                        timeout=60,
-                    )
-                    for task in "abcd":
-                        S(c).ReportTaskSnapshot(
-                            snapshot_pb2.ReportTaskSnapshotRequest(
-                                app_id=app,
-                                generation=created.generation,
-                                task=snapshot_pb2.TaskSnapshot(
-                                    task_id=task,
-                                    committed_offsets=offsets(4),
-                                    checkpoints={"state": blob},
-                                ),
-                            ),
-                            timeout=60,
-                        )
+                make_read_apps(stubs, t, clients, blob)
                 bench.pair(
                     "GetCurrentSnapshot consistent=false (cached)",
                     clients,
-                    lambda c, k: H(c).Check(health_pb2.HealthCheckRequest(), timeout=60),
-                    lambda c, k: S(c).GetCurrentSnapshot(
-                        snapshot_pb2.GetCurrentSnapshotRequest(app_id=f"read{t}-{c}"), timeout=60
-                    ),
+                    health_op(stubs),
+                    cached_read_op(stubs, t),
                     "a bare health RPC",
                     rpcs=0,
                 )
@@ -790,16 +857,7 @@ def run(
                     rpcs=2,
                 )
 
-                def pure_pair(c: int, k: int) -> None:
-                    lease_id = f"pl{t}-{c}-{k}"
-                    L(c).AcquireSnapshots(
-                        lease_pb2.AcquireSnapshotsRequest(lease_id=lease_id, duration_ms=600_000),
-                        timeout=60,
-                    )
-                    L(c).RenewLease(
-                        lease_pb2.RenewLeaseRequest(lease_id=lease_id, duration_ms=600_000), timeout=60
-                    )
-
+                pure_pair = lease_pair_op(stubs, t)
                 bench.pair(
                     "lease acquire + renew, no snapshots",
                     clients,
@@ -823,30 +881,11 @@ def run(
                         etcd_client.close()
 
                 # ReportProgress with 100 partitions: read the job and its shard, commit the shard.
-                job = f"job{t}"
-                B(0).MarkBacklog(
-                    backlog_pb2.MarkBacklogRequest(
-                        job_id=job,
-                        boundaries=[
-                            common_pb2.Offset(stream="s", partition=p, offset=10**12) for p in range(100)
-                        ],
-                    ),
-                    timeout=60,
-                )
                 bench.pair(
                     "ReportProgress, 100 partitions",
                     clients,
                     lambda c, k: raw_steps(c, k, gets=2, multis=[(0, 1)], data=b"x" * 2000),
-                    lambda c, k: B(c).ReportProgress(
-                        backlog_pb2.ReportProgressRequest(
-                            job_id=job,
-                            positions=[
-                                common_pb2.Offset(stream="s", partition=p, offset=1000 * k + c)
-                                for p in range(100)
-                            ],
-                        ),
-                        timeout=60,
-                    ),
+                    report_progress_op(stubs, f"job{t}"),
                     "2 get + multi(set shard)",
                 )
 

@@ -28,6 +28,7 @@ SMALL = [
     ("stream_checkpoints", ("--mb", "1", "--tasks", "2"), "out: ReadCheckpoint"),
     ("latency", ("--smoke",), "| exactly_once, per batch |"),
     ("middleware_floor", ("--smoke",), "| GetCurrentSnapshot, cached, admission on / off | 16 |"),
+    ("scale_out", ("--smoke",), "| 2 replicas |"),
     # Against this same checkout: the run proves the side-by-side machinery, not a difference.
     ("compare_versions", ("--other", str(BENCH.parent), "--seconds", "0.2", "--rounds", "1",
                           "--only", "GetProducerOffsets"), "GetProducerOffsets"),
