@@ -193,7 +193,9 @@ def test_backlog(served: tuple[Stubs, list[str]]) -> None:
 
 #: A report with one inline checkpoint (not the last), a CreateSnapshot of a new generation of an
 #: app whose pointer this process wrote, a ReportProgress of a job marked through this process.
-REPORT = ["Create", "MultiRead", "Transaction"]  # the intent with the header and counter read, the commit
-INLINE_REPORT = ["MultiRead", "Transaction"]  # the header and counter read, the commit
+#: (The reports: to a snapshot this process created, so its copies of the header and the report
+#: counter stand in for their read.)
+REPORT = ["Create2", "Transaction"]  # the intent (before the S3 put), the commit
+INLINE_REPORT = ["Transaction"]  # the commit
 CREATE = ["GetData", "Transaction"]  # the header the copy of the pointer names, the commit
 PROGRESS = ["Transaction"]  # the commit (the copies of the job record and of its shard stand in for reads)

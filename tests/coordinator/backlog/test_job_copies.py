@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from harness.concurrency import run_threads
 from harness.stores import Stores
 from harness.zk_requests import Counted, count_requests
 from snapcoord.coordinator.backlog.layout import JOBS
@@ -313,6 +314,25 @@ def test_a_report_on_a_mark_this_process_knows_is_one_transaction(
     counted.reset()
     assert backlog.report("job", [off("s", 0, 5)]) == Progress("job", (), processing_backlog=True)
     assert counted.log == ["GetData"]
+
+
+def test_concurrent_reports_of_one_job_in_one_process_take_turns(zk_stores: Stores, counted: Counted) -> None:
+    """8 threads report one job at once (its one shard; each thread moves its own partitions on):
+    each report is one transaction, on the copy the last one left (racing on one copy, all but one
+    would lose and read), and every position lands."""
+    backlog = make_registry(zk_stores, shard_size=SHARD_SIZE)
+    backlog.mark("job", [off("s", p, 10**12) for p in range(100)], reset=False)
+    backlog.report("job", [off("s", p, 1) for p in range(100)])
+    counted.reset()
+
+    def report(i: int) -> None:
+        for k in range(1, 5):
+            backlog.report("job", [off("s", p, 1000 * k + p) for p in range(i, 100, 8)])
+
+    run_threads(8, report)
+    assert counted.log == ["Transaction"] * 32
+    status = {(p.stream, p.partition): p.position for p in backlog.status("job").partitions}
+    assert status == {("s", p): 4000 + p for p in range(100)}
 
 
 def test_a_report_over_two_shards_reads_them_in_one_round(zk_stores: Stores, counted: Counted) -> None:

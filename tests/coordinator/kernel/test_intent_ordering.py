@@ -230,9 +230,12 @@ def test_refused_reports_and_uploads_leave_the_stores_as_they_were(
         SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
     )
-    first = snapshots.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
-    snapshots.abort("refused", first, "test")
-    current = snapshots.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
+    # Created through another process: this one holds no copies of the headers (from copies, a
+    # report sends no read, so nothing to announce with: ``test_report_copies``).
+    creator = snapshot_registry(stores, stores.blobs, clock)
+    first = creator.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
+    creator.abort("refused", first, "test")
+    current = creator.create("refused", ["t1", "t2"], 0, 0, {}).record.generation
     # The first payload of the minute: its intent waits for the commit (the bucket is made then).
     warm = snapshots.create("warm", ["t"], 0, 0, {}).record.generation
     snapshots.report("warm", warm, "t", (), {"s": b"warm"})
@@ -320,7 +323,9 @@ def test_a_report_whose_intent_the_sweep_takes_before_its_put_commits_nothing(
         SnapshotPolicy(inline_checkpoint_max_bytes=0),  # payloads in the blob store
         CoordinatorMetrics(new_registry()),
     )
-    generation = snapshots.create("swept", ["t"], 0, 0, {}).record.generation
+    # Created through another process: this one reads first (the read its intent rides with).
+    creator = snapshot_registry(stores, stores.blobs, clock)
+    generation = creator.create("swept", ["t"], 0, 0, {}).record.generation
     warm = snapshots.create("warm", ["t"], 0, 0, {}).record.generation
     snapshots.report("warm", warm, "t", (), {"s": b"warm"})  # makes the minute's bucket: early from now
     assert metadata.swept == []
@@ -349,17 +354,20 @@ def zk_stores(zk_uri: str, s3_uri: str) -> Iterator[Stores]:
     metadata.close()
 
 
-def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_two_round_trips(
+def test_a_report_sends_its_intent_with_its_reads_or_from_copies_none(
     zk_stores: Stores, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intent's create and the reads of the header and the report counter go in one
-    pipeline, the commit is one multi; nothing else (the app's pointer is read only to refuse,
-    the task's node only on a repeat)."""
+    """A process's first report of a snapshot it did not create: the intent's create and the reads
+    of the header and the report counter go in one pipeline, the commit is one multi; nothing
+    else (the app's pointer is read only to refuse, the task's node only on a repeat). Its next
+    reports decide on its copies of the header and counter: the intent, then the commit."""
     metadata = zk_stores.metadata
     assert isinstance(metadata, ZooKeeperMetadataStore)
+    creator = snapshot_registry(zk_stores, zk_stores.blobs, clock)
     snapshots = snapshot_registry(zk_stores, zk_stores.blobs, clock)
-    generation = snapshots.create("counted", ["t1", "t2", "t3", "t4", "t5"], 0, 0, {}).record.generation
-    snapshots.report("counted", generation, "t1", (), {"s": b"warm"})  # the intent bucket exists now
+    generation = creator.create("counted", ["t1", "t2", "t3", "t4", "t5", "t6"], 0, 0, {}).record.generation
+    warm = snapshots.create("warm", ["t"], 0, 0, {}).record.generation
+    snapshots.report("warm", warm, "t", (), {"s": b"warm"})  # the intent bucket exists now
     log = count_requests(metadata, monkeypatch)
 
     log.reset()
@@ -369,17 +377,22 @@ def test_a_report_with_an_inline_checkpoint_sends_three_zookeeper_requests_in_tw
     assert log.log == ["Create", "MultiRead", "Transaction"]
     assert log.rounds == 2  # the create and the reads were sent together: one round trip
 
-    # A report without a payload announces nothing: its reads and its commit. (None of these
-    # completes the snapshot: the first completion of a minute makes its retention bucket.)
+    log.reset()
+    snapshots.report("counted", generation, "t5", (Offset("s", 0, 1),), {"s": b"payload"})
+    assert log.log == ["Create2", "Transaction"]  # from the copies: the intent before the put
+    assert log.rounds == 2
+
+    # A report without a payload announces nothing: its commit. (None of these completes the
+    # snapshot: the first completion of a minute makes its retention bucket.)
     log.reset()
     snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
-    assert log.log == ["MultiRead", "Transaction"]
+    assert log.log == ["Transaction"]
     # A repeat (a retry after a lost reply) meets the stored node in the commit, reads it and
     # answers as the first call did.
     log.reset()
     again = snapshots.report("counted", generation, "t3", (Offset("s", 0, 2),), {})
     assert again.tasks[0].committed_offsets == (Offset("s", 0, 2),)
-    assert log.log == ["MultiRead", "Transaction", "MultiRead"]  # then header, counter and task node
+    assert log.log == ["Transaction", "MultiRead"]  # then header, counter and task node
 
     # UploadCheckpoint: its intent is created with the check's reads (header and pointer), then
     # completed once the stream is stored.

@@ -15,37 +15,18 @@ from collections.abc import Sequence
 import pytest
 
 from harness.concurrency import run_threads
+from harness.snapshot_processes import make_registry
 from harness.stores import Stores
 from harness.zk_requests import Counted, count_requests
-from snapcoord.coordinator.domain.clock import ManualClock, SystemClock
 from snapcoord.coordinator.domain.offsets import Offset
 from snapcoord.coordinator.domain.snapshot_codec import decode_app
-from snapcoord.coordinator.domain.snapshots import SnapshotPolicy, State
+from snapcoord.coordinator.domain.snapshots import State
 from snapcoord.coordinator.errors import CommitOutcomeUnknown
-from snapcoord.coordinator.observability.metrics import CoordinatorMetrics, new_registry
 from snapcoord.coordinator.snapshots.layout import app_path, gens_path
 from snapcoord.coordinator.snapshots.registry import SnapshotRegistry
 from snapcoord.coordinator.storage.metadata import Op
 
-POLICY = SnapshotPolicy(default_timeout_ms=10 * 60_000, default_keep_last_completed=2)
 OFFSETS = (Offset("orders", 0, 100),)
-
-
-def make_registry(stores: Stores) -> SnapshotRegistry:
-    clock = ManualClock(SystemClock().now_ms())
-    return SnapshotRegistry(stores.metadata, stores.blobs, clock, POLICY, CoordinatorMetrics(new_registry()))
-
-
-@pytest.fixture
-def here(stores: Stores) -> SnapshotRegistry:
-    """The process whose copies are under test."""
-    return make_registry(stores)
-
-
-@pytest.fixture
-def elsewhere(stores: Stores) -> SnapshotRegistry:
-    """Another process on the same store."""
-    return make_registry(stores)
 
 
 def finish(registry: SnapshotRegistry, app_id: str, generation: int) -> None:

@@ -53,6 +53,7 @@ from snapcoord.coordinator.errors import BlobNotFound, CorruptRecord
 from snapcoord.coordinator.kernel.commit import CommitKernel, Reread
 from snapcoord.coordinator.kernel.corruption import at
 from snapcoord.coordinator.kernel.decision import ReadChildren, ReadNode, Reads
+from snapcoord.coordinator.kernel.keyed_locks import KeyedLocks
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore
@@ -97,6 +98,8 @@ class BacklogRegistry:
         self._cache = BoundariesCache()
         self._jobs = JobCopies()
         self._shards = ShardCopies()
+        #: Reports of one job in this process take turns (``keyed_locks`` says why).
+        self._reporting = KeyedLocks()
         #: unmarked set path -> the set as last read or written (a report naming only partitions
         #: it holds writes nothing); counted in tags.
         self._unmarked: Lru[str, frozenset[str]] = Lru(SHARD_PARTITIONS)
@@ -213,9 +216,10 @@ class BacklogRegistry:
         items = validate_report(job_id, positions, self._policy)
         report_id = report_tag(validate_report_id(report_id))
 
-        progress = self._on_mark(
-            "backlog_report", job_id, lambda record: self._report_on(record, items, report_id)
-        )
+        with self._reporting.hold(job_id):
+            progress = self._on_mark(
+                "backlog_report", job_id, lambda record: self._report_on(record, items, report_id)
+            )
         if progress.newly_finished:
             self._metrics.backlog_partitions_finished.inc(len(progress.newly_finished))
         if progress.unmarked:

@@ -77,6 +77,7 @@ from snapcoord.coordinator.snapshots.layout import (
     tasks_path,
 )
 from snapcoord.coordinator.snapshots.read_ahead import read_ahead
+from snapcoord.coordinator.snapshots.report_copies import ReportCopies
 from snapcoord.coordinator.storage.blobs import BlobStore
 from snapcoord.coordinator.storage.metadata import MetadataStore, Node, Op
 
@@ -153,6 +154,8 @@ class SnapshotRegistry:
         self._cache = CurrentSnapshotCache(metadata, self._present, self._guess, max_apps=cache_size)
         #: app pointer path -> the node as this process last wrote or read it (CreateSnapshot).
         self._apps = RecordCache(max(cache_size, 10_000))
+        #: Open snapshots' headers and report counters as this process last committed them.
+        self._reports = ReportCopies()
         #: (app, task set, labels) -> the largest header they can make (``_check_header_size``);
         #: at most a few MiB of keys.
         self._header_sizes: Lru[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], int] = Lru(
@@ -210,6 +213,7 @@ class SnapshotRegistry:
         decision, pointer = last[0]
         if isinstance(decision, Commit):
             self._apps.committed(path, decision)
+            self._reports.created(app_id, outcome.snapshot.record.generation, decision.ops)
         elif pointer is not None:  # as read, or the copy the answer was found current with
             self._apps.remember(path, pointer)
         if outcome.changed:
@@ -549,21 +553,39 @@ class SnapshotRegistry:
             # Without uploads, the report sized above is the one stored: encoded once.
             encoded=None if uploaded else encoded,
         )
+        # This process's copies of the header and the report counter stand in for their read
+        # (``report_copies`` says why a stale one is harmless); not with uploads, whose intents
+        # the report reads.
+        copies = None if uploaded else self._reports.assumed(app_id, generation)
+        rounds: list[tuple[Reads, Decision[decide.Outcome]]] = []
+
+        def tracked(reads: Reads, pending: Commit[decide.Outcome] | None) -> Decision[decide.Outcome]:
+            decision = decide.report(request, reads, pending, self._clock.now_ms())
+            rounds.append((reads, decision))
+            return decision
+
         # The payloads are the request's own bytes: the call holds them from the payload budget
         # from before gRPC received its message until it returns (``server.admission``).
-        outcome = self._kernel.run(
-            "snapshot_report",
-            {"app_id": app_id, "generation": generation},
-            request.reads(),
-            lambda reads, pending: decide.report(request, reads, pending, self._clock.now_ms()),
-            # The keys of the payloads bound for the blob store are made above: their intent
-            # rides with the first reads.
-            announce=tuple(payloads),
-            # The task's node is absent on a first report, and the commit's Create checks it.
-            defer=[request.task_read()],
-            # Every task of the snapshot may win a round before this one.
-            contenders=self._policy.max_tasks,
-        )
+        try:
+            outcome = self._kernel.run(
+                "snapshot_report",
+                {"app_id": app_id, "generation": generation},
+                request.reads(),
+                tracked,
+                assume=copies,
+                # The keys of the payloads bound for the blob store are made above: their intent
+                # rides with the first reads (with copies, it is the request before the puts).
+                announce=tuple(payloads),
+                # The task's node is absent on a first report, and the commit's Create checks it.
+                defer=[request.task_read()],
+                # Every task of the snapshot may win a round before this one.
+                contenders=self._policy.max_tasks,
+            )
+        except Exception:
+            self._reports.forget(app_id, generation)
+            raise
+        reads, decision = rounds[-1]
+        self._reports.reported(app_id, generation, reads, decision, copies)
         if outcome.changed:
             self._metrics.snapshots_completed.inc()
             header = outcome.snapshot.record
@@ -575,6 +597,7 @@ class SnapshotRegistry:
         require_id("app_id", app_id)
         if len(reason) > MAX_REASON_CHARS:
             raise InvalidArgument(f"reason has {len(reason)} characters; the limit is {MAX_REASON_CHARS}")
+        self._reports.forget(app_id, generation)  # no report lands from here on
         outcome = self._kernel.run(
             "snapshot_abort",
             {"app_id": app_id, "generation": generation},
@@ -600,6 +623,7 @@ class SnapshotRegistry:
         commits), then the header. A deletion that stops midway is finished by the next call or
         by the janitor (the mark leaves a retention trigger)."""
         require_id("app_id", app_id)
+        self._reports.forget(app_id, generation)
         now = self._clock.now_ms()
         marked = self._kernel.run(
             "snapshot_delete",
