@@ -16,8 +16,9 @@ them, through a local spool directory:
   running. Either way no upload is still running when the block is left, so whatever the caller does
   next (the completion point, or removing an abandoned restore) comes after every write it started.
 
-At most ``concurrency`` files are spooled at once (being copied or waiting for their turn), so the
-local disk holds at most that many files of the checkpoint.
+At most ``concurrency`` files are spooled at once (being copied or waiting for their turn; one more
+while ``SpooledWrites`` takes in the next), so the local disk holds about that many files of the
+checkpoint.
 """
 
 from __future__ import annotations
