@@ -60,20 +60,16 @@ def random_keys(rng: random.Random, n: int) -> list[str]:
     return [base64.b64encode(rng.randbytes(72)).decode() for _ in range(n)]
 
 
-def run(spark: Any, target: str, name: str, source: Path, checkpoint: str, sink: PartitionedFileSink) -> None:
-    def count_new(df: Any, batch_id: int) -> None:
-        sink.write(df.groupBy().count(), batch_id)
-
-    writer = exactly_once(
-        sink, target, query_name=name, batch_function=count_new, checkpoint_location=checkpoint
-    )
+def run_dedup(spark: Any, name: str, source: Path, checkpoint: str, batch_function: Any) -> Any:
+    """Run the deduplicating query over the files in ``source`` (one per batch) until they are read,
+    each batch to ``batch_function``; returns the stopped query."""
     query = (
         spark.readStream.schema("k STRING")
         .option("maxFilesPerTrigger", 1)
         .json(str(source))
         .dropDuplicates(["k"])
         .writeStream.queryName(name)
-        .foreachBatch(writer)
+        .foreachBatch(batch_function)
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()
@@ -81,7 +77,17 @@ def run(spark: Any, target: str, name: str, source: Path, checkpoint: str, sink:
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    writer.finish(query)
+    return query
+
+
+def run(spark: Any, target: str, name: str, source: Path, checkpoint: str, sink: PartitionedFileSink) -> None:
+    def count_new(df: Any, batch_id: int) -> None:
+        sink.write(df.groupBy().count(), batch_id)
+
+    writer = exactly_once(
+        sink, target, query_name=name, batch_function=count_new, checkpoint_location=checkpoint
+    )
+    writer.finish(run_dedup(spark, name, source, checkpoint, writer))
     writer.close()
 
 

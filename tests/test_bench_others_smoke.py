@@ -41,6 +41,7 @@ SPARK = [
     ("spark_wrapper_overhead", "health check, 0.5 s apart"),
     ("spark_storage_throughput", "every copy read back byte-identical: ok"),
     ("spark_sink_remote", "exactly_once's own time per batch"),
+    ("spark_savepoint_s3a", "the restored query resumed from the snapshot's state: ok"),
 ]
 
 #: Benchmarks that have their smoke test elsewhere.

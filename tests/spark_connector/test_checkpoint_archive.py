@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from harness.coordinator import CoordinatorProcess
 from snapcoord.client import CoordinatorClient, SnapshotState
 from snapcoord.spark_connector.backlog.runner import BacklogAwareRunner
 from snapcoord.spark_connector.savepoints import app_snapshots
+from snapcoord.spark_connector.savepoints import restore as restore_module
 from snapcoord.spark_connector.savepoints.app_snapshots import (
     ARCHIVE_KEY,
     BATCH_ID_KEY,
@@ -46,7 +48,7 @@ from snapcoord.spark_connector.savepoints.restore_target import (
 from snapcoord.spark_connector.sink.commit_log import Commit, commits_fingerprint
 from snapcoord.spark_connector.sink.partitioned import PartitionedFileSink
 from snapcoord.spark_connector.sink.writer import exactly_once
-from snapcoord.spark_connector.storage import LocalStorage, Storage, UnsupportedLocation
+from snapcoord.spark_connector.storage import LocalStorage, Storage, StorageError, UnsupportedLocation
 
 
 def offsets_entry(file_log_offset: int, kafka: dict[str, dict[str, int]]) -> str:
@@ -149,11 +151,13 @@ def test_the_cut_holds_exactly_what_a_restart_from_it_reads(tmp_path: Path) -> N
 
 
 class PurgingStorage(LocalStorage):
-    """A local checkpoint on which "Spark" runs ``purge`` once, when the copy first reads ``trigger``."""
+    """A local checkpoint on which "Spark" runs ``purge`` once, when the copy first reads ``trigger``;
+    copied ``concurrency`` files at a time (as object stores are: ``storage.copy_concurrency``)."""
 
-    def __init__(self, root: Path, trigger: str, purge: Callable[[], None]) -> None:
+    def __init__(self, root: Path, trigger: str, purge: Callable[[], None], concurrency: int = 1) -> None:
         super().__init__(root)
         self.trigger, self.purge, self.purged = trigger, purge, 0
+        self.concurrent_copies = concurrency
 
     def read_chunks(self, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         if not self.purged and path.endswith(self.trigger):
@@ -176,10 +180,14 @@ def commit_batch_5_and_purge(cp: Path, *, state_too: bool) -> Callable[[], None]
     return purge
 
 
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["one-at-a-time", "read-ahead"])
 @pytest.mark.parametrize("state_too", [False, True], ids=["guard", "vanished-file"])
-def test_the_copy_starts_over_when_the_cut_is_purged_meanwhile(tmp_path: Path, state_too: bool) -> None:
+def test_the_copy_starts_over_when_the_cut_is_purged_meanwhile(
+    tmp_path: Path, state_too: bool, concurrency: int
+) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=4, last_commit=4)
-    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=state_too))
+    purge = commit_batch_5_and_purge(cp, state_too=state_too)
+    storage = PurgingStorage(cp, "2.delta", purge, concurrency)
     cut, archive = archive_of(storage)
     assert storage.purged == 1 and cut.batch_id == 5
     paths = {m.path for m in unpack_chunks([archive])}
@@ -187,28 +195,40 @@ def test_the_copy_starts_over_when_the_cut_is_purged_meanwhile(tmp_path: Path, s
     assert "offsets/3" not in paths
 
 
-def test_a_file_read_back_with_another_size_restarts_the_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["one-at-a-time", "read-ahead"])
+def test_a_file_read_back_with_another_size_restarts_the_copy(tmp_path: Path, concurrency: int) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=2, last_commit=2)
 
     def rewrite() -> None:
         (cp / "state/0/1/1.delta").write_bytes(b"longer" * 100)
 
-    storage = PurgingStorage(cp, "1.delta", rewrite)
+    storage = PurgingStorage(cp, "1.delta", rewrite, concurrency)
     cut, archive = archive_of(storage)
     assert storage.purged == 1 and cut.batch_id == 2
     members = {m.path: b"".join(m.chunks) for m in unpack_chunks([archive])}
     assert members["state/0/1/1.delta"] == b"longer" * 100
 
 
-def test_restore_writes_everything_but_the_completion_point_then_completes(tmp_path: Path) -> None:
+class ConcurrentLocal(LocalStorage):
+    """A local directory copied to and from several files at a time, as object stores are."""
+
+    concurrent_copies = 4
+
+
+@pytest.mark.parametrize(
+    "storage_class", [LocalStorage, ConcurrentLocal], ids=["one-at-a-time", "concurrent"]
+)
+def test_restore_writes_everything_but_the_completion_point_then_completes(
+    tmp_path: Path, storage_class: type[LocalStorage]
+) -> None:
     cp = make_checkpoint(tmp_path, last_offsets=3, last_commit=3)
     big = cp / "state" / "0" / "1" / "4.snapshot"
     big.write_bytes(bytes(range(256)) * 9000)  # > 2 pieces of 1 MiB
     chunks: list[bytes] = []
-    cut, _ = send_cut(LocalStorage(cp), lambda cut, c: chunks.extend(c))
+    cut, _ = send_cut(storage_class(cp), lambda cut, c: chunks.extend(c))
     assert max(len(c) for c in chunks) <= 1024 * 1024
     target_dir = tmp_path / "restored" / "cp"
-    target = LocalStorage(target_dir)
+    target = storage_class(target_dir)
     pending = restore_into(target, b"".join(chunks), cut.batch_id)
     # Short of its completion point: offsets/4 is the placeholder, which Spark cannot read.
     placeholder = (target_dir / "offsets" / "4").read_text()
@@ -391,18 +411,66 @@ def test_a_location_no_backend_reaches_is_refused_and_nothing_is_written(
         assert client.get_snapshot(app, done.generation).state is SnapshotState.COMPLETED
 
 
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["one-at-a-time", "read-ahead"])
 def test_a_file_vanishing_mid_upload_cuts_again_and_the_snapshot_holds_the_newer_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess, concurrency: int
 ) -> None:
     """The archive streams from the store into the coordinator's upload (gRPC reads the stream in a
     thread of its own): a file Spark purges meanwhile ends that upload, and the copy starts over."""
     cp = make_checkpoint(tmp_path, last_offsets=4, last_commit=4)
-    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=True))
+    storage = PurgingStorage(cp, "2.delta", commit_batch_5_and_purge(cp, state_too=True), concurrency)
     monkeypatch.setattr(app_snapshots, "open_location", lambda location, **_: storage)
+    app = f"vanish-{concurrency}"
     with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
-        done = take_snapshot(client, "vanish", [SnapshotQuery("q", str(cp))], timeout_s=60)
+        done = take_snapshot(client, app, [SnapshotQuery("q", str(cp))], timeout_s=60)
         assert storage.purged == 1
-        assert b"".join(client.read_checkpoint("vanish", done.generation, "q", BATCH_ID_KEY)) == b"5"
-        archive = b"".join(client.read_checkpoint("vanish", done.generation, "q", ARCHIVE_KEY))
+        assert b"".join(client.read_checkpoint(app, done.generation, "q", BATCH_ID_KEY)) == b"5"
+        archive = b"".join(client.read_checkpoint(app, done.generation, "q", ARCHIVE_KEY))
     paths = {m.path for m in unpack_chunks([archive])}
     assert {"offsets/4", "offsets/5", "state/0/1/6.delta"} <= paths and "offsets/3" not in paths
+
+
+class FailingUploads(ConcurrentLocal):
+    """A restore target whose upload of ``fail`` is refused (a store error mid-restore)."""
+
+    def __init__(self, root: Path, fail: str) -> None:
+        super().__init__(root)
+        self.fail, self.uploads = fail, 0
+
+    def upload(self, local_file: str | os.PathLike[str], path: str) -> None:
+        self.uploads += 1
+        if path == self.fail:
+            raise StorageError(f"upload of {path} refused")
+        super().upload(local_file, path)
+
+
+def test_a_restore_whose_concurrent_write_fails_leaves_nothing_and_a_retry_restores_every_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zk_coordinator: CoordinatorProcess
+) -> None:
+    """Files written several at a time: one refused write fails the restore, which removes everything
+    it wrote (no write lands after that), and the same restore again writes every file of the cut."""
+    cp = make_checkpoint(tmp_path, last_offsets=3, last_commit=3)
+    with CoordinatorClient(zk_coordinator.target, timeout_s=30) as client:
+        done = take_snapshot(client, "concurrent", [SnapshotQuery("q", str(cp))], timeout_s=60)
+        target_dir = tmp_path / "restored"
+        failing = FailingUploads(target_dir, fail="state/0/1/3.delta")
+        monkeypatch.setattr(restore_module, "open_location", lambda location, **_: failing)
+        with pytest.raises(StorageError, match="refused"):
+            restore_snapshot(client, "concurrent", done.generation, [RestoreTarget("q", str(target_dir))])
+        assert failing.uploads > 1
+        assert not target_dir.exists() or listing(target_dir) == {}
+
+        working = ConcurrentLocal(target_dir)
+        monkeypatch.setattr(restore_module, "open_location", lambda location, **_: working)
+        restored = restore_snapshot(
+            client, "concurrent", done.generation, [RestoreTarget("q", str(target_dir))]
+        )
+    source = LocalStorage(cp)
+    cut = {f.path for f in cut_files(source, cut_checkpoint(source))}
+    expected = {k: v for k, v in listing(cp).items() if k in cut}
+    del expected[".metadata.crc"], expected["metadata"]  # metadata gets a new query id
+    got = listing(target_dir)
+    assert json.loads((target_dir / "metadata").read_bytes())["id"] == restored["q"].query_id
+    del got["metadata"]
+    assert got == expected
+    assert cut_checkpoint(working).batch_id == 3

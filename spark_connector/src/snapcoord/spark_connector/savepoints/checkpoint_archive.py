@@ -18,9 +18,12 @@ restart from ``N`` reads:
   ``SSTs/`` file present (a superset).
 
 The checkpoint is read through a ``Storage`` (any location Spark can use), and ``send_cut`` streams
-the cut's files straight from it as an uncompressed POSIX tar (``archive_chunks``: file by file, in
-pieces of at most 1 MiB, never whole in memory, no local copy) to whatever consumes the stream (the
-coordinator's upload).
+the cut's files from it as an uncompressed POSIX tar (``archive_chunks``: file by file, in pieces of at
+most 1 MiB, never whole in memory) to whatever consumes the stream (the coordinator's upload). Where
+the store serves several requests at once (``storage.copy_concurrency``: object stores and HDFS through
+Spark's Hadoop FileSystem), the next files are downloaded into a local spool directory while the
+current one is sent (``file_copies.read_ahead``), so that the per-file round trips overlap; elsewhere
+each file is read straight from the store when the stream reaches it.
 
 Races: Spark keeps running while the copy is made. Files of later batches are never copied (they
 are recognised by their version). Spark never rewrites a checkpoint file in place: it writes new
@@ -46,11 +49,13 @@ import json
 import logging
 import re
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, TypeVar
 
-from snapcoord.spark_connector.storage import Storage, clean_path, join
+from snapcoord.spark_connector.savepoints.file_copies import read_ahead
+from snapcoord.spark_connector.storage import Storage, clean_path, copy_concurrency, join
+from snapcoord.spark_connector.storage.base import local_file_chunks
 
 log = logging.getLogger(__name__)
 
@@ -200,26 +205,44 @@ def cut_files(checkpoint: Storage, cut: CheckpointCut) -> list[CutFile]:
     return out
 
 
-def archive_chunks(checkpoint: Storage, files: Sequence[CutFile]) -> Iterator[bytes]:
+def _file_reads(checkpoint: Storage, files: Sequence[CutFile]) -> Generator[Iterator[bytes], None, None]:
+    """Each file's bytes in pieces, in order: read ahead where the store allows (module docstring)."""
+    concurrency = copy_concurrency(checkpoint)
+    if concurrency == 1:
+        for file in files:
+            yield checkpoint.read_chunks(file.path, CHUNK_BYTES)
+        return
+    for local in read_ahead(checkpoint, [f.path for f in files], concurrency):
+        yield local_file_chunks(local, CHUNK_BYTES)
+
+
+def archive_chunks(checkpoint: Storage, files: Sequence[CutFile]) -> Generator[bytes, None, None]:
     """``files`` of ``checkpoint`` as an uncompressed tar stream, in pieces of at most 1 MiB, read
-    from the store as the stream is consumed. ``FileNotFoundError`` when a file is gone,
-    ``CutChanged`` when one reads back with another size than listed."""
-    for file in files:
-        info = tarfile.TarInfo(file.path)
-        info.size = file.size
-        info.mode = 0o644
-        yield info.tobuf(format=tarfile.PAX_FORMAT)
-        sent = 0
-        for chunk in checkpoint.read_chunks(file.path, CHUNK_BYTES):
-            sent += len(chunk)
-            if sent > file.size:
-                break
-            yield chunk
-        if sent != file.size:
-            raise CutChanged(f"{checkpoint.uri(file.path)} was listed with {file.size} bytes, read {sent}")
-        if file.size % tarfile.BLOCKSIZE:
-            yield tarfile.NUL * (tarfile.BLOCKSIZE - file.size % tarfile.BLOCKSIZE)
+    from the store as the stream is consumed (or a few files ahead, see the module docstring).
+    ``FileNotFoundError`` when a file is gone, ``CutChanged`` when one reads back with another size
+    than listed."""
+    with contextlib.closing(_file_reads(checkpoint, files)) as reads:
+        for file, chunks in zip(files, reads, strict=True):
+            yield from _member(checkpoint, file, chunks)
     yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+
+
+def _member(checkpoint: Storage, file: CutFile, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """One file's tar header, bytes (checked against its listed size) and padding."""
+    info = tarfile.TarInfo(file.path)
+    info.size = file.size
+    info.mode = 0o644
+    yield info.tobuf(format=tarfile.PAX_FORMAT)
+    sent = 0
+    for chunk in chunks:
+        sent += len(chunk)
+        if sent > file.size:
+            break
+        yield chunk
+    if sent != file.size:
+        raise CutChanged(f"{checkpoint.uri(file.path)} was listed with {file.size} bytes, read {sent}")
+    if file.size % tarfile.BLOCKSIZE:
+        yield tarfile.NUL * (tarfile.BLOCKSIZE - file.size % tarfile.BLOCKSIZE)
 
 
 class _Recorded:
@@ -241,6 +264,13 @@ class _Recorded:
 _RETRY_CUT = (FileNotFoundError, CutChanged)
 
 
+def _close(archive: Generator[bytes, None, None]) -> None:
+    """End a stream its consumer left unfinished: its reads ahead stop and its spool goes. While a
+    consumer thread is still inside it (a gRPC call ending), that happens once the thread drops it."""
+    with contextlib.suppress(ValueError):  # "generator already executing"
+        archive.close()
+
+
 def send_cut(
     checkpoint: Storage,
     send: Callable[[CheckpointCut, Iterable[bytes]], T],
@@ -258,10 +288,12 @@ def send_cut(
         except FileNotFoundError as e:
             last_error = e
             continue
-        chunks = _Recorded(archive_chunks(checkpoint, files))
+        archive = archive_chunks(checkpoint, files)
+        chunks = _Recorded(archive)
         try:
             result = send(cut, chunks)
         except Exception as e:
+            _close(archive)
             if isinstance(chunks.error, _RETRY_CUT):
                 last_error = chunks.error
                 log.info(

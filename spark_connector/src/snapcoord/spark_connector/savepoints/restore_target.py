@@ -18,7 +18,10 @@ never look complete. The protocol, for one query restored at batch ``N``:
    placeholder also names the restore: app, generation, query, batch and a token of this attempt.
 2. **write** (``write_archive``): every file of the archive, ``metadata`` first with a new query id
    (without its old checksum file ``.metadata.crc``: Hadoop's local file system verifies a ``.crc``
-   next to the file it reads).
+   next to the file it reads). Where the store serves several requests at once
+   (``storage.copy_concurrency``) the other files are written several at a time
+   (``file_copies.SpooledWrites``), in any order; ``write_archive`` returns, or raises, only once no
+   write it started is still running.
 3. **complete** (``complete``): after checking that the placeholder is still this attempt's, remove a
    ``.metadata.crc`` a Spark query started on the partial target may have left, then delete the
    placeholder. **That delete is the completion point**: before it Spark refuses the location, after
@@ -47,7 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from snapcoord.spark_connector.savepoints.checkpoint_archive import unpack_chunks
-from snapcoord.spark_connector.storage import Storage, join
+from snapcoord.spark_connector.savepoints.file_copies import SpooledWrites
+from snapcoord.spark_connector.storage import Storage, copy_concurrency, join
 
 log = logging.getLogger(__name__)
 
@@ -193,18 +197,19 @@ def write_archive(target: Storage, chunks: Iterable[bytes], marker: RestoreMarke
     offsets_entry = join("offsets", str(marker.batch_id))
     seen_offsets = False
     query_id: str | None = None
-    for member in unpack_chunks(chunks):
-        if member.path == marker.path:
-            raise ValueError(f"the archive of {marker.describe()} holds {marker.path}, after its cut")
-        if member.path == "metadata":
-            data, query_id = _new_query_id(b"".join(member.chunks))
-            target.write_bytes("metadata", data)
-        elif member.path == ".metadata.crc":
-            for _ in member.chunks:
-                pass
-        else:
-            seen_offsets = seen_offsets or member.path == offsets_entry
-            target.write_chunks(member.path, member.chunks)
+    with SpooledWrites(target, copy_concurrency(target)) as writes:
+        for member in unpack_chunks(chunks):
+            if member.path == marker.path:
+                raise ValueError(f"the archive of {marker.describe()} holds {marker.path}, after its cut")
+            if member.path == "metadata":
+                data, query_id = _new_query_id(b"".join(member.chunks))
+                target.write_bytes("metadata", data)
+            elif member.path == ".metadata.crc":
+                for _ in member.chunks:
+                    pass
+            else:
+                seen_offsets = seen_offsets or member.path == offsets_entry
+                writes.write(member.path, member.chunks)
     if not seen_offsets or query_id is None:
         raise ValueError(
             f"the archive of {marker.describe()} has no {offsets_entry} or no metadata: not a checkpoint cut"

@@ -30,6 +30,7 @@ from snapcoord.spark_connector.storage.base import (
     StorageError,
     UnsupportedLocation,
     clean_path,
+    copy_concurrency,
     join,
 )
 from snapcoord.spark_connector.storage.local import LocalStorage
@@ -45,6 +46,7 @@ __all__ = [
     "UnsupportedLocation",
     "classic_session",
     "clean_path",
+    "copy_concurrency",
     "join",
     "open_location",
     "scheme_of",

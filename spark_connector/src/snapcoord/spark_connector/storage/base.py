@@ -112,6 +112,14 @@ class Storage(Protocol):
         ...
 
 
+def copy_concurrency(storage: Storage) -> int:
+    """How many files of ``storage`` a copy of many files (a snapshot's cut, a restore) moves at once:
+    the backend's ``concurrent_copies`` where it declares one (Spark's Hadoop FileSystems on object
+    stores and HDFS, whose clients serve concurrent calls), else 1."""
+    value = getattr(storage, "concurrent_copies", 1)
+    return value if isinstance(value, int) and value >= 1 else 1
+
+
 def download_by_chunks(storage: Storage, path: str, local_file: str | os.PathLike[str]) -> None:
     """``download`` from ``read_chunks``: a temporary file next to ``local_file``, renamed into place."""
     target = Path(local_file)

@@ -72,6 +72,11 @@ ABORTABLE_STREAM = "fs.capability.outputstream.abortable"
 #: worth the name (S3A, GCS, OSS, COS, OBS copy the bytes).
 OBJECT_STORE_SCHEMES = frozenset({"s3a", "s3", "s3n", "gs", "oss", "cosn", "obs"})
 
+#: Files copied at once (``concurrent_copies``) where the FileSystem serves concurrent calls well: the
+#: object stores and HDFS. Elsewhere (Hadoop's sftp FileSystem fails under concurrent use) one at a time.
+CONCURRENT_COPIES = 8
+_CONCURRENT_SCHEMES = OBJECT_STORE_SCHEMES | {"hdfs"}
+
 _NOT_FOUND = "java.io.FileNotFoundException"
 _EXISTS = "org.apache.hadoop.fs.FileAlreadyExistsException"
 _NO_FILESYSTEM = "org.apache.hadoop.fs.UnsupportedFileSystemException"
@@ -188,6 +193,8 @@ class HadoopStorage:
             fs.hasPathCapability(jvm.path(root), CONDITIONAL_CREATE)
         )
         self.atomic_exclusive: bool = self.fs_class in ATOMIC_EXCLUSIVE_CLASSES or self._conditional_create
+        #: How many files a copy of many files moves at once (``storage.copy_concurrency``).
+        self.concurrent_copies: int = CONCURRENT_COPIES if self.scheme in _CONCURRENT_SCHEMES else 1
 
     def __repr__(self) -> str:
         return f"HadoopStorage({self._root!r}, {self.fs_class})"
