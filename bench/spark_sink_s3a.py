@@ -23,13 +23,16 @@ each holding that many rows (``--sizes``), read with ``maxFilesPerTrigger=1`` un
 
 Per batch it reports Spark's own progress (the first batch of every query is left out: it sets up the
 table, the fence, Delta's log): ``wall`` is ``triggerExecution``, the micro-batch's wall time;
-``sink`` is ``addBatch``, the sink's part of it; ``chk`` the checkpoint's offsets and commit log
-writes. ``S3 requests`` are S3A's own request counters over each query (its start and every batch)
-divided by its batches. For the two ``foreachBatch`` sinks the counters are also taken around each
-call, with the time spent in it (``addBatch`` less that is Spark's hand-off to the Python function),
-and ``exactly_once``'s time is split as ``spark_sink_remote`` splits it: ``wrapper`` (the query id,
-the plan read from the checkpoint's offsets log, the fence check and the one coordinator call),
-``storage`` (the sink's own object-store calls from the driver) and ``spark job`` (Spark's write).
+``sink`` is ``addBatch``, the sink's part of it; ``checkpoint`` the checkpoint's offsets and commit
+log writes. ``S3 requests`` are Hadoop's global S3A request counters over each query (its start and
+every batch) divided by its batches; what Spark writes through Hadoop's FileContext (its checkpoint
+logs, the parquet sink's ``_spark_metadata``) is not in them. For the two ``foreachBatch`` sinks the
+counters are also read around each call (the reads, ``instrument``, are taken off that batch's
+``wall`` and ``sink``), with the time spent in the function (``addBatch`` less that is Spark's
+hand-off to the Python function), and ``exactly_once``'s time is split as ``spark_sink_remote``
+splits it: ``wrapper`` (the query id, the plan read from the checkpoint's offsets log, the fence
+check and the one coordinator call), ``storage`` (the sink's own object-store calls from the driver,
+the wrapper's fence check among them) and ``spark job`` (Spark's write).
 
 Delta Lake's newest release (the ``delta`` jar set) is built for an older Spark than the project's
 PySpark; where the running PySpark is not the one Delta supports, the benchmark runs itself again in
@@ -93,10 +96,9 @@ class Query:
 
 
 class S3ACounters:
-    """S3A's request counters of the whole JVM: Hadoop's global storage statistics, which every S3A
-    filesystem instance adds to (the FileSystem instances that write data files and the sink's log, and
-    those under the FileContext through which Spark writes its checkpoint logs and its file sink's
-    ``_spark_metadata``)."""
+    """S3A's request counters of the whole JVM: Hadoop's global storage statistics for S3A. A read
+    is one py4j call per counter (a handful, a few milliseconds): it runs inside the foreachBatch
+    functions, whose own time is measured apart from it."""
 
     def __init__(self, spark: Any) -> None:
         jvm = spark.sparkContext._jvm
@@ -104,13 +106,9 @@ class S3ACounters:
 
     def read(self) -> dict[str, int]:
         stats = self.global_stats.get("S3AStorageStatistics")
-        found: dict[str, int] = {}
-        if stats is not None:
-            it = stats.getLongStatistics()
-            while it.hasNext():
-                stat = it.next()
-                found[str(stat.getName())] = int(stat.getValue())
-        return {column: sum(found.get(n, 0) for n in names) for column, names in REQUESTS.items()}
+        if stats is None:  # no S3A filesystem opened yet
+            return {column: 0 for column in REQUESTS}
+        return {column: sum(int(stats.getLong(n) or 0) for n in names) for column, names in REQUESTS.items()}
 
     @staticmethod
     def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -163,8 +161,14 @@ def run_query(
 
     def timed(fn: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
         def batch(df: Any, batch_id: int) -> None:
+            reading = time.perf_counter()
             before = counters.read()
-            split = (measured.write_s, measured.spark_s, measured._storage.seconds) if measured else None  # type: ignore[union-attr]
+            storage: Timed | None = measured._storage if measured else None  # type: ignore[assignment]
+            split = (
+                (measured.write_s, measured.spark_s, storage.seconds, storage.calls)
+                if measured is not None and storage is not None
+                else None
+            )
             start = time.perf_counter()
             fn(df, batch_id)
             total = time.perf_counter() - start
@@ -172,12 +176,14 @@ def run_query(
                 return
             row: dict[str, float] = dict(S3ACounters.diff(counters.read(), before))
             row["in function"] = total * 1000
-            if measured is not None and split is not None:
+            #: The counters' reads and this bookkeeping, inside the function as Spark sees it.
+            row["instrument"] = (time.perf_counter() - reading - total) * 1000
+            if measured is not None and storage is not None and split is not None:
                 write_s = measured.write_s - split[0]
-                spark_s = measured.spark_s - split[1]
                 row["wrapper"] = (total - write_s) * 1000
-                row["storage"] = (measured._storage.seconds - split[2]) * 1000  # type: ignore[union-attr]
-                row["spark job"] = spark_s * 1000
+                row["storage calls"] = storage.calls - split[3]
+                row["storage"] = (storage.seconds - split[2]) * 1000
+                row["spark job"] = (measured.spark_s - split[1]) * 1000
             query.in_batch.append(row)
 
         return batch
@@ -223,10 +229,17 @@ def run_query(
     progress = [p for p in started.recentProgress if p.numInputRows > 0]
     if len(progress) < 2:
         raise RuntimeError(f"query {name} ran {len(progress)} batch(es) with input; expected several")
-    for p in progress[1:]:
+    measured_batches = progress[1:]
+    if query.in_batch and len(query.in_batch) != len(measured_batches):
+        raise RuntimeError(
+            f"query {name}: {len(query.in_batch)} batch calls for {len(measured_batches)} batches"
+        )
+    for i, p in enumerate(measured_batches):
         d = p.durationMs
-        query.wall.append(float(d["triggerExecution"]))
-        query.add_batch.append(float(d["addBatch"]))
+        # The instrumentation inside a foreachBatch function is not the sink's time.
+        instrument = query.in_batch[i]["instrument"] if query.in_batch else 0.0
+        query.wall.append(float(d["triggerExecution"]) - instrument)
+        query.add_batch.append(float(d["addBatch"]) - instrument)
         query.checkpoint.append(float(d.get("walCommit", 0) + d.get("commitOffsets", 0)))
     total = S3ACounters.diff(counters.read(), before)
     query.requests = {k: v / len(progress) for k, v in total.items()}
@@ -354,7 +367,7 @@ def report(
             )
     print()
     print("Inside the foreachBatch function, per batch (medians; ms, S3 requests):")
-    keys = [*REQUESTS, "in function", "wrapper", "storage", "spark job"]
+    keys = [*REQUESTS, "instrument", "in function", "wrapper", "storage calls", "storage", "spark job"]
     print("| rows/batch | sink | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for rows in sizes:
