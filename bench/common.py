@@ -203,3 +203,22 @@ def raw_s3_client(s3: SeaweedS3Server) -> Any:
 
     config = Config(read_timeout=600, connect_timeout=30, s3={"addressing_style": "path"})
     return boto3.client("s3", endpoint_url=s3.endpoint_url, config=config)
+
+
+def local_spark(conf: dict[str, str]) -> Any:
+    """The Spark benchmarks' local[2] session on loopback (no UI, 2 shuffle partitions, errors
+    only), with ``conf`` set before its JVM starts."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = (
+        builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

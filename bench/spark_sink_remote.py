@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from common import coordinator_process
+from common import coordinator_process, local_spark
 
 from harness import s3a
 from harness.hdfs import HdfsCluster
@@ -157,32 +157,18 @@ def main(argv: list[str] | None = None) -> int:
         args.batches, args.rounds = 3, 1
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sink-remote-")))
         coord, backend = coordinator_process(stack, work / "coordinator", embedded=args.embedded)
         sshd = stack.enter_context(SshServer(work / "sshd"))
-        builder = SparkSession.builder
-        for key, value in sshd.spark_conf().items():
-            builder = builder.config(key, value)
+        conf = dict(sshd.spark_conf())
         s3 = stack.enter_context(SeaweedS3Server(work / "s3a")) if args.s3a else None
         if s3 is not None:
             s3.client().create_bucket(Bucket=UNCONDITIONAL_BUCKET)
-            for key, value in s3a.spark_conf(s3).items():
-                builder = builder.config(key, value)
-            builder = builder.config(
-                f"spark.hadoop.fs.s3a.bucket.{UNCONDITIONAL_BUCKET}.create.conditional.enabled", "false"
-            )
+            conf.update(s3a.spark_conf(s3))
+            conf[f"spark.hadoop.fs.s3a.bucket.{UNCONDITIONAL_BUCKET}.create.conditional.enabled"] = "false"
         hdfs = stack.enter_context(HdfsCluster(work / "hdfs")) if args.hdfs else None
-        spark = (
-            builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark(conf)
         locations: dict[str, Callable[[int], str]] = {
             "local": lambda r: str(work / f"local-{r}"),
             "sftp": lambda r: sshd.uri(f"sftp-{r}"),

@@ -42,6 +42,8 @@ SPARK = [
     ("spark_storage_throughput", "every copy read back byte-identical: ok"),
     ("spark_sink_remote", "exactly_once's own time per batch"),
     ("spark_savepoint_s3a", "the restored query resumed from the snapshot's state: ok"),
+    # In bench/.venv-delta (Delta Lake's Spark): the Delta row proves all three sinks ran.
+    ("spark_sink_s3a", "| 1,000 | delta |"),
 ]
 
 #: Benchmarks that have their smoke test elsewhere.
