@@ -53,6 +53,8 @@ MAX_PAGE_SIZE = 1000
 #: A ListProducerOffsets page ends early once its records' stored offsets reach this many bytes (a
 #: record may hold 100k offsets: 100 of them would be GBs in the server and in one response).
 LIST_PAGE_BYTES = 8 * 1024 * 1024
+#: Producer records this process keeps a copy of (least recently used go first).
+COPIES = 10_000
 
 
 class ProducerRegistry:
@@ -83,7 +85,8 @@ class ProducerRegistry:
         self._intents = IntentPool(self._kernel.intents, OBJECT_PREFIX, intent_max_age_ms, clock.now_ms)
         #: record path -> the node as this process last committed or read it: an advance whose
         #: previous record is here commits blind, in one round trip (``advance`` says why safely).
-        self._copies = RecordCache()
+        #: One live record per running query; a record is at most about 1.2 KB: 12 MB at most.
+        self._copies = RecordCache(COPIES)
 
     # --- the API ----------------------------------------------------------------------------
 
