@@ -306,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             conf["spark.driver.extraClassPath"] = conf["spark.executor.extraClassPath"] = jars
             conf["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
             conf["spark.sql.catalog.spark_catalog"] = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+            # Delta rebuilds a table's state from its log in this many tasks (default 50): on
+            # local[2] as few as the shuffle partitions every sink here runs with.
+            conf["spark.databricks.delta.snapshotPartitions"] = "2"
         spark = local_spark(conf)
         base = f"s3a://{s3.bucket}/bench"
         counters = S3ACounters(spark)
