@@ -38,6 +38,7 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SNAPCOORD_VENV": "scripts: the virtualenv they run in",
     "SNAPCOORD_CODEGEN_VENV": "scripts/gen-proto: the virtualenv of the pinned code generator",
     "SNAPCOORD_JAR_CACHE": "scripts/fetch-maven: where the test jars from Maven Central are kept",
+    "SNAPCOORD_DELTA_BENCH_CACHE": "scripts/install-delta-bench: where its PySpark wheel is kept",
     "SNAPCOORD_IMAGE_BUILDER": "scripts/build-image: docker or podman",
     "SNAPCOORD_IMAGE_CACHE": "scripts/build-image: where the image's Debian base is cached",
     "SNAPCOORD_RELEASE_CACHE": "tests/upgrades: where the venvs of earlier releases are cached",
