@@ -1,8 +1,7 @@
 """A process's copies of metadata records it last committed or read, so that a call on one of them
 can skip reading it first: the copy goes to the commit kernel as ``assume``, a guess that the
 commit's version check verifies. Used for lease records (``leases.cache`` says why a stale copy
-is harmless there), for snapshot apps' pointers (``SnapshotRegistry.create``) and for producer
-records (``ProducerRegistry.advance``).
+is harmless there) and for snapshot apps' pointers (``SnapshotRegistry.create``).
 """
 
 from __future__ import annotations

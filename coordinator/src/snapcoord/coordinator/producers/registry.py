@@ -1,8 +1,7 @@
 """The producer offset registry: the ProducerOffsetService logic on the commit kernel.
 
 The rules of each change are in ``decide``, the paths in ``layout``, the janitor's two steps in
-``janitor``. Here: validation, the reads that are not decisions (payloads, pages), this process's
-copies of the records it last wrote or read (``copies``), and metrics.
+``janitor``. Here: validation, the reads that are not decisions (payloads, pages), and metrics.
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ from snapcoord.coordinator.kernel.commit import CommitKernel, Reread, synced_ret
 from snapcoord.coordinator.kernel.corruption import at, skipped
 from snapcoord.coordinator.kernel.decision import ReadNode, Reads
 from snapcoord.coordinator.kernel.intent_pool import IntentPool
-from snapcoord.coordinator.kernel.record_copies import RecordCache
 from snapcoord.coordinator.observability.metrics import CoordinatorMetrics
 from snapcoord.coordinator.producers import decide
-from snapcoord.coordinator.producers.copies import CallCopies
 from snapcoord.coordinator.producers.janitor import ProducerJanitor
 from snapcoord.coordinator.producers.layout import OBJECT_PREFIX, RECORDS, record_path
 from snapcoord.coordinator.storage.blobs import BlobStore
@@ -53,8 +50,6 @@ MAX_PAGE_SIZE = 1000
 #: A ListProducerOffsets page ends early once its records' stored offsets reach this many bytes (a
 #: record may hold 100k offsets: 100 of them would be GBs in the server and in one response).
 LIST_PAGE_BYTES = 8 * 1024 * 1024
-#: Producer records this process keeps a copy of (least recently used go first).
-COPIES = 10_000
 
 
 class ProducerRegistry:
@@ -83,10 +78,6 @@ class ProducerRegistry:
         # A registration has no read its intent could ride with: its intents are made ahead, in
         # batches (intent_pool), so that most registrations are one transaction.
         self._intents = IntentPool(self._kernel.intents, OBJECT_PREFIX, intent_max_age_ms, clock.now_ms)
-        #: record path -> the node as this process last committed or read it: an advance whose
-        #: previous record is here commits blind, in one round trip (``advance`` says why safely).
-        #: One live record per running query; a record is at most about 1.2 KB: 12 MB at most.
-        self._copies = RecordCache(COPIES)
 
     # --- the API ----------------------------------------------------------------------------
 
@@ -95,21 +86,17 @@ class ProducerRegistry:
         items, ttl = validate_registration(producer_id, offsets, ttl_ms, self._policy)
         request, announced = self._request(producer_id, items, ttl)
         path = record_path(producer_id)
-        # The first round assumes no record (the common case: a sink's first start) and lets the
-        # create-if-absent commit tell otherwise; later rounds read first.
-        assume = Reads({path: None})
-        with CallCopies(self._copies, [path], assume) as copies:
-            registration = self._kernel.run(
-                "producer_register",
-                {"producer_id": producer_id},
-                [ReadNode(path)],
-                copies.track(
-                    lambda reads, pending: decide.register(request, reads, pending, self._clock.now_ms())
-                ),
-                finish=lambda outcome: self._present(outcome, items),
-                assume=assume,
-                announced=announced,
-            )
+        registration = self._kernel.run(
+            "producer_register",
+            {"producer_id": producer_id},
+            [ReadNode(path)],
+            lambda reads, pending: decide.register(request, reads, pending, self._clock.now_ms()),
+            finish=lambda outcome: self._present(outcome, items),
+            # The first round assumes no record (the common case: a sink's first start) and lets
+            # the create-if-absent commit tell otherwise; later rounds read first.
+            assume=Reads({path: None}),
+            announced=announced,
+        )
         self._count(registration)
         return registration
 
@@ -135,30 +122,14 @@ class ProducerRegistry:
         def present(outcome: decide.Advanced) -> tuple[Registration, bool]:
             return self._present(outcome.registration, items), outcome.previous_deleted
 
-        path, previous_path = record_path(producer_id), record_path(previous_id)
-        # The common case (a sink's next batch, through the process that registered the batch
-        # before): this process's copy of the previous record stands in for reading it, and the new
-        # record is assumed absent. The commit verifies both: the create fails if the record
-        # exists; the delete of the previous record checks its version, and the delete of its
-        # expiry-index entry, named after its registration, fails unless that registration is the
-        # stored one (versions restart at 0 when a record is deleted and registered again). Any
-        # failure reads both records and decides as without the copy. Without a copy: read first.
-        copy = self._copies.get(previous_path)
-        assume = Reads({path: None, previous_path: copy}) if copy is not None else None
-        with CallCopies(self._copies, [path, previous_path], assume) as copies:
-            registration, deleted = self._kernel.run(
-                "producer_advance",
-                {"producer_id": producer_id, "previous_producer_id": previous_id},
-                [ReadNode(path), ReadNode(previous_path)],
-                copies.track(
-                    lambda reads, pending: decide.advance(
-                        request, previous_id, reads, pending, self._clock.now_ms()
-                    )
-                ),
-                finish=present,
-                assume=assume,
-                announced=announced,
-            )
+        registration, deleted = self._kernel.run(
+            "producer_advance",
+            {"producer_id": producer_id, "previous_producer_id": previous_id},
+            [ReadNode(record_path(producer_id)), ReadNode(record_path(previous_id))],
+            lambda reads, pending: decide.advance(request, previous_id, reads, pending, self._clock.now_ms()),
+            finish=present,
+            announced=announced,
+        )
         self._count(registration)
         return registration, deleted
 
@@ -219,7 +190,6 @@ class ProducerRegistry:
     def delete(self, producer_id: str) -> bool:
         """Remove the record (metadata first, then the payload); True when a live one was removed."""
         require_id("producer_id", producer_id)
-        self._copies.forget(record_path(producer_id))
         return self._kernel.run(
             "producer_delete",
             {"producer_id": producer_id},
